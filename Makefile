@@ -1,0 +1,41 @@
+# fsbus — every target installs what it needs (virtualenv, Python packages, npm peers).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NODE_PEER := tests/interop/node_modules/qlobber-fsq/package.json
+
+.PHONY: demo test lint typecheck pytest bench bench-quick docs spark-demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,spark]'
+	touch $(STAMP)
+
+$(NODE_PEER): tests/interop/package.json
+	cd tests/interop && npm install --no-audit --no-fund --loglevel=error
+	touch $(NODE_PEER)
+
+## demo: several processes publish and subscribe, and workers share a queue, on a local directory
+demo: $(STAMP)
+	$(PY) -m fsbus.demo
+
+## test: lint, type-check, then the whole suite (unit, multi-process, interop, stress smoke, Spark)
+test: $(STAMP) $(NODE_PEER)
+	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed for the Spark tests: apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP) $(NODE_PEER)
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,52 @@
+"""fsbus: a message bus in a directory.
+
+Topic pub/sub, work queues and replayable streams over a local or shared
+filesystem, with no broker process. On-disk compatible with qlobber-fsq 14.
+"""
+
+from __future__ import annotations
+
+from ._config import BusConfig
+from ._errors import (
+    ClosedError,
+    CorruptDataError,
+    DiskFull,
+    FsBusError,
+    InvalidConfig,
+    InvalidHeader,
+    InvalidPattern,
+    InvalidTopic,
+    LockingUnsupported,
+    OffsetOutOfRange,
+    PayloadTooLarge,
+    StorageError,
+    StoragePermissionError,
+    StreamError,
+    StreamNotFound,
+    UsageError,
+    WouldBlock,
+)
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "BusConfig",
+    "ClosedError",
+    "CorruptDataError",
+    "DiskFull",
+    "FsBusError",
+    "InvalidConfig",
+    "InvalidHeader",
+    "InvalidPattern",
+    "InvalidTopic",
+    "LockingUnsupported",
+    "OffsetOutOfRange",
+    "PayloadTooLarge",
+    "StorageError",
+    "StoragePermissionError",
+    "StreamError",
+    "StreamNotFound",
+    "UsageError",
+    "WouldBlock",
+    "__version__",
+)

@@ -1,0 +1,135 @@
+"""Configuration objects (pure: no I/O besides reading the environment once)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ._errors import InvalidConfig
+
+__all__ = ["BusConfig", "env_force_polling", "make_config"]
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def env_force_polling() -> bool:
+    """Whether ``FSBUS_FORCE_POLLING`` asks for polling only (network filesystems)."""
+    return os.environ.get("FSBUS_FORCE_POLLING", "").strip().lower() in _TRUE
+
+
+class BusConfig(BaseModel):
+    """Every option of a :class:`~fsbus.Bus`, validated once, immutable.
+
+    The first group must agree between all peers sharing a directory (fsbus and
+    qlobber-fsq alike); the defaults are qlobber-fsq 14's.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # --- on-disk format: every peer must agree ---------------------------------------
+    bucket_base: int = Field(16, ge=2, le=36, description="Radix of bucket directory names.")
+    bucket_num_chars: int = Field(
+        2, ge=1, le=4, description="Digits in a bucket name; buckets = base ** chars."
+    )
+    bucket_stamp_size: int = Field(
+        32, ge=0, le=1024, description="Bytes per bucket in update/UPDATE; 0 disables it."
+    )
+    split_topic_at: int = Field(
+        200, ge=16, le=200, description="Hex characters of the topic kept in the file name."
+    )
+    order_by_expiry: bool = Field(
+        False, description="One bucket named '0' so messages are seen in expiry order."
+    )
+
+    # --- message defaults -----------------------------------------------------------
+    multi_ttl: float = Field(60.0, gt=0, description="Default TTL of multi messages, seconds.")
+    single_ttl: float = Field(3600.0, gt=0, description="Default TTL of single messages, seconds.")
+    max_payload_size: int = Field(
+        1 << 30, gt=0, description="Largest payload accepted by publish, bytes."
+    )
+    default_priority: int = Field(
+        50, ge=0, le=255, description="Priority of work-queue messages; lower is taken first."
+    )
+
+    # --- delivery ------------------------------------------------------------------
+    poll_interval: float = Field(
+        0.1, gt=0, le=60, description="Seconds between reads of update/UPDATE."
+    )
+    refresh_ttl: float = Field(
+        10.0, gt=0, description="Seconds after which every bucket is listed even unstamped."
+    )
+    retry_interval: float = Field(
+        0.5, gt=0, description="Seconds before a locked or released single is tried again."
+    )
+    force_polling: bool = Field(
+        default_factory=env_force_polling,
+        description="Poll only, no inotify (network filesystems); env FSBUS_FORCE_POLLING=1.",
+    )
+    dedup: bool = Field(True, description="Call each handler at most once per message.")
+    handler_concurrency: int = Field(
+        16, ge=1, le=10_000, description="Handlers running at once in one Bus."
+    )
+    max_deliveries: int | None = Field(
+        5,
+        ge=1,
+        description="Failed deliveries of a single message before it is dead-lettered "
+        "(None: retry until it expires).",
+    )
+    dead_letter_prefix: str = Field(
+        "dead-letter", min_length=1, description="Dead-lettered messages go to '<prefix>.<topic>'."
+    )
+    gc_interval: float = Field(
+        10.0, gt=0, description="Seconds between sweeps for expired messages and debris."
+    )
+    locking: Literal["auto", "flock", "rename"] = Field(
+        "flock",
+        description="How single messages are claimed: flock (qlobber-fsq compatible), or "
+        "rename (for mounts where flock does not cross hosts); auto probes the mount.",
+    )
+
+    # --- files ---------------------------------------------------------------------
+    file_mode: int | None = Field(
+        None, ge=0, le=0o7777, description="Mode of created files (None: 0o666 less umask)."
+    )
+    dir_mode: int | None = Field(
+        None, ge=0, le=0o7777, description="Mode of created directories (None: 0o777 less umask)."
+    )
+
+    def __init__(self, **data: object) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidConfig(_explain(exc)) from None
+
+    @model_validator(mode="after")
+    def _check(self) -> BusConfig:
+        if self.num_buckets > 65536:
+            raise ValueError(
+                f"bucket_base ** bucket_num_chars = {self.num_buckets} buckets; at most 65536"
+            )
+        return self
+
+    @property
+    def num_buckets(self) -> int:
+        """How many bucket directories there are."""
+        if self.order_by_expiry:
+            return 1
+        return int(self.bucket_base**self.bucket_num_chars)
+
+
+def make_config(config: BusConfig | None, **overrides: object) -> BusConfig:
+    """Build a config, turning pydantic's errors into :class:`InvalidConfig`."""
+    base = config if config is not None else BusConfig()
+    if overrides:
+        return BusConfig(**{**base.model_dump(), **overrides})
+    return base
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid BusConfig: " + "; ".join(parts)
