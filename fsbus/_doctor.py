@@ -1,0 +1,438 @@
+"""Check that a directory can carry a bus: ``fsbus doctor`` and :func:`check_directory`.
+
+Each check probes the real filesystem the way the bus will use it (a file created
+and renamed, ``flock`` between two open file descriptions, an inotify watch, a fresh
+file's mtime against the clock, free space and inodes) and reports ``ok``, ``warn``
+or ``fail`` with what to fix. Probe files live in a private ``.fsbus-doctor-*``
+folder under the root, which is removed afterwards; peers never look there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from ._config import env_force_polling
+
+__all__ = ["DoctorCheck", "DoctorReport", "Status", "check_directory"]
+
+Status = Literal["ok", "warn", "fail"]
+
+_RANK: Final[dict[str, int]] = {"ok": 0, "warn": 1, "fail": 2}
+_SUBDIRS: Final = ("staging", "messages", "topics", "update")
+_INOTIFY_WAIT: Final = 2.0
+_SKEW_WARN: Final = 1.0
+_SKEW_FAIL: Final = 30.0
+_MIB: Final = 1 << 20
+
+_LOCAL_FS: Final = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs"}
+)
+_NETWORK_FS: Final = frozenset(
+    {"nfs", "nfs4", "ceph", "cifs", "smb3", "smbfs", "beegfs", "lustre", "gpfs", "glusterfs", "9p"}
+)
+
+
+@dataclass(frozen=True)
+class DoctorCheck:
+    """The outcome of one check."""
+
+    name: str
+    """Short name of the check ("flock", "inotify", ...)."""
+    status: Status
+    """``ok``, ``warn`` (works, with a caveat) or ``fail`` (the bus will misbehave)."""
+    detail: str
+    """What was found."""
+    fix: str = ""
+    """What to do about a warning or failure (empty when nothing is needed)."""
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Every check run on one directory."""
+
+    root: str
+    """The directory examined, as given."""
+    checks: tuple[DoctorCheck, ...]
+    """The checks in the order they ran."""
+
+    @property
+    def status(self) -> Status:
+        """The worst status of all checks."""
+        worst: Status = "ok"
+        for check in self.checks:
+            if _RANK[check.status] > _RANK[worst]:
+                worst = check.status
+        return worst
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed (warnings allowed)."""
+        return self.status != "fail"
+
+    def check(self, name: str) -> DoctorCheck:
+        """The check called ``name``; :class:`KeyError` if it did not run."""
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(name)
+
+
+def check_directory(root: str | os.PathLike[str]) -> DoctorReport:
+    """Run every check on ``root`` (which is not created) and return the report.
+
+    Blocking: the inotify check waits up to 2 seconds for its event.
+    """
+    path = os.path.abspath(os.fspath(root))
+    checks: list[DoctorCheck] = []
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        checks.append(
+            DoctorCheck(
+                "root",
+                "fail",
+                f"{path} {what}",
+                "create it (`mkdir -p` it, or run any fsbus command with this --root)",
+            )
+        )
+        return DoctorReport(os.fspath(root), tuple(checks))
+    checks.append(DoctorCheck("root", "ok", f"{path} is a directory"))
+    checks.append(_check_filesystem(path))
+    checks.extend(_check_layout(path))
+    checks.append(_check_space(path))
+    try:
+        probe = os.path.join(path, f".fsbus-doctor-{os.getpid()}-{secrets.token_hex(4)}")
+        os.mkdir(probe)
+    except OSError as exc:
+        checks.append(
+            DoctorCheck(
+                "writable",
+                "fail",
+                f"cannot create a folder in {path}: {exc.strerror or exc}",
+                _permission_fix(path, exc),
+            )
+        )
+        return DoctorReport(os.fspath(root), tuple(checks))
+    try:
+        checks.append(_check_writable(probe))
+        checks.append(_check_flock(probe))
+        checks.append(_check_inotify(probe))
+        checks.append(_check_clock(probe))
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return DoctorReport(os.fspath(root), tuple(checks))
+
+
+# --- filesystem type -------------------------------------------------------------
+
+
+def _unescape_mount(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal
+    out: list[str] = []
+    i = 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and i + 4 <= len(field):
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_of(path: str, mountinfo: str) -> tuple[str, str, str] | None:
+    """(mount point, filesystem type, source) of the mount holding ``path``.
+
+    ``mountinfo`` is the text of ``/proc/self/mountinfo``; the longest mount point
+    that contains ``path`` wins (the last one listed when a point is mounted twice).
+    """
+    best: tuple[str, str, str] | None = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        tail = right.split()
+        if len(fields) < 5 or len(tail) < 2:
+            continue
+        point = _unescape_mount(fields[4])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, tail[0], _unescape_mount(tail[1]))
+    return best
+
+
+def _check_filesystem(path: str) -> DoctorCheck:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            info = f.read()
+    except OSError as exc:
+        return DoctorCheck(
+            "filesystem", "warn", f"cannot read /proc/self/mountinfo: {exc.strerror or exc}"
+        )
+    found = mount_of(os.path.realpath(path), info)
+    if found is None:
+        return DoctorCheck("filesystem", "warn", "no mount found for the directory")
+    point, fstype, source = found
+    where = f"{fstype} ({source} on {point})"
+    base = fstype.split(".", 1)[1] if fstype.startswith("fuse.") else fstype
+    if fstype in _LOCAL_FS:
+        return DoctorCheck("filesystem", "ok", f"local filesystem {where}")
+    if base == "sshfs":
+        return DoctorCheck(
+            "filesystem",
+            "warn",
+            f"sshfs {where}: flock does not exclude other hosts and listings may lag",
+            "use BusConfig(locking='rename') and FSBUS_FORCE_POLLING=1 on every peer, "
+            "and mount with -o dir_cache=no",
+        )
+    if fstype in _NETWORK_FS or base in _NETWORK_FS or fstype.startswith("fuse"):
+        return DoctorCheck(
+            "filesystem",
+            "warn",
+            f"shared or FUSE filesystem {where}: inotify sees only this host's changes",
+            "set FSBUS_FORCE_POLLING=1 on every peer so other hosts' messages are seen",
+        )
+    if fstype == "overlay":
+        return DoctorCheck("filesystem", "ok", f"overlay filesystem {where} (container layer)")
+    return DoctorCheck(
+        "filesystem",
+        "warn",
+        f"unfamiliar filesystem {where}",
+        "check that flock and rename behave as on a local disk (see the other checks)",
+    )
+
+
+# --- layout and permissions --------------------------------------------------------
+
+
+def _permission_fix(path: str, exc: OSError) -> str:
+    if exc.errno == errno.EROFS:
+        return "the filesystem is read-only: remount it read-write or use another --root"
+    if exc.errno == errno.ENOSPC:
+        return "the filesystem is full: free space or inodes"
+    return f"give this user write access to {path} (owner/mode: `ls -ld {path}`)"
+
+
+def _check_layout(path: str) -> list[DoctorCheck]:
+    missing = [d for d in _SUBDIRS if not os.path.isdir(os.path.join(path, d))]
+    if len(missing) == len(_SUBDIRS):
+        return [
+            DoctorCheck(
+                "layout",
+                "ok",
+                "no bus yet in this directory (sub-folders are created on first use)",
+            )
+        ]
+    if missing:
+        return [
+            DoctorCheck(
+                "layout",
+                "warn",
+                f"bus sub-folders missing: {', '.join(missing)}",
+                "open a Bus on this root (any fsbus command) to recreate them",
+            )
+        ]
+    unwritable = [d for d in _SUBDIRS if not os.access(os.path.join(path, d), os.W_OK | os.X_OK)]
+    if unwritable:
+        return [
+            DoctorCheck(
+                "layout",
+                "fail",
+                f"sub-folders not writable by this user: {', '.join(unwritable)}",
+                "fix owner/mode of the bus sub-folders (every peer needs write access)",
+            )
+        ]
+    return [DoctorCheck("layout", "ok", "staging/, messages/, topics/, update/ present")]
+
+
+def _check_writable(probe: str) -> DoctorCheck:
+    src = os.path.join(probe, "staged")
+    dst = os.path.join(probe, "renamed")
+    try:
+        fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            os.write(fd, b"\x00probe")
+        finally:
+            os.close(fd)
+        os.rename(src, dst)
+        os.unlink(dst)
+    except OSError as exc:
+        return DoctorCheck(
+            "writable",
+            "fail",
+            f"create/rename/unlink failed: {exc.strerror or exc}",
+            _permission_fix(os.path.dirname(probe), exc),
+        )
+    return DoctorCheck("writable", "ok", "create (O_EXCL), write, rename and unlink work")
+
+
+def _check_space(path: str) -> DoctorCheck:
+    try:
+        st = os.statvfs(path)
+    except OSError as exc:
+        return DoctorCheck("space", "warn", f"statvfs failed: {exc.strerror or exc}")
+    free = st.f_bavail * st.f_frsize
+    total = st.f_blocks * st.f_frsize
+    text = f"{free / _MIB:,.0f} MiB free of {total / _MIB:,.0f} MiB"
+    if st.f_files:
+        text += f", {st.f_favail:,} of {st.f_files:,} inodes free"
+    else:
+        text += ", inodes not limited"
+    if free < 16 * _MIB or (st.f_files and st.f_favail < 100):
+        return DoctorCheck(
+            "space", "fail", text, "free disk space or inodes (each message is one file)"
+        )
+    low_space = free < 512 * _MIB or (total and free < total * 0.05)
+    if low_space or (st.f_files and st.f_favail < 10_000):
+        return DoctorCheck(
+            "space", "warn", text, "free disk space or inodes before the bus fills the disk"
+        )
+    return DoctorCheck("space", "ok", text)
+
+
+# --- flock -----------------------------------------------------------------------
+
+
+def _check_flock(probe: str) -> DoctorCheck:
+    target = os.path.join(probe, "lock")
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+    fd1 = os.open(target, flags, 0o666)
+    fd2 = os.open(target, flags, 0o666)  # a second open file description
+    try:
+        try:
+            fcntl.flock(fd1, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            return DoctorCheck(
+                "flock",
+                "fail",
+                f"flock is not supported here: {exc.strerror or exc}",
+                "use BusConfig(locking='rename') for work queues on this filesystem",
+            )
+        try:
+            fcntl.flock(fd2, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return DoctorCheck(
+                "flock", "ok", "an exclusive flock blocks a second open file description"
+            )
+        except OSError as exc:
+            return DoctorCheck(
+                "flock",
+                "fail",
+                f"second flock failed oddly: {exc.strerror or exc}",
+                "use BusConfig(locking='rename') for work queues on this filesystem",
+            )
+        return DoctorCheck(
+            "flock",
+            "fail",
+            "two open file descriptions both got an exclusive flock: locks do not exclude",
+            "use BusConfig(locking='rename') so a work-queue message has one consumer at a time",
+        )
+    finally:
+        os.close(fd2)
+        os.close(fd1)
+
+
+# --- inotify ---------------------------------------------------------------------
+
+
+def _check_inotify(probe: str) -> DoctorCheck:
+    polling = env_force_polling()
+    note = " (FSBUS_FORCE_POLLING is set, so the bus polls anyway)" if polling else ""
+    try:
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers.inotify import InotifyObserver
+    except ImportError as exc:  # pragma: no cover - watchdog is a dependency
+        return DoctorCheck("inotify", "warn", f"watchdog's inotify backend unavailable: {exc}")
+
+    seen = threading.Event()
+    target = os.path.join(probe, "watched")
+
+    class _Handler(FileSystemEventHandler):
+        def on_any_event(self, event: Any) -> None:
+            src = event.src_path
+            if isinstance(src, bytes):
+                src = os.fsdecode(src)
+            if (
+                os.path.basename(str(src)) == "watched"
+                or os.path.basename(str(getattr(event, "dest_path", "") or "")) == "watched"
+            ):
+                seen.set()
+
+    observer = InotifyObserver()
+    try:
+        observer.schedule(_Handler(), probe, recursive=False)
+        observer.start()
+    except OSError as exc:
+        return DoctorCheck(
+            "inotify",
+            "warn",
+            f"cannot watch the directory: {exc.strerror or exc}{note}",
+            "raise fs.inotify.max_user_watches/max_user_instances, or set FSBUS_FORCE_POLLING=1",
+        )
+    try:
+        started = time.monotonic()
+        _write_file(target, b"x")
+        if seen.wait(_INOTIFY_WAIT):
+            took = time.monotonic() - started
+            return DoctorCheck(
+                "inotify", "ok", f"a write was seen after {took * 1000:.0f} ms{note}"
+            )
+        return DoctorCheck(
+            "inotify",
+            "warn",
+            f"a write was not seen within {_INOTIFY_WAIT:.0f} s{note}",
+            "set FSBUS_FORCE_POLLING=1: the bus then relies on polling update/UPDATE",
+        )
+    finally:
+        _stop(observer.stop, observer.join)
+
+
+def _stop(stop: Callable[[], None], join: Callable[[float], None]) -> None:
+    with contextlib.suppress(Exception):
+        stop()
+        join(5.0)
+
+
+def _write_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+# --- clock -----------------------------------------------------------------------
+
+
+def _check_clock(probe: str) -> DoctorCheck:
+    target = os.path.join(probe, "clock")
+    before = time.time()
+    _write_file(target, b"t")
+    after = time.time()
+    mtime = os.stat(target).st_mtime
+    if mtime < before:
+        skew = mtime - before
+    elif mtime > after:
+        skew = mtime - after
+    else:
+        skew = 0.0
+    text = f"a fresh file's mtime is {skew:+.3f} s from this host's clock"
+    if abs(skew) <= _SKEW_WARN:
+        return DoctorCheck("clock", "ok", text)
+    fix = (
+        "synchronise the clocks of every host sharing the bus (NTP/chrony): "
+        "expiry times are compared with each host's clock"
+    )
+    if abs(skew) <= _SKEW_FAIL:
+        return DoctorCheck("clock", "warn", text, fix)
+    return DoctorCheck("clock", "fail", text, fix)
