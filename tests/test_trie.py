@@ -1,0 +1,337 @@
+"""The topic trie against the RabbitMQ/qlobber vectors, named examples and a reference matcher."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fsbus import InvalidPattern
+from fsbus._trie import ALL, TopicTrie
+
+VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "rabbitmq_topic_vectors.json").read_text("utf-8")
+)
+BINDINGS: list[tuple[str, str]] = [(p, v) for p, v in VECTORS["bindings"]]
+
+
+def loaded() -> TopicTrie[str]:
+    trie: TopicTrie[str] = TopicTrie()
+    for pattern, value in BINDINGS:
+        trie.add(pattern, value)
+    return trie
+
+
+def cases(key: str) -> list[Any]:
+    return [pytest.param(topic, expected, id=repr(topic)) for topic, expected in VECTORS[key]]
+
+
+# --- RabbitMQ conformance vectors (ids compared sorted as strings, as the vectors are) ---------
+
+
+@pytest.mark.parametrize(("topic", "expected"), cases("tests"))
+def test_rabbitmq_vectors(topic: str, expected: list[str]) -> None:
+    trie = loaded()
+    assert len(trie) == len(BINDINGS) == 26
+    assert sorted(trie.match(topic)) == expected
+    assert trie.match_set(topic) == set(expected)
+    for _, value in BINDINGS:
+        assert trie.test(topic, value) is (value in expected)
+
+
+@pytest.mark.parametrize(("topic", "expected"), cases("tests_after_remove"))
+def test_rabbitmq_vectors_after_remove(topic: str, expected: list[str]) -> None:
+    trie = loaded()
+    for index in VECTORS["bindings_to_remove"]:
+        pattern, value = BINDINGS[index - 1]
+        assert trie.remove(pattern, value) == 1
+    assert len(trie) == len(BINDINGS) - len(VECTORS["bindings_to_remove"])
+    assert sorted(trie.match(topic)) == expected
+
+
+@pytest.mark.parametrize(("topic", "expected"), cases("tests_after_remove_all"))
+def test_rabbitmq_vectors_after_remove_all(topic: str, expected: list[str]) -> None:
+    trie = loaded()
+    for index in VECTORS["bindings_to_remove"]:
+        pattern, _ = BINDINGS[index - 1]
+        trie.remove(pattern)
+    # "a.b.c" had two values (t1, t20): removing the pattern drops both.
+    assert len(trie) == len(BINDINGS) - len(VECTORS["bindings_to_remove"]) - 1
+    assert sorted(trie.match(topic)) == expected
+
+
+@pytest.mark.parametrize(("topic", "expected"), cases("tests_after_clear"))
+def test_rabbitmq_vectors_after_clear(topic: str, expected: list[str]) -> None:
+    trie = loaded()
+    trie.clear()
+    assert len(trie) == 0
+    assert trie.patterns() == []
+    assert sorted(trie.match(topic)) == expected == []
+
+
+# --- the examples of the design, by name -------------------------------------------------
+
+
+def matches(pattern: str, topic: str) -> bool:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add(pattern, 1)
+    return trie.match(topic) == [1]
+
+
+@pytest.mark.parametrize("pattern", ["a.#", "#.a", "#.*", "*.#"])
+def test_one_word_matches_hash_and_star_combinations(pattern: str) -> None:
+    assert matches(pattern, "a")
+
+
+def test_repeated_hash_matches_zero_words_in_the_middle() -> None:
+    assert matches("a.#.#.b", "a.b")
+    assert matches("a.#.#.b", "a.x.y.z.b")
+    assert not matches("a.#.#.b", "a.x")
+
+
+def test_empty_topic_matches_empty_and_hash_only() -> None:
+    assert matches("", "")
+    assert matches("#", "")
+    assert matches("#.#", "")
+    assert not matches("*", "")
+    assert not matches("#.*", "")
+    assert not matches("#.*.#", "")
+
+
+def test_star_does_not_match_an_empty_word() -> None:
+    assert not matches("a.*.b", "a..b")
+    assert matches("a..b", "a..b")
+    assert matches("a.#.b", "a..b")
+    assert not matches("a.*", "a.")
+    assert matches("a.#", "a.")
+
+
+def test_star_matches_exactly_one_word() -> None:
+    assert matches("a.*", "a.b")
+    assert not matches("a.*", "a")
+    assert not matches("a.*", "a.b.c")
+
+
+def test_hash_matches_zero_or_more_words_anywhere() -> None:
+    assert matches("#", "a.b.c")
+    assert matches("#.c", "c")
+    assert matches("#.c", "a.b.c")
+    assert not matches("#.c", "a.b.c.d")
+    assert matches("a.#.c.#", "a.c")
+    assert matches("a.#.c.#", "a.x.c.y.z")
+
+
+def test_wildcards_in_a_topic_are_ordinary_words() -> None:
+    assert matches("a.*", "a.*")
+    assert matches("a.*", "a.#")
+    assert not matches("a.b", "a.*")
+    assert not matches("a.b", "a.#")
+    assert matches("a.#", "a.#.#")
+
+
+def test_wildcard_characters_inside_a_word_are_literal() -> None:
+    assert matches("a*", "a*")
+    assert not matches("a*", "ab")
+    assert matches("x.#y", "x.#y")
+    assert not matches("x.#y", "x.y")
+    assert not matches("x.#y", "x")
+
+
+def test_rabbitmq_tutorial_example() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("*.orange.*", "Q1")
+    trie.add("*.*.rabbit", "Q2")
+    trie.add("lazy.#", "Q2")
+    assert trie.match("quick.orange.rabbit") == ["Q1", "Q2"]
+    assert trie.match("lazy.orange.elephant") == ["Q1", "Q2"]
+    assert trie.match("quick.orange.fox") == ["Q1"]
+    assert trie.match("lazy.brown.fox") == ["Q2"]
+    assert trie.match("lazy.pink.rabbit") == ["Q2"]  # two patterns, one value
+    assert trie.match("quick.brown.fox") == []
+    assert trie.match("orange") == []
+    assert trie.match("quick.orange.male.rabbit") == []
+    assert trie.match("lazy.orange.male.rabbit") == ["Q2"]
+
+
+def test_many_hashes_against_a_long_topic_stay_polynomial() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("#.#.#.#.#.#.#.#.#.#.#.#.a", "hashes")
+    trie.add("#.*.#.*.#.*.#.*.#.*.#", "mixed")
+    long_topic = ".".join(["b"] * 127 + ["a"])
+    assert trie.match(long_topic) == ["hashes", "mixed"]
+    assert trie.match(".".join(["b"] * 128)) == ["mixed"]
+
+
+# --- values, order and bookkeeping -------------------------------------------------------
+
+
+def test_match_returns_each_value_once_in_binding_order() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("a.#", "late")
+    trie.add("#", "first")
+    trie.add("a.b", "second")
+    trie.add("a.*", "first")
+    trie.add("a.b", "late")
+    assert trie.match("a.b") == ["late", "first", "second"]
+    assert trie.match_set("a.b") == {"late", "first", "second"}
+    trie.remove("a.#", "late")
+    # "late" now comes only from its "a.b" binding, added after "first" and "second".
+    assert trie.match("a.b") == ["first", "second", "late"]
+
+
+def test_equal_values_are_one_value() -> None:
+    trie: TopicTrie[tuple[str, int]] = TopicTrie()
+    trie.add("x.*", ("sub", 1))
+    trie.add("#", ("sub", 1))
+    assert trie.match("x.y") == [("sub", 1)]
+    assert len(trie) == 2
+
+
+def test_adding_a_binding_twice_changes_nothing() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("a.b", "v")
+    trie.add("a.b", "v")
+    assert len(trie) == 1
+    assert trie.remove("a.b", "v") == 1
+    assert trie.match("a.b") == []
+
+
+def test_remove_one_value_or_all() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    for value in ("x", "y", "z"):
+        trie.add("a.*", value)
+    trie.add("a.b", "x")
+    assert trie.remove("a.*", "y") == 1
+    assert trie.match("a.b") == ["x", "z"]
+    assert trie.remove("a.*", "y") == 0
+    assert trie.remove("a.*", ALL) == 2
+    assert trie.match("a.b") == ["x"]
+    assert trie.remove("a.*") == 0
+    assert trie.remove("never.added") == 0
+    assert trie.patterns() == ["a.b"]
+    assert len(trie) == 1
+
+
+def test_test_checks_one_value() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("a.*", "x")
+    trie.add("b.#", "y")
+    assert trie.test("a.b", "x")
+    assert not trie.test("a.b", "y")
+    assert not trie.test("a", "x")
+    assert trie.test("b", "y")
+
+
+def test_patterns_and_bindings_list_what_was_added() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("a.#", 1)
+    trie.add("", 2)
+    trie.add("a.#", 3)
+    assert trie.patterns() == ["a.#", ""]
+    assert list(trie.bindings()) == [("a.#", 1), ("a.#", 3), ("", 2)]
+
+
+def test_remove_prunes_the_trie_back_to_empty() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    patterns = ["a.b.c", "a.*.c", "a.#", "#", "#.#.x", "*", "", "a..b", "a.#.*.#"]
+    for i, pattern in enumerate(patterns):
+        trie.add(pattern, i)
+    for pattern in patterns:
+        trie.remove(pattern)
+    assert len(trie) == 0
+    root = trie._root
+    assert root.is_empty()
+
+
+def test_invalid_patterns_are_refused_before_anything_changes() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    with pytest.raises(InvalidPattern, match="control character"):
+        trie.add("a.\x00", 1)
+    with pytest.raises(InvalidPattern, match="must be a str, not bytes"):
+        trie.add(b"a.b", 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidPattern, match="more than the limit of 128"):
+        trie.remove("a." * 128)
+    assert len(trie) == 0
+    assert trie.patterns() == []
+
+
+def test_match_accepts_any_str_topic() -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add("#", 1)
+    assert trie.match("x" * 5000) == [1]
+    assert trie.match("." * 500) == [1]
+
+
+# --- against a tiny reference matcher ----------------------------------------------------
+
+
+def reference_matches(pattern: str, topic: str) -> bool:
+    """The definition, written as directly as possible (exponential, fine for small input)."""
+
+    def go(ps: list[str], ts: list[str]) -> bool:
+        if not ps:
+            return not ts
+        head, rest = ps[0], ps[1:]
+        if head == "#":
+            return any(go(rest, ts[k:]) for k in range(len(ts) + 1))
+        if not ts:
+            return False
+        if head == "*":
+            return ts[0] != "" and go(rest, ts[1:])
+        return head == ts[0] and go(rest, ts[1:])
+
+    return go(pattern.split("."), topic.split("."))
+
+
+WORDS = st.sampled_from(["", "a", "b", "*", "#", "a*", "#b"])
+PATTERNS = st.lists(WORDS, min_size=1, max_size=6).map(".".join)
+TOPICS = st.lists(WORDS, min_size=1, max_size=7).map(".".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(patterns=st.lists(PATTERNS, min_size=1, max_size=12), topics=st.lists(TOPICS, max_size=8))
+def test_trie_agrees_with_reference_matcher(patterns: list[str], topics: list[str]) -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    for i, pattern in enumerate(patterns):
+        trie.add(pattern, i)
+    for topic in topics:
+        expected = [i for i, p in enumerate(patterns) if reference_matches(p, topic)]
+        assert trie.match(topic) == expected
+        assert trie.match_set(topic) == set(expected)
+        assert all(trie.test(topic, i) is (i in expected) for i in range(len(patterns)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bindings=st.lists(st.tuples(PATTERNS, st.integers(0, 3)), max_size=15),
+    data=st.data(),
+)
+def test_add_remove_round_trips(bindings: list[tuple[str, int]], data: st.DataObject) -> None:
+    trie: TopicTrie[int] = TopicTrie()
+    for pattern, value in bindings:
+        trie.add(pattern, value)
+    unique = list(dict.fromkeys(bindings))
+    assert len(trie) == len(unique)
+    assert sorted(trie.bindings()) == sorted(unique)
+
+    removed = data.draw(st.lists(st.sampled_from(unique), unique=True) if unique else st.just([]))
+    for pattern, value in removed:
+        assert trie.remove(pattern, value) == 1
+    kept = [b for b in unique if b not in removed]
+    assert sorted(trie.bindings()) == sorted(kept)
+    assert len(trie) == len(kept)
+    for topic in data.draw(st.lists(TOPICS, max_size=5)):
+        expected = {v for p, v in kept if reference_matches(p, topic)}
+        assert trie.match_set(topic) == expected
+
+    for pattern, value in removed:
+        trie.add(pattern, value)
+    assert sorted(trie.bindings()) == sorted(unique)
+    for pattern in {p for p, _ in unique}:
+        trie.remove(pattern)
+    assert len(trie) == 0
+    assert trie._root.is_empty()
