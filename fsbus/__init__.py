@@ -7,6 +7,7 @@ filesystem, with no broker process. On-disk compatible with qlobber-fsq 14.
 from __future__ import annotations
 
 from ._config import BusConfig
+from ._doctor import DoctorCheck, DoctorReport, check_directory
 from ._errors import (
     ClosedError,
     CorruptDataError,
@@ -34,6 +35,8 @@ __all__ = (
     "ClosedError",
     "CorruptDataError",
     "DiskFull",
+    "DoctorCheck",
+    "DoctorReport",
     "FsBusError",
     "InvalidConfig",
     "InvalidHeader",
@@ -49,4 +52,5 @@ __all__ = (
     "UsageError",
     "WouldBlock",
     "__version__",
+    "check_directory",
 )
