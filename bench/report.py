@@ -1,0 +1,257 @@
+"""Write the results: results.json, results.md (tables, ratios, targets) and PNG plots.
+
+Ratios are *speed* ratios, so that above 1 always means "faster than the reference":
+throughput / reference throughput, or reference latency / latency.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+RAW = "raw"
+QLOBBER = "qlobber-fsq"
+FSBUS = "fsbus"
+
+
+def speed_ratio(row: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
+    """How many times faster ``row`` is than ``ref`` (None when either is missing)."""
+    if ref is None or row["median"] is None or ref["median"] is None:
+        return None
+    if row["kind"] == "latency":
+        return float(ref["median"]) / float(row["median"]) if row["median"] else None
+    return float(row["median"]) / float(ref["median"]) if ref["median"] else None
+
+
+def add_ratios(results: list[dict[str, Any]]) -> None:
+    index = {(r["fs"], r["scenario"], r["system"]): r for r in results}
+    for r in results:
+        for ref, key in ((RAW, "vs_raw"), (QLOBBER, "vs_qlobber")):
+            r[key] = speed_ratio(r, index.get((r["fs"], r["scenario"], ref)))
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit == "ms":
+        return f"{v:.2f}"
+    if v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:,.1f}"
+
+
+def _ratio(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+def _ordered(values: Iterable[str]) -> list[str]:
+    seen: list[str] = []
+    for v in values:
+        if v not in seen:
+            seen.append(v)
+    return seen
+
+
+TARGETS: list[tuple[str, str, str, str, float, str]] = [
+    # (description, fs or "*", scenario, reference system, minimum speed ratio, system)
+    ("Bus publish ≥ 70% of the raw loop", "*", "publish-100B", RAW, 0.70, FSBUS),
+    ("Bus publish ≥ 3x qlobber-fsq", "*", "publish-100B", QLOBBER, 3.0, FSBUS),
+    ("Bus fan-out end to end ≥ 3x qlobber-fsq", "*", "fanout-1-100B", QLOBBER, 3.0, FSBUS),
+    ("Bus work queue ≥ 3x qlobber-fsq", "*", "workqueue-4-100B", QLOBBER, 3.0, FSBUS),
+    ("tmpfs: Bus fan-out ≥ Redis pub/sub", "tmpfs", "fanout-1-100B", "redis", 1.0, FSBUS),
+    (
+        "tmpfs: Streams append ≥ Redis pipelined",
+        "tmpfs",
+        "append-100B",
+        "redis-pipe",
+        1.0,
+        "fsbus-streams",
+    ),
+]
+
+
+def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Check the issue's targets against this run."""
+    index = {(r["fs"], r["scenario"], r["system"]): r for r in results}
+    fss = _ordered(r["fs"] for r in results)
+    out: list[dict[str, Any]] = []
+    for desc, fs_sel, scen, ref, need, system in TARGETS:
+        for fs in fss if fs_sel == "*" else [fs_sel]:
+            row = index.get((fs, scen, system))
+            refrow = index.get((fs, scen, ref))
+            if row is None or refrow is None:
+                continue
+            got = speed_ratio(row, refrow)
+            out.append(
+                {
+                    "target": desc,
+                    "fs": fs,
+                    "ratio": got,
+                    "need": need,
+                    "met": got is not None and got >= need,
+                }
+            )
+    for fs in fss:
+        row = index.get((fs, "latency-100B", FSBUS))
+        if row is not None:
+            p50 = row["median"]
+            out.append(
+                {
+                    "target": "Bus round trip p50 ≤ 1 ms",
+                    "fs": fs,
+                    "ratio": p50,
+                    "need": 1.0,
+                    "met": p50 is not None and p50 <= 1.0,
+                    "unit": "ms",
+                }
+            )
+    return out
+
+
+def markdown(results: list[dict[str, Any]], meta: dict[str, Any], plots: list[str]) -> str:
+    lines = [
+        "# fsbus benchmark results",
+        "",
+        f"- {meta['date']}; {meta['machine']}; Python {meta['python']}",
+        f"- plan **{meta['plan']}**, {meta['rounds']} interleaved rounds, median shown; "
+        f"took {meta['seconds']} s",
+        f"- command: `{meta['command']}`",
+    ]
+    for fs, desc in meta["filesystems"].items():
+        lines.append(f"- `{fs}`: {desc}")
+    for name, why in meta.get("skipped", {}).items():
+        lines.append(f"- skipped **{name}**: {why}")
+    lines += [
+        "",
+        "Throughput in messages (records, topics) per second, higher is better; round trip "
+        "in ms, lower is better. *vs raw* / *vs qlobber* are speed ratios (above 1 = faster "
+        "than the reference) measured in the same run.",
+    ]
+    tgt = targets(results)
+    if tgt:
+        lines += ["", "## Targets", "", "| target | fs | measured | needed | met |"]
+        lines.append("|---|---|---|---|---|")
+        for t in tgt:
+            unit = t.get("unit")
+            got = (
+                "—"
+                if t["ratio"] is None
+                else (f"{t['ratio']:.2f} ms" if unit == "ms" else f"{t['ratio']:.2f}x")
+            )
+            need = f"{t['need']:.2f} ms" if unit == "ms" else f"{t['need']:.2f}x"
+            met = "yes" if t["met"] else "**no**"
+            lines.append(f"| {t['target']} | {t['fs']} | {got} | {need} | {met} |")
+    for fs in _ordered(r["fs"] for r in results):
+        rows = [r for r in results if r["fs"] == fs]
+        systems = _ordered(r["system"] for r in rows)
+        lines += ["", f"## {fs}: {meta['filesystems'].get(fs, '')}", ""]
+        head = " | ".join(systems)
+        lines.append(f"| scenario | unit | {head} | fsbus vs raw | fsbus vs qlobber |")
+        lines.append("|---|---|" + "---|" * len(systems) + "---|---|")
+        for scen in _ordered(r["scenario"] for r in rows):
+            cells = {r["system"]: r for r in rows if r["scenario"] == scen}
+            first = next(iter(cells.values()))
+            vals = []
+            for s in systems:
+                r = cells.get(s)
+                if r is None:
+                    vals.append("")
+                elif not r["ok"]:
+                    vals.append("fail")
+                elif r["unit"] == "ms":
+                    vals.append(f"{_fmt(r['median'], 'ms')} / {_fmt(r['p99'], 'ms')}")
+                else:
+                    vals.append(_fmt(r["median"], r["unit"]))
+            fb = cells.get(FSBUS)
+            unit = "ms p50 / p99" if first["unit"] == "ms" else first["unit"]
+            lines.append(
+                f"| {first['title']} | {unit} | "
+                + " | ".join(vals)
+                + f" | {_ratio(fb and fb.get('vs_raw'))} | {_ratio(fb and fb.get('vs_qlobber'))} |"
+            )
+        notes = [
+            f"{r['system']} / {r['title']}: {'; '.join(r['notes'])}" for r in rows if r["notes"]
+        ]
+        if notes:
+            lines += ["", "Notes:", *[f"- {n}" for n in notes]]
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict[str, Any]], out: Path) -> list[str]:
+    """Throughput bars per filesystem and a latency chart; returns the file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names: list[str] = []
+    systems = _ordered(r["system"] for r in results)
+    colours = {s: plt.get_cmap("tab20")(i % 20) for i, s in enumerate(systems)}
+    for fs in _ordered(r["fs"] for r in results):
+        rows = [r for r in results if r["fs"] == fs and r["unit"] == "msg/s"]
+        if not rows:
+            continue
+        scens = _ordered(r["scenario"] for r in rows)
+        syss = _ordered(r["system"] for r in rows)
+        width = 0.8 / max(1, len(syss))
+        fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(scens)), 5))
+        for j, s in enumerate(syss):
+            xs, ys = [], []
+            for i, sc in enumerate(scens):
+                r = next((x for x in rows if x["scenario"] == sc and x["system"] == s), None)
+                if r is not None and r["median"]:
+                    xs.append(i + j * width - 0.4 + width / 2)
+                    ys.append(r["median"])
+            ax.bar(xs, ys, width, label=s, color=colours[s])
+        titles = [next(r["title"] for r in rows if r["scenario"] == sc) for sc in scens]
+        ax.set_xticks(range(len(scens)), titles, rotation=30, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("messages per second (log)")
+        ax.set_title(f"Throughput on {fs} (median of rounds, higher is better)")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        name = f"throughput-{fs}.png"
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        names.append(name)
+    lat = [r for r in results if r["kind"] == "latency" and r["median"]]
+    if lat:
+        fss = _ordered(r["fs"] for r in lat)
+        syss = _ordered(r["system"] for r in lat)
+        fig, axes = plt.subplots(1, len(fss), figsize=(4.5 * len(fss), 4), squeeze=False)
+        for ax, fs in zip(axes[0], fss, strict=True):
+            rows = [
+                next((r for r in lat if r["fs"] == fs and r["system"] == s), None) for s in syss
+            ]
+            p50 = [r["median"] if r else 0 for r in rows]
+            p99 = [r["p99"] or 0 if r else 0 for r in rows]
+            xs = range(len(syss))
+            ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50")
+            ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
+            ax.set_xticks(list(xs), syss, rotation=30, ha="right", fontsize=8)
+            ax.set_yscale("log")
+            ax.set_ylabel("round trip, ms (log)")
+            ax.set_title(f"{fs} (lower is better)")
+            ax.legend(fontsize=7)
+            ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=90)
+        plt.close(fig)
+        names.append("latency.png")
+    return names
+
+
+def write(out: Path, results: list[dict[str, Any]], meta: dict[str, Any], *, plots: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    add_ratios(results)
+    pngs = plot(results, out) if plots else []
+    (out / "results.json").write_text(
+        json.dumps({"meta": meta, "targets": targets(results), "results": results}, indent=1) + "\n"
+    )
+    (out / "results.md").write_text(markdown(results, meta, pngs))

@@ -1,0 +1,201 @@
+"""One entry for every benchmark: ``python -m bench.run [--quick] [--fs ...] [--systems ...]``.
+
+For each filesystem, each scenario runs every system that supports it, round after round,
+interleaved (A B C A B C ...), in a fresh directory each time; the median of the rounds is
+kept. Results go to ``--out`` as results.md, results.json and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.filesystems import scratch, unavailable
+from bench.procs import ChildFailed
+from bench.scenarios import PLANS, Plan, Scenario, match_data
+from bench.systems import DEFAULT, Measurement, System, load
+
+
+@dataclass
+class Row:
+    """The rounds of one system in one scenario on one filesystem."""
+
+    fs: str
+    scenario: str
+    title: str
+    kind: str
+    unit: str
+    system: str
+    label: str
+    rounds: list[Measurement] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        vals = [m.value for m in self.rounds if m.value is not None]
+        ok = bool(self.rounds) and all(m.ok for m in self.rounds) and bool(vals)
+        p99s = [m.p99 for m in self.rounds if m.p99 is not None]
+        extra: dict[str, float] = {}
+        for key in {k for m in self.rounds for k in m.extra}:
+            xs = [m.extra[key] for m in self.rounds if key in m.extra]
+            extra[key] = statistics.median(xs)
+        return {
+            "fs": self.fs,
+            "scenario": self.scenario,
+            "title": self.title,
+            "kind": self.kind,
+            "unit": self.unit,
+            "system": self.system,
+            "label": self.label,
+            "median": statistics.median(vals) if vals and ok else None,
+            "p99": statistics.median(p99s) if p99s else None,
+            "values": [m.value for m in self.rounds],
+            "ok": ok,
+            "notes": sorted({m.note for m in self.rounds if m.note}),
+            "extra": extra,
+        }
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Measurement:
+    workdir.mkdir(parents=True)
+    try:
+        return sysobj.run(sc, workdir, timeout=timeout)
+    except ChildFailed as exc:
+        return Measurement(None, ok=False, note=str(exc).splitlines()[0][:200])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_plan(
+    plan: Plan, systems: list[System], filesystems: list[str], *, timeout: float
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    rows: list[Row] = []
+    fs_desc: dict[str, str] = {}
+    done_fs_free: set[tuple[str, str]] = set()
+    for fs in filesystems:
+        with scratch(fs) as place:
+            fs_desc[fs] = place.description
+            log(f"== {fs}: {place.description} at {place.path}")
+            for sc in plan.scenarios:
+                runners = [s for s in systems if s.supports(sc)]
+                if sc.kind == "match":
+                    # matching does not touch the filesystem: run it once
+                    if ("match", sc.key) in done_fs_free:
+                        continue
+                    done_fs_free.add(("match", sc.key))
+                    (place.path / "match.json").write_text(
+                        json.dumps(match_data(sc.bindings, sc.count))
+                    )
+                cur = {
+                    s.name: Row(fs, sc.key, sc.title, sc.kind, sc.unit, s.name, s.label)
+                    for s in runners
+                }
+                for r in range(plan.rounds):
+                    for s in runners:
+                        t = time.monotonic()
+                        m = measure(s, sc, place.path / f"{s.name}-{sc.key}-{r}", timeout)
+                        cur[s.name].rounds.append(m)
+                        shown = "FAILED" if m.value is None else f"{m.value:,.1f} {sc.unit}"
+                        log(
+                            f"  {sc.key:<22} r{r} {s.name:<14} {shown:>16}"
+                            f"  ({time.monotonic() - t:.1f}s){'  ' + m.note if m.note else ''}"
+                        )
+                rows += cur.values()
+    return [r.summary() for r in rows], fs_desc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small sizes, < 3 minutes")
+    mode.add_argument("--tiny", action="store_true", help="a few messages: checks the harness")
+    ap.add_argument("--fs", help="comma-separated: disk,ext4loop,tmpfs (default: the plan's)")
+    ap.add_argument("--systems", help=f"comma-separated from: {','.join(DEFAULT)}")
+    ap.add_argument("--scenarios", help="comma-separated kinds or keys to keep (e.g. publish)")
+    ap.add_argument("--rounds", type=int, help="override the plan's rounds")
+    ap.add_argument("--out", default="bench/results", help="results folder")
+    ap.add_argument("--no-plots", action="store_true", help="tables only")
+    args = ap.parse_args(argv)
+
+    plan = PLANS["quick" if args.quick else "tiny" if args.tiny else "full"]
+    if args.scenarios:
+        keep = set(args.scenarios.split(","))
+        plan = Plan(
+            plan.name,
+            tuple(s for s in plan.scenarios if s.kind in keep or s.key in keep),
+            plan.rounds,
+            plan.filesystems,
+            plan.timeout,
+        )
+    rounds = args.rounds or plan.rounds
+    filesystems = args.fs.split(",") if args.fs else list(plan.filesystems)
+    for fs in list(filesystems):
+        why = unavailable(fs)
+        if why:
+            log(f"skipping filesystem {fs}: {why}")
+            filesystems.remove(fs)
+    names = args.systems.split(",") if args.systems else list(DEFAULT)
+    systems: list[System] = []
+    skipped: dict[str, str] = {}
+    try:
+        for name in names:
+            s = load(name)
+            why = s.prepare()
+            if why:
+                log(f"skipping {name}: {why}")
+                skipped[name] = why
+                s.close()
+            else:
+                systems.append(s)
+        t0 = time.monotonic()
+        results, fs_desc = run_plan(
+            Plan(plan.name, plan.scenarios, rounds, plan.filesystems, plan.timeout),
+            systems,
+            filesystems,
+            timeout=plan.timeout,
+        )
+        elapsed = time.monotonic() - t0
+    finally:
+        for s in systems:
+            s.close()
+    meta = {
+        "plan": plan.name,
+        "rounds": rounds,
+        "filesystems": fs_desc,
+        "systems": {s.name: s.label for s in systems},
+        "skipped": skipped,
+        "seconds": round(elapsed, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {_cores()} cores, Linux {platform.release()}",
+        "python": platform.python_version(),
+        "command": "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    out = Path(args.out)
+    report.write(out, results, meta, plots=not args.no_plots)
+    log(f"wrote {out}/results.md, results.json{'' if args.no_plots else ' and plots'}")
+    return 0
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def _asdict(m: Measurement) -> dict[str, Any]:
+    return asdict(m)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
