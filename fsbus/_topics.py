@@ -35,8 +35,13 @@ __all__ = [
 MAX_TOPIC_BYTES: Final = 1024
 """Longest topic or pattern, in bytes of its UTF-8 encoding."""
 
-MAX_WORDS: Final = 128
-"""Most words in a topic or pattern."""
+MAX_WORDS: Final = 100
+"""Most words in a topic or pattern.
+
+qlobber 8 (the matcher inside qlobber-fsq 14) throws "too many words" on a topic of
+more than 100 words, and a qlobber-fsq process meeting such a file dies of an
+uncaught exception; 100 keeps every message fsbus publishes readable by Node peers.
+"""
 
 SEPARATOR: Final = "."
 """Separates the words of a topic or pattern."""

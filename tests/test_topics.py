@@ -107,13 +107,13 @@ def test_printable_non_c0_characters_are_allowed(
 
 @pytest.mark.parametrize(("validate", "error", "kind"), VALIDATORS)
 def test_word_limit(validate: Callable[[object], str], error: type[UsageError], kind: str) -> None:
-    assert MAX_WORDS == 128
-    validate(".".join(["w"] * 128))
-    validate("." * 127)  # 128 empty words
+    assert MAX_WORDS == 100
+    validate(".".join(["w"] * 100))
+    validate("." * 99)  # 100 empty words
     with pytest.raises(
-        error, match=r"it has 129 words, more than the limit of 128; use fewer '\.'-separated words"
+        error, match=r"it has 101 words, more than the limit of 100; use fewer '\.'-separated words"
     ):
-        validate(".".join(["w"] * 129))
+        validate(".".join(["w"] * 101))
 
 
 @pytest.mark.parametrize(("validate", "error", "kind"), VALIDATORS)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsbus import InvalidPattern
+from fsbus._topics import MAX_WORDS
 from fsbus._trie import ALL, TopicTrie
 
 VECTORS: dict[str, Any] = json.loads(
@@ -253,8 +257,8 @@ def test_invalid_patterns_are_refused_before_anything_changes() -> None:
         trie.add("a.\x00", 1)
     with pytest.raises(InvalidPattern, match="must be a str, not bytes"):
         trie.add(b"a.b", 1)  # type: ignore[arg-type]
-    with pytest.raises(InvalidPattern, match="more than the limit of 128"):
-        trie.remove("a." * 128)
+    with pytest.raises(InvalidPattern, match="more than the limit of 100"):
+        trie.remove("a." * 100)
     assert len(trie) == 0
     assert trie.patterns() == []
 
@@ -335,3 +339,68 @@ def test_add_remove_round_trips(bindings: list[tuple[str, int]], data: st.DataOb
         trie.remove(pattern)
     assert len(trie) == 0
     assert trie._root.is_empty()
+
+
+# --- against the real qlobber (the matcher inside qlobber-fsq 14) ------------------------
+
+QLOBBER = Path(__file__).parent / "interop" / "node_modules" / "qlobber"
+
+QLOBBER_SCRIPT = """
+const { QlobberDedup } = require(process.argv[1]);
+const input = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const out = {};
+out.cases = input.cases.map(({ patterns, topics }) => {
+    const q = new QlobberDedup({ max_wildcard_somes: 1000 });
+    patterns.forEach((p, i) => q.add(p, i));
+    return topics.map(t => [...q.match(t)].sort((a, b) => a - b));
+});
+out.word_limit = input.word_limit.map(t => {
+    try { new QlobberDedup().match(t); return 'ok'; } catch (e) { return e.message; }
+});
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+def run_qlobber(payload: dict[str, Any]) -> dict[str, Any]:
+    node = shutil.which("node")
+    if node is None or not (QLOBBER / "package.json").exists():
+        pytest.skip("needs node and tests/interop/node_modules (`make pytest` installs them)")
+    done = subprocess.run(
+        [node, "-e", QLOBBER_SCRIPT, str(QLOBBER)],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.interop
+def test_trie_agrees_with_qlobber() -> None:
+    rng = random.Random(20261121)
+    alphabet = ["", "a", "b", "*", "#", "a*", "#b"]
+
+    def text(max_words: int) -> str:
+        return ".".join(rng.choice(alphabet) for _ in range(rng.randint(1, max_words)))
+
+    cases = [
+        {
+            "patterns": [text(6) for _ in range(rng.randint(1, 12))],
+            "topics": [text(7) for _ in range(8)],
+        }
+        for _ in range(400)
+    ]
+    cases.append({"patterns": [p for p, _ in BINDINGS], "topics": [t for t, _ in VECTORS["tests"]]})
+    word_limit = [".".join(["w"] * MAX_WORDS), ".".join(["w"] * (MAX_WORDS + 1))]
+    result = run_qlobber({"cases": cases, "word_limit": word_limit})
+
+    for case, expected_per_topic in zip(cases, result["cases"], strict=True):
+        trie: TopicTrie[int] = TopicTrie()
+        for i, pattern in enumerate(case["patterns"]):
+            trie.add(pattern, i)
+        for topic, expected in zip(case["topics"], expected_per_topic, strict=True):
+            assert trie.match(topic) == expected, (case["patterns"], topic)
+    # MAX_WORDS is qlobber's own limit: one word more and a qlobber-fsq peer would throw.
+    assert result["word_limit"] == ["ok", "too many words"]
