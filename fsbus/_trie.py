@@ -50,6 +50,7 @@ class _Node(Generic[V]):
         self.values: dict[V, int] = {}
 
     def is_empty(self) -> bool:
+        """Whether nothing ends here or passes through here (the node can go)."""
         return not (self.values or self.children or self.star or self.hash)
 
 
@@ -78,9 +79,9 @@ class TopicTrie(Generic[V]):
 
     def add(self, pattern: str, value: V) -> None:
         """Bind ``value`` to ``pattern`` (no-op if already bound)."""
+        validate_pattern(pattern)
         node = self._by_pattern.get(pattern)
         if node is None:
-            validate_pattern(pattern)
             node = self._root
             for word in pattern.split(SEPARATOR):
                 node = _child(node, word)
@@ -124,7 +125,7 @@ class TopicTrie(Generic[V]):
         return self._count
 
     def patterns(self) -> list[str]:
-        """The patterns with at least one value, in the order they were first added."""
+        """The patterns with at least one value, oldest first."""
         return list(self._by_pattern)
 
     def bindings(self) -> Iterator[tuple[str, V]]:

@@ -257,6 +257,8 @@ def test_invalid_patterns_are_refused_before_anything_changes() -> None:
         trie.add("a.\x00", 1)
     with pytest.raises(InvalidPattern, match="must be a str, not bytes"):
         trie.add(b"a.b", 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidPattern, match="must be a str, not list"):
+        trie.add(["a"], 1)  # type: ignore[arg-type]
     with pytest.raises(InvalidPattern, match="more than the limit of 100"):
         trie.remove("a." * 100)
     assert len(trie) == 0
