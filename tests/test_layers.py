@@ -1,7 +1,7 @@
 """The layering of the package, read from the source with ``ast``.
 
-* pure modules (topic rules and trie, name codec, layout, scan decisions, errors,
-  config, stream framing) do no I/O: they import no filesystem, clock or async
+* pure modules (topic rules and trie, name codec, layout, scan decisions, publish
+  plan, message objects, errors, config, stream framing) do no I/O: they import no filesystem, clock or async
   module, call no ``open``, and import only other pure modules of fsbus;
 * edges (CLI, Spark connector, pytest plugin and helpers, demo, bench/, stress/)
   reach fsbus only through its public names, never through a private module of
@@ -28,6 +28,8 @@ PURE_NAMES = (
     "_names.py",
     "_layout.py",
     "_scan.py",
+    "_plan.py",
+    "_message.py",
     "_errors.py",
     "_config.py",
 )
