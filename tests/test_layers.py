@@ -1,8 +1,9 @@
 """The layering of the package, read from the source with ``ast``.
 
 * pure modules (topic rules and trie, name codec, layout, scan decisions, publish
-  plan, message objects, errors, config, stream framing) do no I/O: they import no filesystem, clock or async
-  module, call no ``open``, and import only other pure modules of fsbus;
+  plan, message objects, errors, config, stream framing) do no I/O: they import no
+  filesystem, clock or async module, call no ``open``, and import only other pure
+  modules of fsbus;
 * edges (CLI, Spark connector, pytest plugin and helpers, demo, bench/, stress/)
   reach fsbus only through its public names, never through a private module of
   another layer.
