@@ -122,6 +122,7 @@ QUICK = Plan(
         Scenario("publish", 2000, 100),
         Scenario("fanout", 2000, 100, consumers=1),
         Scenario("fanout", 2000, 100, consumers=4),
+        Scenario("workqueue", 2000, 100, consumers=1),
         Scenario("workqueue", 2000, 100, consumers=4),
         Scenario("append", 20_000, 100),
         Scenario("latency", 100, 100),
