@@ -6,6 +6,7 @@ filesystem, with no broker process. On-disk compatible with qlobber-fsq 14.
 
 from __future__ import annotations
 
+from ._bus import Bus, Handler, MessageIterator, Subscription
 from ._config import BusConfig
 from ._doctor import DoctorCheck, DoctorReport, check_directory
 from ._errors import (
@@ -27,28 +28,40 @@ from ._errors import (
     UsageError,
     WouldBlock,
 )
+from ._message import BusStatistics, Message, MessageInfo, PublishInfo
+from ._sync import BlockingBus, BlockingMessages
 
 __version__ = "0.1.0"
 
 __all__ = (
+    "BlockingBus",
+    "BlockingMessages",
+    "Bus",
     "BusConfig",
+    "BusStatistics",
     "ClosedError",
     "CorruptDataError",
     "DiskFull",
     "DoctorCheck",
     "DoctorReport",
     "FsBusError",
+    "Handler",
     "InvalidConfig",
     "InvalidHeader",
     "InvalidPattern",
     "InvalidTopic",
     "LockingUnsupported",
+    "Message",
+    "MessageInfo",
+    "MessageIterator",
     "OffsetOutOfRange",
     "PayloadTooLarge",
+    "PublishInfo",
     "StorageError",
     "StoragePermissionError",
     "StreamError",
     "StreamNotFound",
+    "Subscription",
     "UsageError",
     "WouldBlock",
     "__version__",

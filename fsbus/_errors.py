@@ -156,7 +156,9 @@ _HINTS = {
 }
 
 
-def storage_error(what: str, exc: OSError, path: str | os.PathLike[str] | None = None) -> StorageError:
+def storage_error(
+    what: str, exc: OSError, path: str | os.PathLike[str] | None = None
+) -> StorageError:
     """Turn an OSError into the matching StorageError with a helpful message.
 
     ``what`` says what fsbus was doing ("publish to 'a.b'"); the caller raises the

@@ -1,0 +1,941 @@
+"""The async Bus: publish, subscribe, deliver, acknowledge, expire.
+
+One :class:`Bus` owns a task group. Its scanner wakes on inotify or a poll tick, reads
+UPDATE, lists the buckets whose stamp changed, decides (pure, in :mod:`fsbus._scan`)
+what is new, expired or claimable, then reads or claims messages in one worker-thread
+hop per batch and starts handlers under a concurrency limit. Acks, releases and
+publishes are batched into worker-thread hops the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._config import BusConfig, make_config
+from ._errors import ClosedError, FsBusError, PayloadTooLarge, UsageError
+from ._fs import BusFS, Claim, ReadResult, decode_meta
+from ._layout import Layout, changed_buckets
+from ._message import BusStatistics, Message, MessageInfo, PublishInfo
+from ._names import FLAG_META, host_id
+from ._ops import Ops
+from ._plan import PublishPlan, plan_publish
+from ._scan import Entry, ScanState, decide, long_names
+from ._topics import validate_pattern
+from ._trie import TopicTrie
+from ._watch import Waker
+
+__all__ = ["Bus", "Handler", "MessageIterator", "Subscription"]
+
+log = logging.getLogger("fsbus.bus")
+
+Handler = Callable[[Message], Awaitable[None]]
+T = TypeVar("T")
+R = TypeVar("R")
+
+_READ_BATCH = 256
+_READ_BATCH_BYTES = 64 << 20
+_DEFAULT_BUFFER = 64
+
+
+class Subscription:
+    """A live subscription; close it with :meth:`aclose` or :meth:`Bus.unsubscribe`."""
+
+    def __init__(self, bus: Bus, pattern: str, handler: Handler, existing: bool) -> None:
+        self.bus = bus
+        self.pattern = pattern
+        self.handler = handler
+        self.existing = existing
+        self.closed = False
+
+    async def aclose(self) -> None:
+        """Stop receiving messages (handlers already running finish)."""
+        await self.bus.unsubscribe(self)
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.pattern!r}{' closed' if self.closed else ''}>"
+
+
+@dataclass
+class _Slot(Generic[T, R]):
+    item: T
+    event: anyio.Event = field(default_factory=anyio.Event)
+    result: R | BaseException | None = None
+
+
+class _Batcher(Generic[T, R]):
+    """Runs ``fn(items)`` in a worker thread for everything submitted meanwhile."""
+
+    def __init__(self, fn: Callable[[list[T]], list[R | BaseException]], limit: int) -> None:
+        self._fn = fn
+        self._limit = limit
+        self._queue: list[_Slot[T, R]] = []
+        self._wake = anyio.Event()
+        self._closed = False
+
+    async def submit(self, item: T) -> R:
+        if self._closed:
+            raise ClosedError("the bus is closed; open a new Bus to publish")
+        slot: _Slot[T, R] = _Slot(item)
+        self._queue.append(slot)
+        self._wake.set()
+        await slot.event.wait()
+        if isinstance(slot.result, BaseException):
+            raise slot.result
+        return slot.result  # type: ignore[return-value]
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if not self._queue:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    continue
+                batch, self._queue = self._queue[: self._limit], self._queue[self._limit :]
+                results = await anyio.to_thread.run_sync(
+                    self._fn, [s.item for s in batch], abandon_on_cancel=False
+                )
+                for s, r in zip(batch, results, strict=True):
+                    s.result = r
+                    s.event.set()
+        finally:
+            self._closed = True
+            for s in self._queue:
+                s.result = ClosedError("the bus closed before this operation ran")
+                s.event.set()
+            self._queue = []
+
+
+class Bus:
+    """A message bus over a directory.
+
+    Use it as an async context manager; everything it starts stops when the block ends,
+    and no lock is left held::
+
+        async with Bus("/srv/bus") as bus:
+            await bus.subscribe("orders.*", handle)
+            await bus.publish("orders.created", b"...")
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        config: BusConfig | None = None,
+        ops: Ops | None = None,
+    ) -> None:
+        self.config = make_config(config)
+        self.root = os.path.abspath(os.fspath(root))
+        self.layout = Layout.of(self.root, self.config)
+        self._fs = BusFS(self.layout, self.config, ops)
+        self._hostname = socket.gethostname()
+        self._host = host_id(self._hostname)
+        self._hosts: dict[str, str] = {self._host: self._hostname}
+        self._trie: TopicTrie[Subscription] = TopicTrie()
+        self._subs: list[Subscription] = []
+        self._existing_pending: list[Subscription] = []
+        self._state = ScanState()
+        self._last_update: bytes | None = None
+        self._last_refresh = 0.0
+        self._retry_at: dict[tuple[int, str], float] = {}
+        self._in_flight: set[tuple[int, str]] = set()
+        self._backlog: set[int] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
+        self._limiter = anyio.Semaphore(self.config.handler_concurrency)
+        self._scanning = False
+        self._open = False
+        self._closed = False
+        self._publisher: _Batcher[tuple[PublishPlan, bytes], int] = _Batcher(
+            self._fs.publish_many, 256
+        )
+        self._finisher: _Batcher[tuple[Claim, str], None] = _Batcher(self._finish_many, 256)
+        self._counts = dict.fromkeys(
+            (
+                "published delivered acked released failed dead_lettered expired quarantined scans"
+            ).split(),
+            0,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Self:
+        if self._open or self._closed:
+            raise UsageError("a Bus can be entered once; create a new one")
+        await anyio.to_thread.run_sync(self._setup)
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._open = True
+        self._waker.start()
+        tg.start_soon(self._publisher.run)
+        tg.start_soon(self._finisher.run)
+        tg.start_soon(self._gc_loop)
+        return self
+
+    def _setup(self) -> None:
+        self._fs.setup()
+        self._fs.register_host(self._host, self._hostname)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        await self.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        """Stop scanning, cancel running handlers (their singles are released), close."""
+        if self._closed:
+            return
+        self._closed = True
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._waker.stop)
+        self._fs.close()
+        self._open = False
+
+    def _check_open(self) -> anyio.abc.TaskGroup:
+        if self._closed:
+            raise ClosedError("this Bus is closed; open a new one")
+        if self._tg is None:
+            raise UsageError("use the Bus as `async with Bus(root) as bus:` before calling it")
+        return self._tg
+
+    # ------------------------------------------------------------------ publish
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes | str | os.PathLike[str] | AsyncIterable[bytes],
+        *,
+        single: bool = False,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> PublishInfo:
+        """Publish a message; returns once it is visible to subscribers.
+
+        ``payload`` is bytes, str (UTF-8), a path to a file (streamed, not loaded) or an
+        async iterable of byte chunks. ``single`` makes it a work-queue message that
+        exactly one consumer handles; ``ttl`` is in seconds; ``durable`` syncs the file
+        and its directory so the message survives power loss once this returns;
+        ``priority`` (0-255, lower first) orders work-queue messages.
+        """
+        self._check_open()
+        plan = self.plan(topic, single, ttl, durable, headers, priority)
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        if isinstance(payload, bytes | bytearray | memoryview):
+            data = bytes(payload)
+            self._check_size(len(data))
+            size = await self._publisher.submit((plan, data))
+        elif isinstance(payload, str | os.PathLike):
+            path = payload
+            size = await anyio.to_thread.run_sync(self._fs.publish, plan, path)
+        elif isinstance(payload, AsyncIterable):
+            size = await self._publish_stream(plan, payload)
+        else:
+            raise UsageError(
+                "payload must be bytes, str, a path or an async iterable of bytes, not "
+                f"{type(payload).__name__}"
+            )
+        self._counts["published"] += 1
+        return self._info(plan, size)
+
+    async def publish_many(
+        self,
+        items: Sequence[tuple[str, bytes | str]],
+        *,
+        single: bool = False,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> list[PublishInfo]:
+        """Publish many (topic, payload) pairs with the same options in one batch."""
+        self._check_open()
+        plans = []
+        for topic, payload in items:
+            data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+            self._check_size(len(data))
+            plans.append((self.plan(topic, single, ttl, durable, headers, priority), data))
+        results = await anyio.to_thread.run_sync(self._fs.publish_many, plans)
+        out = []
+        for (plan, _), r in zip(plans, results, strict=True):
+            if isinstance(r, BaseException):
+                raise r
+            out.append(self._info(plan, r))
+        self._counts["published"] += len(out)
+        return out
+
+    def plan(
+        self,
+        topic: object,
+        single: bool,
+        ttl: float | None,
+        durable: bool,
+        headers: object,
+        priority: int | None,
+    ) -> PublishPlan:
+        """Validate a publish and name its file (no I/O)."""
+        return plan_publish(
+            self.layout,
+            self.config,
+            topic,
+            single=single,
+            ttl=ttl,
+            durable=durable,
+            headers=headers,
+            priority=priority,
+            now_ms=int(time.time() * 1000),
+            host=self._host,
+            random_hex=os.urandom(6).hex(),
+        )
+
+    def _check_size(self, size: int) -> None:
+        if size > self.config.max_payload_size:
+            raise PayloadTooLarge(
+                f"payload of {size} bytes exceeds max_payload_size="
+                f"{self.config.max_payload_size}; raise BusConfig.max_payload_size or "
+                "send it as a stream"
+            )
+
+    def _info(self, plan: PublishPlan, size: int) -> PublishInfo:
+        return PublishInfo(
+            topic=plan.topic,
+            name=plan.name,
+            bucket=plan.bucket,
+            path=self.layout.message_path(plan.bucket, plan.name),
+            single=plan.single,
+            expires=plan.expires_ms / 1000,
+            size=size,
+        )
+
+    async def _publish_stream(self, plan: PublishPlan, chunks: AsyncIterable[bytes]) -> int:
+        fd = await anyio.to_thread.run_sync(self._fs.begin, plan)
+        total = 0
+        try:
+            async for chunk in chunks:
+                total += len(chunk)
+                self._check_size(total)
+                await anyio.to_thread.run_sync(self._fs.write_chunk, fd, bytes(chunk), plan)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._fs.abort, plan, fd)
+            raise
+        await anyio.to_thread.run_sync(self._fs.commit, plan, fd)
+        return total
+
+    # ------------------------------------------------------------------ subscribe
+    async def subscribe(
+        self, pattern: str, handler: Handler, *, existing: bool = False
+    ) -> Subscription:
+        """Call ``handler(message)`` for every message matching ``pattern``.
+
+        Multi messages reach every subscription; a single (work-queue) message reaches one
+        handler on the whole bus, is acknowledged when the handler returns and released for
+        redelivery when it raises. ``existing`` also delivers multi messages already present.
+        """
+        tg = self._check_open()
+        pattern = validate_pattern(pattern)
+        if not callable(handler):
+            raise UsageError(f"handler must be an async callable, not {type(handler).__name__}")
+        sub = Subscription(self, pattern, handler, existing)
+        self._trie.add(pattern, sub)
+        self._subs.append(sub)
+        if existing:
+            self._existing_pending.append(sub)
+        if not self._scanning:
+            # List every bucket now, so that anything published after this call
+            # returns is new to this bus (and anything before it is "existing").
+            self._scanning = True
+            try:
+                await self._scan(baseline=True)
+            except BaseException:
+                self._scanning = False
+                await self.unsubscribe(sub)
+                raise
+            tg.start_soon(self._scan_loop)
+        else:
+            self._waker.wake()
+        return sub
+
+    async def unsubscribe(self, sub: Subscription) -> None:
+        """Remove a subscription; messages already handed to it finish."""
+        if sub.closed:
+            return
+        sub.closed = True
+        self._trie.remove(sub.pattern, sub)
+        self._subs.remove(sub)
+        if sub in self._existing_pending:
+            self._existing_pending.remove(sub)
+
+    @asynccontextmanager
+    async def messages(
+        self, pattern: str, *, existing: bool = False, buffer: int = _DEFAULT_BUFFER
+    ) -> AsyncIterator[MessageIterator]:
+        """Receive matching messages with ``async for``.
+
+        Work-queue messages must be acknowledged with :meth:`MessageIterator.ack` (or are
+        acknowledged when the next message is asked for) or given back with
+        :meth:`MessageIterator.release`. Leaving the block releases what is not acked.
+        """
+        it = MessageIterator(buffer)
+        sub = await self.subscribe(pattern, it._handle, existing=existing)
+        try:
+            yield it
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.unsubscribe(sub)
+                it._close()
+
+    # ------------------------------------------------------------------ scanning
+    async def _scan_loop(self) -> None:
+        baseline = False
+        while True:
+            try:
+                await self._scan(baseline=baseline)
+                baseline = False
+            except (FsBusError, OSError) as exc:
+                # The directory failed under us (unmounted, permissions changed...): say so
+                # and keep trying; publishing and closing still work.
+                log.warning("scanning %s failed: %s; retrying", self.root, exc)
+                await anyio.sleep(max(self.config.poll_interval, 1.0))
+            timeout = self.config.poll_interval
+            if self._retry_at:
+                soonest = min(self._retry_at.values()) - time.monotonic()
+                timeout = max(0.0, min(timeout, soonest))
+            if self._backlog and self._limiter.value > 0:
+                timeout = 0.0
+            await self._waker.wait(timeout)
+
+    async def _scan(self, *, baseline: bool) -> None:
+        now = time.monotonic()
+        full = (
+            baseline
+            or bool(self._existing_pending)
+            or (now - self._last_refresh >= self.config.refresh_ttl)
+        )
+        retry = {bi for (bi, _), at in self._retry_at.items() if at <= now}
+        if self._backlog and self._limiter.value > 0:
+            retry |= self._backlog
+            self._backlog = set()
+        update, listings, spills = await anyio.to_thread.run_sync(self._list, full, retry)
+        if full:
+            self._last_refresh = now
+        self._last_update = update if update is not None else self._last_update
+        self._counts["scans"] += 1
+        existing_subs = self._existing_pending
+        self._existing_pending = []
+        decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
+        for bi in listings:
+            for key in [k for k in self._retry_at if k[0] == bi]:
+                if self._retry_at[key] <= now:
+                    del self._retry_at[key]
+        if decision.expired or decision.foreign:
+            await self._housekeep(decision.expired, decision.foreign)
+        multis = decision.new_multi
+        extra: dict[tuple[int, str], list[Subscription]] = {}
+        if existing_subs:
+            new_keys = {e.key for e in multis}
+            for e in decision.present_multi:
+                hits = [s for s in existing_subs if not s.closed and self._trie_test(e, s)]
+                if hits:
+                    extra[e.key] = hits
+                    if e.key not in new_keys:
+                        multis = [*multis, e]
+                    else:
+                        # new as well: regular subscribers get it too
+                        extra[e.key] = [*self._targets(e), *hits]
+        if multis:
+            await self._deliver_multi(multis, extra)
+        if decision.singles:
+            await self._claim_singles(decision.singles)
+
+    def _trie_test(self, entry: Entry, sub: Subscription) -> bool:
+        assert entry.topic is not None
+        return self._trie.test(entry.topic, sub)
+
+    def _list(
+        self, full: bool, retry: set[int]
+    ) -> tuple[bytes | None, dict[int, list[str]], dict[tuple[int, str], str | None]]:
+        fs = self._fs
+        update = fs.read_update()
+        count = len(self.layout.buckets)
+        if full or update is None:
+            wanted: set[int] | list[int] = list(range(count))
+        else:
+            wanted = set(changed_buckets(self._last_update, update, self.layout.stamp_size, count))
+            wanted |= retry
+        listings = fs.list_buckets(sorted(wanted))
+        spills = fs.read_spills(long_names(self._state, listings))
+        return update, listings, spills
+
+    async def _housekeep(self, expired: list[Entry], foreign: list[tuple[int, str]]) -> None:
+        lay = self.layout
+        gone = [
+            (lay.buckets[e.bucket_index], e.name) for e in expired if e.key not in self._in_flight
+        ]
+        now_ms = int(time.time() * 1000)
+
+        def work() -> tuple[int, int]:
+            n = self._fs.remove(gone)
+            q = sum(self._fs.quarantine(lay.buckets[bi], name, now_ms) for bi, name in foreign)
+            return n, q
+
+        n, q = await anyio.to_thread.run_sync(work)
+        self._counts["expired"] += n
+        self._counts["quarantined"] += q
+        if q:
+            log.warning("moved %d foreign file(s) from %s to %s", q, lay.messages, lay.quarantine)
+        for bi, name in foreign:
+            self._state.parsed.pop((bi, name), None)
+
+    def _targets(self, entry: Entry) -> list[Subscription]:
+        assert entry.topic is not None
+        subs = self._trie.match(entry.topic)
+        if not self.config.dedup or len(subs) < 2:
+            return subs
+        seen: set[Any] = set()
+        out = []
+        for s in subs:
+            h = s.handler
+            if h not in seen:
+                seen.add(h)
+                out.append(s)
+        return out
+
+    async def _deliver_multi(
+        self, entries: list[Entry], extra: dict[tuple[int, str], list[Subscription]]
+    ) -> None:
+        work: list[tuple[Entry, list[Subscription]]] = []
+        for e in entries:
+            targets = _unique(extra[e.key]) if e.key in extra else self._targets(e)
+            if targets:
+                work.append((e, targets))
+        for i in range(0, len(work), _READ_BATCH):
+            chunk = work[i : i + _READ_BATCH]
+            reads = await anyio.to_thread.run_sync(self._read_many, [e for e, _ in chunk])
+            for (e, targets), r in zip(chunk, reads, strict=True):
+                if r.payload is None:
+                    continue
+                msg = self._message(e, r.payload, r.meta, 0)
+                for sub in targets:
+                    if sub.closed:
+                        continue
+                    await self._limiter.acquire()
+                    self._counts["delivered"] += 1
+                    self._check_open().start_soon(self._run_multi, sub, msg)
+
+    def _read_many(self, entries: list[Entry]) -> list[ReadResult]:
+        buckets = self.layout.buckets
+        return [
+            self._fs.read_multi(buckets[e.bucket_index], e.name, has_meta=_has_meta(e))
+            for e in entries
+        ]
+
+    async def _run_multi(self, sub: Subscription, msg: Message) -> None:
+        try:
+            await sub.handler(msg)
+        except Exception:
+            self._counts["failed"] += 1
+            log.exception("handler for %r failed on multi message %s", sub.pattern, msg.name)
+        finally:
+            self._limiter.release()
+
+    async def _claim_singles(self, entries: list[Entry]) -> None:
+        now = time.monotonic()
+        candidates: list[tuple[Entry, Subscription]] = []
+        for e in entries:
+            if e.key in self._in_flight or self._retry_at.get(e.key, 0) > now:
+                continue
+            subs = self._targets(e)
+            subs = [s for s in subs if not s.closed]
+            if subs:
+                candidates.append((e, subs[hash(e.name) % len(subs)]))
+        if not candidates:
+            return
+        lay = self.layout
+        capacity = int(self._limiter.value)
+        if capacity <= 0:
+            # Everything is busy: list these buckets again once a handler finishes,
+            # rather than claim what we cannot run.
+            self._backlog.update(e.bucket_index for e, _ in candidates)
+            return
+
+        def claim_some() -> list[tuple[Entry, Subscription, Claim | None]]:
+            got = []
+            taken = 0
+            for e, sub in candidates:
+                if taken >= capacity:
+                    break
+                c = self._fs.claim(
+                    lay.buckets[e.bucket_index],
+                    e.name,
+                    has_meta=_has_meta(e),
+                )
+                got.append((e, sub, c))
+                if c is not None:
+                    taken += 1
+            return got
+
+        results = await anyio.to_thread.run_sync(claim_some)
+        tg = self._check_open()
+        for e, sub, claim in results:
+            if claim is None:
+                # Locked by another consumer (or gone): look again after retry_interval.
+                self._retry_at[e.key] = now + self.config.retry_interval
+                continue
+            self._in_flight.add(e.key)
+            msg = self._message(e, claim.payload, claim.meta, claim.attempts)
+            await self._limiter.acquire()
+            self._counts["delivered"] += 1
+            tg.start_soon(self._run_single, sub, msg, claim, e.key)
+        if len(results) < len(candidates):
+            # More work than capacity: list these buckets again once a handler finishes.
+            self._backlog.update(e.bucket_index for e, _ in candidates[len(results) :])
+
+    async def _run_single(
+        self, sub: Subscription, msg: Message, claim: Claim, key: tuple[int, str]
+    ) -> None:
+        outcome = "release"
+        try:
+            try:
+                await sub.handler(msg)
+                outcome = "ack"
+            except _GiveBack:
+                outcome = "giveback"
+            except Exception as exc:
+                self._counts["failed"] += 1
+                limit = self.config.max_deliveries
+                if limit is not None and msg.delivery_count >= limit:
+                    outcome = "dead:" + f"{type(exc).__name__}: {exc}"[:500]
+                else:
+                    outcome = "fail"
+                    log.info(
+                        "handler for %r failed on work-queue message %s (delivery %d): %s; "
+                        "it will be redelivered",
+                        sub.pattern,
+                        msg.name,
+                        msg.delivery_count,
+                        exc,
+                    )
+            with anyio.CancelScope(shield=True):
+                await self._finish(claim, msg, outcome)
+        finally:
+            if outcome == "release":
+                # Cancelled (shutdown): give it back without counting a failure.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))
+                self._counts["released"] += 1
+            self._in_flight.discard(key)
+            self._limiter.release()
+            if not self._closed:
+                self._waker.wake()
+
+    async def _finish(self, claim: Claim, msg: Message, outcome: str) -> None:
+        if outcome.startswith("dead:"):
+            await self._dead_letter(msg, outcome[5:])
+            outcome = "ack"
+            self._counts["dead_lettered"] += 1
+        try:
+            await self._finisher.submit((claim, outcome))
+        except ClosedError:
+            await anyio.to_thread.run_sync(self._finish_many, [(claim, outcome)])
+        if outcome == "ack":
+            self._counts["acked"] += 1
+        else:
+            self._counts["released"] += 1
+            self._retry_at[(self.layout.buckets.index(claim.bucket), claim.name)] = (
+                time.monotonic() + self.config.retry_interval
+            )
+
+    def _finish_many(self, items: list[tuple[Claim, str]]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for claim, outcome in items:
+            try:
+                if outcome == "ack":
+                    self._fs.ack(claim)
+                else:
+                    self._fs.release(claim, failed=outcome == "fail")
+                out.append(None)
+            except Exception as exc:
+                log.error("could not finish %s/%s: %s", claim.bucket, claim.name, exc)
+                out.append(None)
+        return out
+
+    async def _dead_letter(self, msg: Message, reason: str) -> None:
+        topic = f"{self.config.dead_letter_prefix}.{msg.topic}"
+        headers = dict(msg.headers)
+        headers.update(
+            {
+                "x-original-topic": msg.topic,
+                "x-deliveries": str(msg.delivery_count),
+                "x-death-reason": reason,
+            }
+        )
+        try:
+            plan = self.plan(topic, True, None, False, headers, msg.priority)
+        except UsageError:
+            plan = self.plan(
+                self.config.dead_letter_prefix, True, None, False, headers, msg.priority
+            )
+        await anyio.to_thread.run_sync(self._fs.publish, plan, msg.payload)
+        log.warning(
+            "work-queue message %s on %r failed %d times; moved to %r",
+            msg.name,
+            msg.topic,
+            msg.delivery_count,
+            plan.topic,
+        )
+
+    def _message(self, e: Entry, payload: bytes, meta: bytes | None, attempts: int) -> Message:
+        f = e.parsed.fields
+        assert e.topic is not None
+        host = None
+        if f is not None:
+            host = self._hosts.get(f.host)
+            if host is None:
+                self._hosts.update(self._fs.read_hosts())
+                host = self._hosts.setdefault(f.host, f.host)
+        return Message(
+            topic=e.topic,
+            payload=payload,
+            single=e.parsed.single,
+            expires=e.parsed.expires_ms / 1000,
+            name=e.name,
+            bucket=self.layout.buckets[e.bucket_index],
+            headers=decode_meta(meta),
+            priority=f.priority if f else self.config.default_priority,
+            published_at=f.published_ms / 1000 if f else None,
+            host=host,
+            delivery_count=attempts + 1,
+        )
+
+    # ------------------------------------------------------------------ housekeeping
+    async def _gc_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.config.gc_interval)
+            try:
+                await self.gc()
+            except Exception as exc:  # keep the bus running; say what went wrong
+                log.warning("garbage collection failed: %s", exc)
+
+    async def gc(self, *, debris_age: float = 600.0) -> int:
+        """Remove expired messages, quarantine foreign files, sweep crash debris.
+
+        Debris (staging files of dead publishers, sidecars without a message) is removed
+        once older than ``debris_age`` seconds. Returns the number of files removed or
+        moved.
+        """
+        self._check_open()
+        in_flight = set(self._in_flight)
+        n, q, debris = await anyio.to_thread.run_sync(
+            lambda: collect_garbage(self._fs, in_flight, debris_age)
+        )
+        self._counts["expired"] += n
+        self._counts["quarantined"] += q
+        if q:
+            log.warning("moved %d foreign file(s) to %s", q, self.layout.quarantine)
+        return n + q + debris
+
+    async def browse(self, pattern: str = "#") -> AsyncIterator[MessageInfo]:
+        """Every unexpired message matching ``pattern``, without reading or consuming it."""
+        self._check_open()
+        infos = await anyio.to_thread.run_sync(browse_messages, self._fs, pattern, self._hosts)
+        for info in infos:
+            yield info
+
+    def statistics(self) -> BusStatistics:
+        """A snapshot of this Bus's counters."""
+        c = self._counts
+        return BusStatistics(
+            published=c["published"],
+            delivered=c["delivered"],
+            acked=c["acked"],
+            released=c["released"],
+            failed=c["failed"],
+            dead_lettered=c["dead_lettered"],
+            expired=c["expired"],
+            quarantined=c["quarantined"],
+            scans=c["scans"],
+            subscriptions=len(self._subs),
+            in_flight=len(self._in_flight),
+            inotify=self._waker.inotify_active,
+        )
+
+
+def _has_meta(e: Entry) -> bool:
+    f = e.parsed.fields
+    return f is not None and bool(f.flags & FLAG_META)
+
+
+def _unique(subs: list[Subscription]) -> list[Subscription]:
+    out: list[Subscription] = []
+    for s in subs:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def collect_garbage(
+    fs: BusFS, in_flight: set[tuple[int, str]], debris_age: float
+) -> tuple[int, int, int]:
+    """Blocking: remove expired messages, quarantine foreign files, sweep debris.
+
+    Returns (expired removed, files quarantined, debris removed).
+    """
+    lay = fs.layout
+    now_ms = int(time.time() * 1000)
+    listings = fs.list_buckets(range(len(lay.buckets)))
+    spills = fs.read_spills(long_names(ScanState(), listings))
+    d = decide(ScanState(), listings, spills, now_ms, baseline=True)
+    gone = [(lay.buckets[e.bucket_index], e.name) for e in d.expired if e.key not in in_flight]
+    n = fs.remove(gone)
+    q = sum(fs.quarantine(lay.buckets[bi], nm, now_ms) for bi, nm in d.foreign)
+    debris = fs.sweep_debris(time.time(), debris_age)
+    return n, q, debris
+
+
+def browse_messages(fs: BusFS, pattern: str, hosts: dict[str, str]) -> list[MessageInfo]:
+    """Blocking: the unexpired messages matching ``pattern`` (used by both faces)."""
+    pattern = validate_pattern(pattern)
+    trie: TopicTrie[int] = TopicTrie()
+    trie.add(pattern, 1)
+    lay = fs.layout
+    listings = fs.list_buckets(range(len(lay.buckets)))
+    spills = fs.read_spills(long_names(ScanState(), listings))
+    d = decide(ScanState(), listings, spills, int(time.time() * 1000), baseline=True)
+    out = []
+    for e in [*d.present_multi, *d.singles]:
+        assert e.topic is not None
+        if not trie.match(e.topic):
+            continue
+        bucket = lay.buckets[e.bucket_index]
+        st = fs.stat_message(bucket, e.name)
+        if st is None:
+            continue
+        f = e.parsed.fields
+        if f is not None and f.host not in hosts:
+            hosts.update(fs.read_hosts())
+        meta = fs.read_meta(bucket, e.name) if f and f.flags & FLAG_META else None
+        out.append(
+            MessageInfo(
+                topic=e.topic,
+                single=e.parsed.single,
+                expires=e.parsed.expires_ms / 1000,
+                size=max(0, st.st_size - 1),
+                name=e.name,
+                bucket=bucket,
+                path=lay.message_path(bucket, e.name),
+                locked=e.parsed.single and fs.is_locked(bucket, e.name),
+                priority=f.priority if f else fs.config.default_priority,
+                published_at=f.published_ms / 1000 if f else None,
+                host=hosts.get(f.host, f.host) if f else None,
+                headers=decode_meta(meta),
+            )
+        )
+    return out
+
+
+class MessageIterator:
+    """Messages of one subscription, for ``async for`` (see :meth:`Bus.messages`)."""
+
+    def __init__(self, buffer: int) -> None:
+        send, recv = anyio.create_memory_object_stream[tuple[Message, anyio.Event | None]](buffer)
+        self._send: MemoryObjectSendStream[tuple[Message, anyio.Event | None]] = send
+        self._recv: MemoryObjectReceiveStream[tuple[Message, anyio.Event | None]] = recv
+        self._pending: dict[str, anyio.Event] = {}
+        self._verdict: dict[str, bool] = {}
+        self._last: Message | None = None
+
+    async def _handle(self, msg: Message) -> None:
+        done = anyio.Event() if msg.single else None
+        try:
+            await self._send.send((msg, done))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            if done is None:
+                return
+            raise _GiveBack(msg.name) from None
+        if done is None:
+            return
+        await done.wait()
+        verdict = self._verdict.pop(msg.name, None)
+        if verdict is None:
+            raise _GiveBack(msg.name)
+        if not verdict:
+            raise _Released(f"released by the consumer: {msg.name}")
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Message:
+        if self._last is not None and self._last.name in self._pending:
+            await self.ack(self._last)
+        try:
+            msg, done = await self._recv.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        if done is not None:
+            self._pending[msg.name] = done
+        self._last = msg
+        return msg
+
+    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        """The next message; raises TimeoutError after ``timeout`` seconds."""
+        with anyio.fail_after(timeout):
+            return await self.__anext__()
+
+    async def ack(self, msg: Message) -> None:
+        """Consume a work-queue message (no-op for multi messages)."""
+        self._settle(msg, True)
+
+    async def release(self, msg: Message) -> None:
+        """Give a work-queue message back for redelivery (counts as a failed delivery)."""
+        self._settle(msg, False)
+
+    def _settle(self, msg: Message, ok: bool) -> None:
+        done = self._pending.pop(msg.name, None)
+        if done is not None:
+            self._verdict[msg.name] = ok
+            done.set()
+
+    def _close(self) -> None:
+        for pending in self._pending.values():
+            pending.set()
+        self._pending.clear()
+        self._send.close()
+        # Whatever is still buffered goes back unconsumed.
+        while True:
+            try:
+                _msg, done = self._recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            if done is not None:
+                done.set()
+        self._recv.close()
+
+
+class _Released(Exception):
+    """Raised inside an iterator's handler when the consumer released the message."""
+
+
+class _GiveBack(Exception):
+    """The iterator closed before the consumer settled the message: release, no failure."""

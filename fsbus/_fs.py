@@ -1,0 +1,623 @@
+"""The bus's I/O seam: every file operation on a bus directory lives here.
+
+All functions are blocking and meant to be called in batches from a worker thread
+(the async engine) or directly (the blocking face). Errors come out as
+:class:`~fsbus.StorageError` subclasses that name the path and what to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import random
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ._config import BusConfig
+from ._errors import PayloadTooLarge, StorageError, storage_error
+from ._layout import Layout
+from ._ops import DEFAULT_OPS, Ops
+from ._plan import PublishPlan
+
+__all__ = ["BusFS", "Claim", "PublishPlan", "ReadResult", "decode_meta", "encode_meta"]
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
+_REWRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | _O_NOFOLLOW
+_READ = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
+_CLAIM = os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW
+_LEADING = b"\x00"
+_MISSING = (errno.ENOENT, errno.ESTALE)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """A multi message read (or not) from disk."""
+
+    payload: bytes | None
+    """The payload, or None when the file was gone or not a regular file."""
+    meta: bytes | None
+    """The headers sidecar, if any."""
+
+
+@dataclass(slots=True)
+class Claim:
+    """A single message locked by this process (the fd holds the flock)."""
+
+    bucket: str
+    """Bucket directory name."""
+    name: str
+    """File name."""
+    fd: int
+    """Open descriptor holding LOCK_EX."""
+    payload: bytes
+    """The payload read under the lock."""
+    meta: bytes | None
+    """The headers sidecar, if any."""
+    attempts: int
+    """Failed deliveries recorded before this one."""
+
+
+class BusFS:
+    """Blocking operations on one bus directory."""
+
+    def __init__(self, layout: Layout, config: BusConfig, ops: Ops | None = None) -> None:
+        self.layout = layout
+        self.config = config
+        self.ops = ops or DEFAULT_OPS
+        self._file_mode = config.file_mode
+        self._dir_mode = config.dir_mode
+        self._update_fd: int | None = None
+        self._rand = random.Random()
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, *, reset_update: bool = True) -> None:
+        """Create missing directories and the UPDATE file; check for planted links."""
+        ops = self.ops
+        for d in self.layout.all_dirs():
+            try:
+                ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
+                if self._dir_mode is not None:
+                    ops.chmod(d, self._dir_mode)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise storage_error("creating the bus directory", exc, d) from exc
+            if d != self.layout.root:
+                self._check_dir(d)
+        self._open_update(reset_update)
+
+    def _check_dir(self, path: str) -> None:
+        try:
+            st = self.ops.lstat(path)
+        except OSError as exc:
+            raise storage_error("checking the bus directory", exc, path) from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise StorageError(
+                f"{path} should be a directory but is "
+                f"{'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'a file'}; "
+                "something foreign is in the bus directory: move it away and retry",
+                path,
+            )
+
+    def _open_update(self, reset: bool) -> None:
+        size = self.layout.update_size
+        if size == 0:
+            return
+        path = self.layout.update_file
+        try:
+            fd = self.ops.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, 0o666)
+        except OSError as exc:
+            raise storage_error("opening the UPDATE file", exc, path) from exc
+        self._update_fd = fd
+        if reset or self.ops.fstat(fd).st_size < size:
+            try:
+                self.ops.pwrite(fd, os.urandom(size), 0)
+            except OSError as exc:
+                raise storage_error("initialising the UPDATE file", exc, path) from exc
+
+    def close(self) -> None:
+        """Close the UPDATE descriptor."""
+        if self._update_fd is not None:
+            fd, self._update_fd = self._update_fd, None
+            self.ops.close(fd)
+
+    # ------------------------------------------------------------------ publish
+    def publish(self, plan: PublishPlan, payload: bytes | str | os.PathLike[str]) -> int:
+        """Write a message completely (stage, sidecars, rename, stamp); returns its size."""
+        if isinstance(payload, bytes):
+            return self._publish_bytes(plan, payload)
+        staged = self.begin(plan)
+        try:
+            size = self._copy_file(staged, os.fspath(payload))
+        except BaseException:
+            self.abort(plan, staged)
+            raise
+        self.commit(plan, staged)
+        return size
+
+    def _publish_bytes(self, plan: PublishPlan, payload: bytes) -> int:
+        # The hot path: open, one writev, close, rename, stamp.
+        path = f"{self.layout.staging}/{plan.name}"
+        ops = self.ops
+        try:
+            fd = ops.open(path, _CREATE, 0o666)
+        except OSError as exc:
+            raise storage_error("creating a staging file", exc, path) from exc
+        try:
+            if self._file_mode is not None:
+                ops.fchmod(fd, self._file_mode)
+            n = ops.writev(fd, (_LEADING, payload))
+            if n < len(payload) + 1:
+                self._write_all(fd, memoryview(payload)[n - 1 :] if n else _LEADING + payload)
+        except OSError as exc:
+            self._discard(fd, path)
+            raise storage_error("writing a message", exc, path) from exc
+        except BaseException:
+            self._discard(fd, path)
+            raise
+        self.commit(plan, fd)
+        return len(payload)
+
+    def publish_many(self, items: Iterable[tuple[PublishPlan, bytes]]) -> list[int | BaseException]:
+        """Publish several messages in one call; each result is a size or the error."""
+        out: list[int | BaseException] = []
+        for plan, payload in items:
+            try:
+                out.append(self.publish(plan, payload))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def begin(self, plan: PublishPlan) -> int:
+        """Create the staging file (O_EXCL) with its leading byte; returns the fd."""
+        path = f"{self.layout.staging}/{plan.name}"
+        try:
+            fd = self.ops.open(path, _CREATE, 0o666)
+        except OSError as exc:
+            raise storage_error("creating a staging file", exc, path) from exc
+        try:
+            if self._file_mode is not None:
+                self.ops.fchmod(fd, self._file_mode)
+            self.ops.write(fd, _LEADING)
+        except OSError as exc:
+            self._discard(fd, path)
+            raise storage_error("writing a staging file", exc, path) from exc
+        return fd
+
+    def write_chunk(self, fd: int, data: bytes, plan: PublishPlan) -> None:
+        """Append a chunk to a staged message."""
+        try:
+            self._write_all(fd, data)
+        except OSError as exc:
+            raise storage_error(
+                "writing a message", exc, f"{self.layout.staging}/{plan.name}"
+            ) from exc
+
+    def commit(self, plan: PublishPlan, fd: int) -> None:
+        """Finish a staged message: sync, sidecars, rename into its bucket, stamp."""
+        lay = self.layout
+        staging = f"{lay.staging}/{plan.name}"
+        written: list[str] = []
+        try:
+            if plan.durable:
+                self.ops.fdatasync(fd)
+            self.ops.close(fd)
+            fd = -1
+            if plan.spill is not None:
+                p = lay.topic_path(plan.bucket, plan.name)
+                self._write_file(p, plan.spill.encode("ascii"), plan.durable)
+                written.append(p)
+            if plan.meta is not None:
+                p = lay.meta_path(plan.bucket, plan.name)
+                self._write_file(p, plan.meta, plan.durable)
+                written.append(p)
+            self.ops.rename(staging, lay.message_path(plan.bucket, plan.name))
+        except OSError as exc:
+            if fd >= 0:
+                self.ops.close(fd)
+            for p in (staging, *written):
+                self._unlink_quiet(p)
+            raise storage_error("publishing a message", exc, exc.filename or staging) from exc
+        if plan.durable:
+            self._fsync_dir(f"{lay.messages}/{plan.bucket}")
+            if plan.spill is not None:
+                self._fsync_dir(f"{lay.topics}/{plan.bucket}")
+            if plan.meta is not None:
+                self._fsync_dir(f"{lay.private}/meta/{plan.bucket}")
+        self.stamp(plan.bucket_index)
+
+    def abort(self, plan: PublishPlan, fd: int) -> None:
+        """Give up a staged message: close and remove the staging file."""
+        self._discard(fd, f"{self.layout.staging}/{plan.name}")
+
+    def stamp(self, bucket_index: int) -> None:
+        """Write fresh random bytes into a bucket's UPDATE stamp."""
+        fd = self._update_fd
+        if fd is None:
+            return
+        size = self.layout.stamp_size
+        try:
+            self.ops.pwrite(fd, self._rand.randbytes(size), bucket_index * size)
+        except OSError as exc:
+            raise storage_error("stamping the UPDATE file", exc, self.layout.update_file) from exc
+
+    def _write_all(self, fd: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            n = self.ops.write(fd, view)
+            view = view[n:]
+
+    def _copy_file(self, fd: int, src: str) -> int:
+        limit = self.config.max_payload_size
+        try:
+            sfd = os.open(src, os.O_RDONLY | _O_CLOEXEC)
+        except OSError as exc:
+            raise storage_error("opening the payload file", exc, src) from exc
+        try:
+            total = 0
+            while True:
+                n = self.ops.copy_range(sfd, fd, _CHUNK)
+                if n == 0:
+                    return total
+                total += n
+                if total > limit:
+                    raise PayloadTooLarge(
+                        f"payload file {src} is larger than max_payload_size={limit} bytes; "
+                        "raise BusConfig.max_payload_size or use a stream"
+                    )
+        except OSError as exc:
+            raise storage_error("copying the payload file", exc, src) from exc
+        finally:
+            os.close(sfd)
+
+    def _write_file(self, path: str, data: bytes, durable: bool) -> None:
+        fd = self.ops.open(path, _REWRITE, 0o666)
+        try:
+            if self._file_mode is not None:
+                self.ops.fchmod(fd, self._file_mode)
+            self._write_all(fd, data)
+            if durable:
+                self.ops.fdatasync(fd)
+        finally:
+            self.ops.close(fd)
+
+    def _fsync_dir(self, path: str) -> None:
+        try:
+            fd = self.ops.open(path, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                self.ops.fsync(fd)
+            finally:
+                self.ops.close(fd)
+        except OSError as exc:
+            raise storage_error("syncing a bucket directory", exc, path) from exc
+
+    def _discard(self, fd: int, path: str) -> None:
+        try:
+            self.ops.close(fd)
+        except OSError:
+            pass
+        self._unlink_quiet(path)
+
+    def _unlink_quiet(self, path: str) -> bool:
+        try:
+            self.ops.unlink(path)
+            return True
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ scanning
+    def read_update(self) -> bytes | None:
+        """A fresh snapshot of UPDATE (re-opened, so NFS revalidates it)."""
+        if self.layout.update_size == 0:
+            return None
+        path = self.layout.update_file
+        try:
+            fd = self.ops.open(path, _READ)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                return None
+            raise storage_error("reading the UPDATE file", exc, path) from exc
+        try:
+            return self.ops.pread(fd, self.layout.update_size, 0)
+        finally:
+            self.ops.close(fd)
+
+    def list_buckets(
+        self, indexes: Iterable[int], *, update: bytes | None = None
+    ) -> dict[int, list[str]]:
+        """Names in each asked-for bucket (a missing bucket lists as empty)."""
+        out: dict[int, list[str]] = {}
+        buckets = self.layout.buckets
+        for i in indexes:
+            path = f"{self.layout.messages}/{buckets[i]}"
+            try:
+                out[i] = self.ops.listdir(path)
+            except OSError as exc:
+                if exc.errno in _MISSING:
+                    out[i] = []
+                    continue
+                raise storage_error("listing a bucket", exc, path) from exc
+        return out
+
+    def read_spills(self, wanted: Iterable[tuple[int, str]]) -> dict[tuple[int, str], str | None]:
+        """The spilled topic rest of each (bucket, name); None where missing or not ASCII."""
+        out: dict[tuple[int, str], str | None] = {}
+        for key in wanted:
+            data = self._read_small(self.layout.topic_path(self.layout.buckets[key[0]], key[1]))
+            try:
+                out[key] = data.decode("ascii") if data is not None else None
+            except UnicodeDecodeError:
+                out[key] = None
+        return out
+
+    def _read_small(self, path: str) -> bytes | None:
+        try:
+            fd = self.ops.open(path, _READ)
+        except OSError as exc:
+            if exc.errno in _MISSING or exc.errno == errno.ELOOP:
+                return None
+            raise storage_error("reading a sidecar file", exc, path) from exc
+        try:
+            st = self.ops.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            return self.ops.pread(fd, st.st_size, 0)
+        finally:
+            self.ops.close(fd)
+
+    def read_multi(self, bucket: str, name: str, *, has_meta: bool) -> ReadResult:
+        """Read a multi message; payload None when it vanished or is not a regular file."""
+        path = self.layout.message_path(bucket, name)
+        try:
+            fd = self.ops.open(path, _READ)
+        except OSError as exc:
+            if exc.errno in _MISSING or exc.errno == errno.ELOOP:
+                return ReadResult(None, None)
+            raise storage_error("reading a message", exc, path) from exc
+        try:
+            st = self.ops.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+                return ReadResult(None, None)
+            payload = self._pread_all(fd, st.st_size - 1, 1)
+        finally:
+            self.ops.close(fd)
+        meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
+        return ReadResult(payload, meta)
+
+    def _pread_all(self, fd: int, size: int, offset: int) -> bytes:
+        data = self.ops.pread(fd, size, offset)
+        if len(data) == size:
+            return data
+        parts = [data]
+        got = len(data)
+        while got < size:
+            more = self.ops.pread(fd, size - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def claim(self, bucket: str, name: str, *, has_meta: bool) -> Claim | None:
+        """Lock a single message (LOCK_EX|LOCK_NB) and read it.
+
+        None when someone else holds it, it vanished, or it was an empty leftover (then
+        it is removed). The caller must :meth:`ack` or :meth:`release` the claim.
+        """
+        path = self.layout.message_path(bucket, name)
+        try:
+            fd = self.ops.open(path, _CLAIM)
+        except OSError as exc:
+            if exc.errno in _MISSING or exc.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):
+                return None
+            raise storage_error("opening a work-queue message", exc, path) from exc
+        try:
+            self.ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self.ops.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            raise storage_error("locking a work-queue message", exc, path) from exc
+        try:
+            st = self.ops.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self._unlock_close(fd)
+                return None
+            if st.st_size == 0:
+                self._remove_message(bucket, name)
+                self._unlock_close(fd)
+                return None
+            payload = self._pread_all(fd, st.st_size - 1, 1)
+            meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
+            attempts = self._read_attempts(bucket, name)
+        except BaseException:
+            self._unlock_close(fd)
+            raise
+        return Claim(bucket, name, fd, payload, meta, attempts)
+
+    def ack(self, claim: Claim) -> None:
+        """Consume a claimed message: truncate, unlink it and its sidecars, unlock."""
+        try:
+            self.ops.ftruncate(claim.fd, 0)
+            self._remove_message(claim.bucket, claim.name)
+        finally:
+            self._unlock_close(claim.fd)
+
+    def release(self, claim: Claim, *, failed: bool) -> None:
+        """Give a claimed message back for redelivery, counting a failure if asked."""
+        try:
+            if failed:
+                self._write_file(
+                    self.layout.attempts_path(claim.bucket, claim.name),
+                    str(claim.attempts + 1).encode(),
+                    durable=False,
+                )
+        except OSError:
+            pass  # the count is advisory; never lose the message over it
+        finally:
+            self._unlock_close(claim.fd)
+
+    def _read_attempts(self, bucket: str, name: str) -> int:
+        data = self._read_small(self.layout.attempts_path(bucket, name))
+        if not data:
+            return 0
+        try:
+            return max(0, int(data.strip() or b"0"))
+        except ValueError:
+            return 0
+
+    def _unlock_close(self, fd: int) -> None:
+        try:
+            self.ops.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        self.ops.close(fd)
+
+    def _remove_message(self, bucket: str, name: str) -> None:
+        lay = self.layout
+        try:
+            self.ops.unlink(lay.message_path(bucket, name))
+        except OSError as exc:
+            if exc.errno not in _MISSING:
+                raise storage_error("removing a message", exc, exc.filename) from exc
+        for p in (
+            lay.topic_path(bucket, name),
+            lay.meta_path(bucket, name),
+            lay.attempts_path(bucket, name),
+        ):
+            self._unlink_quiet(p)
+
+    def remove(self, items: Iterable[tuple[str, str]]) -> int:
+        """Remove messages (expired ones) and their sidecars; returns how many went."""
+        n = 0
+        for bucket, name in items:
+            if self._unlink_quiet(self.layout.message_path(bucket, name)):
+                n += 1
+            lay = self.layout
+            for p in (
+                lay.topic_path(bucket, name),
+                lay.meta_path(bucket, name),
+                lay.attempts_path(bucket, name),
+            ):
+                self._unlink_quiet(p)
+        return n
+
+    def is_locked(self, bucket: str, name: str) -> bool:
+        """Whether some process holds a flock on a message (probe, released at once)."""
+        path = self.layout.message_path(bucket, name)
+        try:
+            fd = self.ops.open(path, _READ)
+        except OSError:
+            return False
+        try:
+            self.ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            self.ops.close(fd)
+        return False
+
+    def stat_message(self, bucket: str, name: str) -> os.stat_result | None:
+        """lstat of a message file, None when gone."""
+        try:
+            return self.ops.lstat(self.layout.message_path(bucket, name))
+        except OSError:
+            return None
+
+    def read_meta(self, bucket: str, name: str) -> bytes | None:
+        """The headers sidecar of a message, if any."""
+        return self._read_small(self.layout.meta_path(bucket, name))
+
+    def read_payload(self, bucket: str, name: str) -> bytes | None:
+        """A message's payload without consuming it (None when gone)."""
+        return self.read_multi(bucket, name, has_meta=False).payload
+
+    # ------------------------------------------------------------------ housekeeping
+    def quarantine(self, bucket: str, name: str, now_ms: int) -> bool:
+        """Move a foreign file out of a bucket so it is seen once and kept for a human."""
+        src = self.layout.message_path(bucket, name)
+        dst = f"{self.layout.quarantine}/{now_ms:x}-{bucket}-{name}"[:4000]
+        try:
+            self.ops.rename(src, dst)
+            return True
+        except OSError:
+            return False
+
+    def sweep_debris(self, now: float, max_age: float) -> int:
+        """Remove crash debris older than ``max_age`` seconds.
+
+        Staging files of dead publishers, and topic/meta/attempts sidecars whose message
+        is gone. Returns how many files were removed.
+        """
+        lay = self.layout
+        removed = 0
+        for name in self._listdir_quiet(lay.staging):
+            removed += self._remove_if_old(f"{lay.staging}/{name}", now, max_age)
+        for bucket in lay.buckets:
+            present = set(self._listdir_quiet(f"{lay.messages}/{bucket}"))
+            for parent in (
+                f"{lay.topics}/{bucket}",
+                f"{lay.private}/meta/{bucket}",
+                f"{lay.private}/attempts/{bucket}",
+            ):
+                for name in self._listdir_quiet(parent):
+                    if name not in present:
+                        removed += self._remove_if_old(f"{parent}/{name}", now, max_age)
+        return removed
+
+    def _remove_if_old(self, path: str, now: float, max_age: float) -> int:
+        try:
+            st = self.ops.lstat(path)
+        except OSError:
+            return 0
+        if now - st.st_mtime < max_age:
+            return 0
+        return 1 if self._unlink_quiet(path) else 0
+
+    def _listdir_quiet(self, path: str) -> list[str]:
+        try:
+            return self.ops.listdir(path)
+        except OSError:
+            return []
+
+    def read_hosts(self) -> dict[str, str]:
+        """Host id -> host name, from ``fsbus/hosts``."""
+        out: dict[str, str] = {}
+        for name in self._listdir_quiet(self.layout.hosts):
+            data = self._read_small(f"{self.layout.hosts}/{name}")
+            if data:
+                out[name] = data.decode("utf-8", "replace")[:255]
+        return out
+
+    def register_host(self, hid: str, hostname: str) -> None:
+        """Record which host name a host id stands for (once per host)."""
+        path = f"{self.layout.hosts}/{hid}"
+        if self._read_small(path) is not None:
+            return
+        try:
+            self._write_file(path, hostname.encode("utf-8"), durable=False)
+        except OSError as exc:
+            raise storage_error("registering this host", exc, path) from exc
+
+
+def encode_meta(headers: dict[str, str]) -> bytes:
+    """The sidecar bytes for a message's headers."""
+    return json.dumps({"headers": headers}, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_meta(data: bytes | None) -> dict[str, str]:
+    """Headers from sidecar bytes; a corrupt sidecar yields no headers."""
+    if not data:
+        return {}
+    try:
+        obj = json.loads(data)
+        headers = obj.get("headers", {}) if isinstance(obj, dict) else {}
+        return {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
+    except (ValueError, AttributeError):
+        return {}

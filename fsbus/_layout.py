@@ -1,0 +1,157 @@
+"""Where things live under a bus root, and UPDATE stamp maths (pure).
+
+::
+
+    <root>/staging/                  messages being written (O_EXCL), renamed when complete
+    <root>/messages/<bucket>/<name>  one file per message: 0x00 then the payload
+    <root>/topics/<bucket>/<name>    the rest of a long topic (hex, ASCII)
+    <root>/update/UPDATE             num_buckets x stamp_size random bytes
+    <root>/fsbus/meta/<bucket>/<name>      headers of a message (JSON), fsbus only
+    <root>/fsbus/attempts/<bucket>/<name>  failed deliveries of a single message
+    <root>/fsbus/hosts/<host id>           the host name behind a host id
+    <root>/fsbus/quarantine/               foreign or corrupt files moved aside
+    <root>/streams/<name>/                 streams (see the streams modules)
+
+The first four are qlobber-fsq 14's layout; peers ignore the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._config import BusConfig
+from ._names import format_bucket
+
+__all__ = ["Layout", "changed_buckets"]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Paths of one bus root (strings, for speed on the hot path)."""
+
+    root: str
+    """The bus directory."""
+    buckets: tuple[str, ...]
+    """Bucket directory names in index order."""
+    stamp_size: int
+    """Bytes per bucket in UPDATE (0: no UPDATE file)."""
+
+    @classmethod
+    def of(cls, root: str, config: BusConfig) -> Layout:
+        """The layout of ``root`` under ``config``."""
+        if config.order_by_expiry:
+            buckets: tuple[str, ...] = ("0",)
+        else:
+            buckets = tuple(
+                format_bucket(i, config.bucket_base, config.bucket_num_chars)
+                for i in range(config.num_buckets)
+            )
+        return cls(
+            root=root.rstrip("/") or "/", buckets=buckets, stamp_size=config.bucket_stamp_size
+        )
+
+    @property
+    def staging(self) -> str:
+        """Directory where messages are written before the rename."""
+        return f"{self.root}/staging"
+
+    @property
+    def messages(self) -> str:
+        """Parent of the message bucket directories."""
+        return f"{self.root}/messages"
+
+    @property
+    def topics(self) -> str:
+        """Parent of the long-topic bucket directories."""
+        return f"{self.root}/topics"
+
+    @property
+    def update_dir(self) -> str:
+        """Directory holding UPDATE (watched with inotify)."""
+        return f"{self.root}/update"
+
+    @property
+    def update_file(self) -> str:
+        """The UPDATE stamp file."""
+        return f"{self.root}/update/UPDATE"
+
+    @property
+    def private(self) -> str:
+        """fsbus's own directory, ignored by qlobber-fsq peers."""
+        return f"{self.root}/fsbus"
+
+    @property
+    def quarantine(self) -> str:
+        """Where foreign or corrupt files are moved."""
+        return f"{self.root}/fsbus/quarantine"
+
+    @property
+    def hosts(self) -> str:
+        """Host id -> host name files."""
+        return f"{self.root}/fsbus/hosts"
+
+    @property
+    def update_size(self) -> int:
+        """Size of the UPDATE file in bytes."""
+        return len(self.buckets) * self.stamp_size
+
+    def message_path(self, bucket: str, name: str) -> str:
+        """Path of a message file."""
+        return f"{self.root}/messages/{bucket}/{name}"
+
+    def topic_path(self, bucket: str, name: str) -> str:
+        """Path of a long topic's spill file."""
+        return f"{self.root}/topics/{bucket}/{name}"
+
+    def meta_path(self, bucket: str, name: str) -> str:
+        """Path of a message's headers sidecar."""
+        return f"{self.root}/fsbus/meta/{bucket}/{name}"
+
+    def attempts_path(self, bucket: str, name: str) -> str:
+        """Path of a single message's failed-delivery counter."""
+        return f"{self.root}/fsbus/attempts/{bucket}/{name}"
+
+    def stamp_offset(self, bucket_index: int) -> int:
+        """Byte offset of a bucket's stamp in UPDATE."""
+        return bucket_index * self.stamp_size
+
+    def all_dirs(self) -> list[str]:
+        """Every directory the bus needs, parents first."""
+        dirs = [
+            self.root,
+            self.staging,
+            self.messages,
+            self.topics,
+            self.update_dir,
+            self.private,
+            f"{self.private}/meta",
+            f"{self.private}/attempts",
+            self.hosts,
+            self.quarantine,
+        ]
+        for b in self.buckets:
+            dirs.append(f"{self.messages}/{b}")
+            dirs.append(f"{self.topics}/{b}")
+            dirs.append(f"{self.private}/meta/{b}")
+            dirs.append(f"{self.private}/attempts/{b}")
+        return dirs
+
+
+def changed_buckets(old: bytes | None, new: bytes, stamp_size: int, count: int) -> list[int]:
+    """Indexes of buckets whose stamp differs between two UPDATE snapshots.
+
+    A missing or short snapshot counts as "everything changed".
+    """
+    if stamp_size == 0:
+        return list(range(count))
+    size = stamp_size * count
+    if old is None or len(old) < size or len(new) < size:
+        return list(range(count))
+    if old == new:
+        return []
+    out = []
+    for i in range(count):
+        a = i * stamp_size
+        if old[a : a + stamp_size] != new[a : a + stamp_size]:
+            out.append(i)
+    return out

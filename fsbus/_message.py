@@ -1,0 +1,131 @@
+"""The data objects a bus hands out (pure, frozen)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BusStatistics", "Message", "MessageInfo", "PublishInfo"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message delivered to a subscriber."""
+
+    topic: str
+    """The topic it was published on."""
+    payload: bytes
+    """The payload, exactly as published."""
+    single: bool
+    """True for a work-queue message (one consumer), False for multi (every subscriber)."""
+    expires: float
+    """When it expires, seconds since the epoch."""
+    name: str
+    """Its file name on the bus (unique)."""
+    bucket: str
+    """Its bucket directory."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """String headers set by the publisher (empty for qlobber-fsq peers)."""
+    priority: int = 50
+    """Priority of a work-queue message; lower is taken first."""
+    published_at: float | None = None
+    """Publish time, seconds since the epoch (None for qlobber-fsq peers)."""
+    host: str | None = None
+    """Host name of the publisher, when known."""
+    delivery_count: int = 1
+    """1 on the first delivery; a single message's failed deliveries + 1 after that."""
+
+    @property
+    def size(self) -> int:
+        """Payload size in bytes."""
+        return len(self.payload)
+
+    def text(self, encoding: str = "utf-8") -> str:
+        """The payload decoded as text."""
+        return self.payload.decode(encoding)
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return json.loads(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    """A message seen while browsing; nothing was read or consumed."""
+
+    topic: str
+    """Its topic."""
+    single: bool
+    """Work-queue (True) or multi (False)."""
+    expires: float
+    """Expiry, seconds since the epoch."""
+    size: int
+    """Payload size in bytes."""
+    name: str
+    """File name."""
+    bucket: str
+    """Bucket directory."""
+    path: str
+    """Full path of the message file."""
+    locked: bool
+    """A consumer holds it right now (single messages only)."""
+    priority: int
+    """Priority (lower first)."""
+    published_at: float | None
+    """Publish time, when an fsbus peer published it."""
+    host: str | None
+    """Publishing host, when known."""
+    headers: Mapping[str, str]
+    """Headers, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishInfo:
+    """What :meth:`Bus.publish` wrote."""
+
+    topic: str
+    """The topic."""
+    name: str
+    """The message's file name."""
+    bucket: str
+    """Its bucket directory."""
+    path: str
+    """Full path of the message file."""
+    single: bool
+    """Work-queue message or not."""
+    expires: float
+    """Expiry, seconds since the epoch."""
+    size: int
+    """Payload size in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class BusStatistics:
+    """Counters of one Bus since it was opened."""
+
+    published: int
+    """Messages published by this Bus."""
+    delivered: int
+    """Handler calls started (multi and single)."""
+    acked: int
+    """Single messages consumed after their handler succeeded."""
+    released: int
+    """Single messages given back for redelivery (failure or shutdown)."""
+    failed: int
+    """Handler calls that raised."""
+    dead_lettered: int
+    """Single messages moved to the dead-letter topic."""
+    expired: int
+    """Expired messages this Bus removed."""
+    quarantined: int
+    """Foreign files moved to the quarantine directory."""
+    scans: int
+    """Scan rounds run."""
+    subscriptions: int
+    """Live subscriptions."""
+    in_flight: int
+    """Handlers running now."""
+    inotify: bool
+    """Whether inotify wake-ups are active (else polling only)."""

@@ -1,0 +1,190 @@
+"""Message-name codec (pure), byte-compatible with qlobber-fsq 14.
+
+A message file is named::
+
+    <hex(utf8(topic))[:split_topic_at]>@<s|l>+<expires ms, hex>+<m|s|d>+<unique>
+
+``s``/``l`` say whether the whole hex topic fits in the name (short) or the rest spilled
+into ``topics/<bucket>/<name>`` (long). ``m`` is a multi message (every subscriber), ``s`` a
+single (work-queue) message, ``d`` a qlobber-fsq direct stream (never produced by fsbus).
+
+qlobber-fsq fills ``unique`` with 32 random hex digits and never parses it. fsbus writes its
+own fields there, still ``[0-9a-f]`` only, prefixed ``f1``::
+
+    f1 <flags:1> <priority:2> <published ms:11> <host id:6> <random:12>     (34 chars)
+
+so a name stays under 255 bytes (200 + 3 + 11 + 3 + 34 = 251). ``flags`` bit 0 says that a
+metadata sidecar (headers) exists. Names whose unique part is not of this form (qlobber-fsq
+peers) get the default priority and no publish time or host.
+"""
+
+from __future__ import annotations
+
+import binascii
+from dataclasses import dataclass
+from typing import Literal
+
+import xxhash
+
+__all__ = [
+    "FLAG_META",
+    "MAX_EXPIRES_MS",
+    "FsbusFields",
+    "ParsedName",
+    "bucket_for",
+    "decode_fields",
+    "decode_topic",
+    "encode_fields",
+    "encode_topic",
+    "format_bucket",
+    "host_id",
+    "make_name",
+    "parse_name",
+]
+
+Kind = Literal["m", "s", "d"]
+
+FLAG_META = 0x1
+MAX_EXPIRES_MS = 0xFFF_FFFF_FFFF  # 11 hex digits: the year 2527
+_FSBUS_PREFIX = "f1"
+_FSBUS_UNIQUE_LEN = 34
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class FsbusFields:
+    """What fsbus stores in the unique part of a name."""
+
+    flags: int
+    """Bit field; ``FLAG_META`` means a metadata sidecar holds headers."""
+    priority: int
+    """0-255, lower is taken first (work-queue messages)."""
+    published_ms: int
+    """Publish time, milliseconds since the epoch."""
+    host: str
+    """Six hex digits identifying the publishing host (see :func:`host_id`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedName:
+    """A message file name taken apart."""
+
+    name: str
+    """The whole file name."""
+    topic_hex: str
+    """The hex-encoded topic as far as the name holds it."""
+    long: bool
+    """True when the rest of the hex topic is in ``topics/<bucket>/<name>``."""
+    expires_ms: int
+    """Expiry, milliseconds since the epoch; expired when ``expires_ms <= now_ms``."""
+    kind: Kind
+    """``m`` multi, ``s`` single, ``d`` direct (qlobber-fsq only)."""
+    unique: str
+    """The unique part after the last ``+``."""
+    fields: FsbusFields | None
+    """fsbus's fields when an fsbus peer wrote the name, else None."""
+
+    @property
+    def single(self) -> bool:
+        """Whether this is a work-queue message."""
+        return self.kind == "s"
+
+
+def encode_topic(topic: str) -> str:
+    """Hex of the UTF-8 bytes of ``topic`` (qlobber-fsq's ``encode_topics``)."""
+    return topic.encode("utf-8").hex()
+
+
+def decode_topic(topic_hex: str) -> str | None:
+    """Decode a full hex topic; None when it is not valid hex or not UTF-8."""
+    try:
+        return binascii.unhexlify(topic_hex).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+
+
+def encode_fields(fields: FsbusFields, random_hex: str) -> str:
+    """The unique part fsbus writes; ``random_hex`` is 12 hex digits."""
+    return (
+        f"{_FSBUS_PREFIX}{fields.flags & 0xF:x}{fields.priority:02x}"
+        f"{fields.published_ms & MAX_EXPIRES_MS:011x}{fields.host}{random_hex}"
+    )
+
+
+def decode_fields(unique: str) -> FsbusFields | None:
+    """fsbus's fields from a unique part, or None when a foreign peer wrote it."""
+    if len(unique) != _FSBUS_UNIQUE_LEN or not unique.startswith(_FSBUS_PREFIX):
+        return None
+    if not _HEX.issuperset(unique):
+        return None
+    return FsbusFields(
+        flags=int(unique[2], 16),
+        priority=int(unique[3:5], 16),
+        published_ms=int(unique[5:16], 16),
+        host=unique[16:22],
+    )
+
+
+def make_name(
+    topic_hex: str, *, split_at: int, expires_ms: int, kind: Kind, unique: str
+) -> tuple[str, str | None]:
+    """Build a message name; returns (name, spilled rest of the hex topic or None)."""
+    head, rest = topic_hex[:split_at], topic_hex[split_at:]
+    expires_ms = max(0, min(expires_ms, MAX_EXPIRES_MS))
+    name = f"{head}@{'l' if rest else 's'}+{expires_ms:x}+{kind}+{unique}"
+    return name, (rest or None)
+
+
+def parse_name(name: str) -> ParsedName | None:
+    """Parse a message file name the way qlobber-fsq does; None means "not a message".
+
+    The last ``@`` splits topic from metadata; the metadata must split on ``+`` into
+    exactly four fields. fsbus is stricter than qlobber-fsq where laxness would hurt:
+    the topic part must be hex, the expiry hex, the kind one of ``m``/``s``/``d``.
+    """
+    at = name.rfind("@")
+    if at < 0:
+        return None
+    meta = name[at + 1 :].split("+")
+    if len(meta) != 4:
+        return None
+    size, expires, kind, unique = meta
+    topic_hex = name[:at]
+    if size not in ("s", "l") or kind not in ("m", "s", "d"):
+        return None
+    if not expires or len(expires) > 13 or not _HEX.issuperset(expires):
+        return None
+    if len(topic_hex) % 2 or not _HEX.issuperset(topic_hex):
+        return None
+    return ParsedName(
+        name=name,
+        topic_hex=topic_hex,
+        long=size == "l",
+        expires_ms=int(expires, 16),
+        kind=kind,  # type: ignore[arg-type]
+        unique=unique,
+        fields=decode_fields(unique),
+    )
+
+
+def bucket_for(name: str, num_buckets: int) -> int:
+    """The bucket a publisher puts ``name`` in (any choice works for readers)."""
+    if num_buckets == 1:
+        return 0
+    return int(xxhash.xxh32_intdigest(name.encode("ascii"))) % num_buckets
+
+
+def format_bucket(index: int, base: int, chars: int) -> str:
+    """qlobber-fsq's bucket directory name: ``index`` in ``base``, zero-padded."""
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    n = index
+    while n:
+        n, r = divmod(n, base)
+        out = digits[r] + out
+    return (out or "0").rjust(chars, "0")
+
+
+def host_id(hostname: str) -> str:
+    """Six hex digits naming a host in message names."""
+    return f"{xxhash.xxh32_intdigest(hostname.encode('utf-8')) & 0xFFFFFF:06x}"

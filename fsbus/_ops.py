@@ -1,0 +1,107 @@
+"""The system calls fsbus makes, behind one object (the I/O seam's seam).
+
+Every bus file operation goes through an :class:`Ops` instance, so a test can pass a
+subclass that fails the way a full disk, a read-only remount or a stolen file would,
+without mocking the rest of the system. The default instance is a thin pass-through.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Sequence
+
+__all__ = ["DEFAULT_OPS", "Ops"]
+
+
+class Ops:
+    """Pass-through to :mod:`os` and :mod:`fcntl`; subclass to inject faults."""
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        """``os.open``; O_NOFOLLOW and O_CLOEXEC are the caller's business."""
+        return os.open(path, flags, mode)
+
+    def close(self, fd: int) -> None:
+        """``os.close``."""
+        os.close(fd)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        """``os.write``."""
+        return os.write(fd, data)
+
+    def writev(self, fd: int, buffers: Sequence[bytes | memoryview]) -> int:
+        """``os.writev``."""
+        return os.writev(fd, buffers)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        """``os.pwrite``."""
+        return os.pwrite(fd, data, offset)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        """``os.pread``."""
+        return os.pread(fd, size, offset)
+
+    def read(self, fd: int, size: int) -> bytes:
+        """``os.read``."""
+        return os.read(fd, size)
+
+    def fstat(self, fd: int) -> os.stat_result:
+        """``os.fstat``."""
+        return os.fstat(fd)
+
+    def lstat(self, path: str) -> os.stat_result:
+        """``os.lstat``."""
+        return os.lstat(path)
+
+    def fdatasync(self, fd: int) -> None:
+        """``os.fdatasync``."""
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        """``os.fsync``."""
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        """``os.ftruncate``."""
+        os.ftruncate(fd, size)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        """``os.fchmod``."""
+        os.fchmod(fd, mode)
+
+    def rename(self, src: str, dst: str) -> None:
+        """``os.rename`` (atomic within one filesystem)."""
+        os.rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        """``os.unlink``."""
+        os.unlink(path)
+
+    def listdir(self, path: str) -> list[str]:
+        """``os.listdir``."""
+        return os.listdir(path)
+
+    def mkdir(self, path: str, mode: int = 0o777) -> None:
+        """``os.mkdir``."""
+        os.mkdir(path, mode)
+
+    def chmod(self, path: str, mode: int) -> None:
+        """``os.chmod`` (never follows a symlink)."""
+        os.chmod(path, mode, follow_symlinks=False)
+
+    def flock(self, fd: int, operation: int) -> None:
+        """``fcntl.flock``."""
+        fcntl.flock(fd, operation)
+
+    def copy_range(self, src_fd: int, dst_fd: int, count: int) -> int:
+        """Copy up to ``count`` bytes between files in the kernel where possible."""
+        try:
+            return os.copy_file_range(src_fd, dst_fd, count)
+        except OSError:
+            data = os.read(src_fd, min(count, 1 << 20))
+            if data:
+                os.write(dst_fd, data)
+            return len(data)
+
+
+DEFAULT_OPS = Ops()

@@ -1,0 +1,335 @@
+"""The blocking face of the bus, for scripts, threads and Spark executors.
+
+Publishing, browsing and garbage collection call the same I/O seam directly in the
+caller's thread. Subscriptions run the async :class:`~fsbus.Bus` engine in a background
+event-loop thread (an anyio blocking portal) and hand messages over, so delivery has
+one implementation.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import IO, Self
+
+import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from ._bus import Bus, MessageIterator, browse_messages, collect_garbage
+from ._config import BusConfig, make_config
+from ._errors import ClosedError, PayloadTooLarge, UsageError
+from ._fs import BusFS
+from ._layout import Layout
+from ._message import BusStatistics, Message, MessageInfo, PublishInfo
+from ._names import host_id
+from ._ops import Ops
+from ._plan import PublishPlan, plan_publish
+
+__all__ = ["BlockingBus", "BlockingMessages"]
+
+
+class BlockingBus:
+    """A bus used from plain (non-async) code.
+
+    ::
+
+        with BlockingBus("/srv/bus") as bus:
+            bus.publish("jobs.resize", b"img-1", single=True)
+            with bus.messages("jobs.*") as it:
+                msg = it.get(timeout=5)
+                it.ack(msg)
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        config: BusConfig | None = None,
+        ops: Ops | None = None,
+    ) -> None:
+        self.config = make_config(config)
+        self.root = os.path.abspath(os.fspath(root))
+        self.layout = Layout.of(self.root, self.config)
+        self._ops = ops
+        self._fs = BusFS(self.layout, self.config, ops)
+        self._hostname = socket.gethostname()
+        self._host = host_id(self._hostname)
+        self._hosts: dict[str, str] = {self._host: self._hostname}
+        self._lock = threading.Lock()
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._bus_cm: AbstractContextManager[Bus] | None = None
+        self._bus: Bus | None = None
+        self._published = 0
+        self._open = False
+        self._closed = False
+
+    def __enter__(self) -> Self:
+        if self._open or self._closed:
+            raise UsageError("a BlockingBus can be entered once; create a new one")
+        self._fs.setup()
+        self._fs.register_host(self._host, self._hostname)
+        self._open = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop subscriptions (their unacked messages are released) and close."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            if self._bus_cm is not None:
+                self._bus_cm.__exit__(None, None, None)
+                self._bus_cm = self._bus = None
+            if self._portal_cm is not None:
+                self._portal_cm.__exit__(None, None, None)
+                self._portal_cm = self._portal = None
+        self._fs.close()
+        self._open = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this BlockingBus is closed; open a new one")
+        if not self._open:
+            raise UsageError("use it as `with BlockingBus(root) as bus:` before calling it")
+
+    # ------------------------------------------------------------------ publish
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | str | os.PathLike[str] | IO[bytes],
+        *,
+        single: bool = False,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> PublishInfo:
+        """Publish a message (same options as :meth:`Bus.publish`), in this thread."""
+        self._check_open()
+        plan = self._plan(topic, single, ttl, durable, headers, priority)
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        if isinstance(payload, bytes | bytearray | memoryview):
+            data = bytes(payload)
+            self._check_size(len(data))
+            size = self._fs.publish(plan, data)
+        elif isinstance(payload, os.PathLike):
+            size = self._fs.publish(plan, payload)
+        elif hasattr(payload, "read"):
+            size = self._publish_file(plan, payload)
+        else:
+            raise UsageError(
+                "payload must be bytes, str, a path or a binary file object, not "
+                f"{type(payload).__name__}"
+            )
+        self._published += 1
+        return self._info(plan, size)
+
+    def publish_many(
+        self,
+        items: Sequence[tuple[str, bytes | str]],
+        *,
+        single: bool = False,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> list[PublishInfo]:
+        """Publish many (topic, payload) pairs with the same options."""
+        return [
+            self.publish(
+                t, p, single=single, ttl=ttl, durable=durable, headers=headers, priority=priority
+            )
+            for t, p in items
+        ]
+
+    def _plan(
+        self,
+        topic: object,
+        single: bool,
+        ttl: float | None,
+        durable: bool,
+        headers: object,
+        priority: int | None,
+    ) -> PublishPlan:
+        return plan_publish(
+            self.layout,
+            self.config,
+            topic,
+            single=single,
+            ttl=ttl,
+            durable=durable,
+            headers=headers,
+            priority=priority,
+            now_ms=int(time.time() * 1000),
+            host=self._host,
+            random_hex=os.urandom(6).hex(),
+        )
+
+    def _check_size(self, size: int) -> None:
+        if size > self.config.max_payload_size:
+            raise PayloadTooLarge(
+                f"payload of {size} bytes exceeds max_payload_size="
+                f"{self.config.max_payload_size}; raise BusConfig.max_payload_size"
+            )
+
+    def _publish_file(self, plan: PublishPlan, fileobj: IO[bytes]) -> int:
+        fd = self._fs.begin(plan)
+        total = 0
+        try:
+            while chunk := fileobj.read(1 << 20):
+                total += len(chunk)
+                self._check_size(total)
+                self._fs.write_chunk(fd, bytes(chunk), plan)
+        except BaseException:
+            self._fs.abort(plan, fd)
+            raise
+        self._fs.commit(plan, fd)
+        return total
+
+    def _info(self, plan: PublishPlan, size: int) -> PublishInfo:
+        return PublishInfo(
+            topic=plan.topic,
+            name=plan.name,
+            bucket=plan.bucket,
+            path=self.layout.message_path(plan.bucket, plan.name),
+            single=plan.single,
+            expires=plan.expires_ms / 1000,
+            size=size,
+        )
+
+    # ------------------------------------------------------------------ subscribe
+    def messages(
+        self, pattern: str, *, existing: bool = False, buffer: int = 64
+    ) -> BlockingMessages:
+        """Receive matching messages: ``with bus.messages("a.*") as it: it.get(timeout=1)``."""
+        self._check_open()
+        portal, bus = self._engine()
+        return BlockingMessages(portal, bus, pattern, existing, buffer)
+
+    def _engine(self) -> tuple[BlockingPortal, Bus]:
+        with self._lock:
+            if self._portal is None:
+                self._portal_cm = start_blocking_portal("asyncio")
+                self._portal = self._portal_cm.__enter__()
+            if self._bus is None:
+                bus = Bus(self.root, config=self.config, ops=self._ops)
+                self._bus_cm = self._portal.wrap_async_context_manager(bus)
+                self._bus = self._bus_cm.__enter__()
+            return self._portal, self._bus
+
+    # ------------------------------------------------------------------ inspect
+    def browse(self, pattern: str = "#") -> Iterator[MessageInfo]:
+        """Every unexpired message matching ``pattern``; nothing is read or consumed."""
+        self._check_open()
+        yield from browse_messages(self._fs, pattern, self._hosts)
+
+    def read_payload(self, info: MessageInfo) -> bytes | None:
+        """The payload of a browsed message without consuming it (None when gone)."""
+        self._check_open()
+        return self._fs.read_payload(info.bucket, info.name)
+
+    def gc(self, *, debris_age: float = 600.0) -> int:
+        """Remove expired messages, quarantine foreign files, sweep crash debris."""
+        self._check_open()
+        n, q, debris = collect_garbage(self._fs, set(), debris_age)
+        return n + q + debris
+
+    def statistics(self) -> BusStatistics:
+        """Counters: the subscription engine's, plus this face's publishes."""
+        if self._bus is not None and self._portal is not None:
+            s = self._portal.call(_stats, self._bus)
+        else:
+            s = BusStatistics(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, False)
+        return BusStatistics(
+            published=s.published + self._published,
+            delivered=s.delivered,
+            acked=s.acked,
+            released=s.released,
+            failed=s.failed,
+            dead_lettered=s.dead_lettered,
+            expired=s.expired,
+            quarantined=s.quarantined,
+            scans=s.scans,
+            subscriptions=s.subscriptions,
+            in_flight=s.in_flight,
+            inotify=s.inotify,
+        )
+
+
+async def _stats(bus: Bus) -> BusStatistics:
+    return bus.statistics()
+
+
+class BlockingMessages:
+    """A subscription read from plain code; see :meth:`BlockingBus.messages`."""
+
+    def __init__(
+        self, portal: BlockingPortal, bus: Bus, pattern: str, existing: bool, buffer: int
+    ) -> None:
+        self._portal = portal
+        self._cm = portal.wrap_async_context_manager(
+            bus.messages(pattern, existing=existing, buffer=buffer)
+        )
+        self._it: MessageIterator | None = None
+
+    def __enter__(self) -> Self:
+        self._it = self._cm.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._it = None
+        self._cm.__exit__(exc_type, exc, tb)
+
+    def _iter(self) -> MessageIterator:
+        if self._it is None:
+            raise UsageError("use it as `with bus.messages(pattern) as it:`")
+        return self._it
+
+    def get(self, timeout: float | None = None) -> Message:
+        """The next message; raises TimeoutError after ``timeout`` seconds."""
+        it = self._iter()
+        try:
+            return self._portal.call(it.receive, timeout)
+        except StopAsyncIteration:
+            raise ClosedError("the subscription is closed") from None
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Message:
+        it = self._iter()
+        try:
+            return self._portal.call(it.__anext__)
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def ack(self, msg: Message) -> None:
+        """Consume a work-queue message."""
+        self._portal.call(self._iter().ack, msg)
+
+    def release(self, msg: Message) -> None:
+        """Give a work-queue message back for redelivery (counts as a failure)."""
+        self._portal.call(self._iter().release, msg)
+
+
+_ = anyio  # the portal runs anyio on asyncio
