@@ -10,7 +10,7 @@ NODE_PEER := tests/interop/node_modules/qlobber-fsq/package.json
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark]'
+	$(PY) -m pip install -q -e '.[dev,spark,docs,ui]'
 	touch $(STAMP)
 
 $(NODE_PEER): tests/interop/package.json
@@ -27,7 +27,12 @@ test: $(STAMP) $(NODE_PEER)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest
+
+## docs: build the documentation site into site/ (strict: any warning fails the build)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
