@@ -1,0 +1,232 @@
+"""RabbitMQ (rabbitmq-server from Debian) through pika: a topic exchange and a work queue.
+
+Optional: the harness starts a private node on 127.0.0.1 (its own node name, ports, data
+and log directories under a temp dir) and skips RabbitMQ with a note if it is not answering
+within 30 s; it stops the node after the run. Publishes go to the topic exchange ``bench``
+without publisher confirms (the fastest normal way); subscribers bind an exclusive queue
+with ``bench.*`` and auto-ack; workers share one queue with prefetch 100 and ack each
+message. Transient messages: the filesystem under test does not matter to it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from bench.child import Tally, make_payload, make_ping, ping_sent_at, ready, result
+from bench.scenarios import Kind
+from bench.systems.base import System
+from bench.systems.redis_ import apt_install
+
+START_TIMEOUT = 30.0
+EXCHANGE = "bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _epmd_running() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 4369), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class RabbitMQ(System):
+    name: ClassVar[str] = "rabbitmq"
+    label: ClassVar[str] = "RabbitMQ topic exchange (pika)"
+    module: ClassVar[str] = "rabbitmq"
+    uses_fs: ClassVar[bool] = False
+    kinds: ClassVar[frozenset[Kind]] = frozenset({"publish", "fanout", "workqueue", "latency"})
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: str | None = None
+        self._port = 0
+        self._epmd_before = True
+
+    def prepare(self) -> str | None:
+        self._epmd_before = _epmd_running()
+        if shutil.which("rabbitmq-server") is None:
+            why = apt_install("rabbitmq-server")
+            if why:
+                return why
+        self._dir = tempfile.mkdtemp(prefix="fsbus-bench-rabbit-")
+        base = Path(self._dir)
+        (base / "enabled_plugins").write_text("[].\n")
+        self._port = _free_port()
+        node = f"fsbusbench{os.getpid()}@localhost"
+        env = {
+            **os.environ,
+            "HOME": str(base),
+            "RABBITMQ_NODENAME": node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self._port),
+            "RABBITMQ_DIST_PORT": str(_free_port()),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(base / "none"),
+        }
+        # Debian's /usr/sbin wrapper switches to the rabbitmq user; run the real script as us
+        direct = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+        self._proc = subprocess.Popen(
+            [str(direct) if direct.exists() else "rabbitmq-server"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        import pika
+
+        deadline = time.monotonic() + START_TIMEOUT
+        params = pika.ConnectionParameters("127.0.0.1", self._port, connection_attempts=1)
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return f"rabbitmq-server exited ({self._proc.returncode}) while starting"
+            try:
+                pika.BlockingConnection(params).close()
+            except pika.exceptions.AMQPError:
+                time.sleep(0.25)
+                continue
+            self.extra_params = {"port": self._port}
+            return None
+        return f"RabbitMQ did not answer within {START_TIMEOUT:.0f} s"
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+                self._proc.wait(timeout=20)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._proc.wait()
+        self._proc = None
+        if not self._epmd_before and _epmd_running():
+            # the Erlang port mapper our node started; leave one that was there before
+            subprocess.run(["epmd", "-kill"], capture_output=True, check=False)
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+def _channel(p: dict[str, Any]) -> tuple[Any, Any]:
+    import pika
+
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", int(p["port"])))
+    ch = conn.channel()
+    ch.exchange_declare(EXCHANGE, "topic")
+    return conn, ch
+
+
+def _work_queue(p: dict[str, Any]) -> str:
+    return f"work-{os.path.basename(p['dir'])}"
+
+
+def _pub(p: dict[str, Any]) -> None:
+    conn, ch = _channel(p)
+    payloads = [make_payload(i, int(p["size"])) for i in range(int(p["n"]))]
+    if p.get("single"):
+        queue = _work_queue(p)
+        ch.queue_declare(queue)
+        t0 = time.monotonic_ns()
+        for body in payloads:
+            ch.basic_publish("", queue, body)
+    else:
+        t0 = time.monotonic_ns()
+        for body in payloads:
+            ch.basic_publish(EXCHANGE, "bench.topic", body)
+    conn.process_data_events(0)
+    t1 = time.monotonic_ns()
+    conn.close()
+    result(t0_ns=t0, t1_ns=t1)
+
+
+def _bind(ch: Any, key: str) -> str:
+    q = ch.queue_declare("", exclusive=True, auto_delete=True).method.queue
+    ch.queue_bind(q, EXCHANGE, routing_key=key)
+    return str(q)
+
+
+def _sub(p: dict[str, Any]) -> None:
+    conn, ch = _channel(p)
+    tally = Tally(p.get("expect"))
+    q = _bind(ch, "bench.*")
+    ch.basic_consume(q, lambda _c, _m, _p, body: tally.hit(body), auto_ack=True)
+    ready()
+    while not tally.finished:
+        conn.process_data_events(time_limit=0.05)
+    tally.send_result()
+    conn.close()
+
+
+def _worker(p: dict[str, Any]) -> None:
+    conn, ch = _channel(p)
+    queue = _work_queue(p)
+    ch.queue_declare(queue)
+    ch.basic_qos(prefetch_count=100)
+    tally = Tally(None)
+
+    def on_message(c: Any, method: Any, _props: Any, body: bytes) -> None:
+        tally.hit(body)
+        c.basic_ack(method.delivery_tag)
+
+    ch.basic_consume(queue, on_message)
+    ready()
+    while not tally.finished:
+        conn.process_data_events(time_limit=0.05)
+    tally.send_result()
+    conn.close()
+
+
+def _echo(p: dict[str, Any]) -> None:
+    conn, ch = _channel(p)
+    q = _bind(ch, "bench.ping")
+
+    def on_message(c: Any, _m: Any, _p: Any, body: bytes) -> None:
+        c.basic_publish(EXCHANGE, "bench.pong", b"%020d" % time.monotonic_ns() + body)
+
+    ch.basic_consume(q, on_message, auto_ack=True)
+    tally = Tally(None)  # for STOP only
+    ready()
+    while not tally.finished:
+        conn.process_data_events(time_limit=0.05)
+    conn.close()
+
+
+def _ping(p: dict[str, Any]) -> None:
+    conn, ch = _channel(p)
+    q = _bind(ch, "bench.pong")
+    got: list[bytes] = []
+    ch.basic_consume(q, lambda _c, _m, _p, body: got.append(body), auto_ack=True)
+    rtt: list[int] = []
+    oneway: list[int] = []
+    for i in range(int(p["n"])):
+        ch.basic_publish(EXCHANGE, "bench.ping", make_ping(i, int(p["size"])))
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.01)
+        t = time.monotonic_ns()
+        data = got.pop()
+        sent = ping_sent_at(data[20:])
+        rtt.append(t - sent)
+        oneway.append(int(data[:20]) - sent)
+    conn.close()
+    result(rtt_ns=rtt, oneway_ns=oneway)
+
+
+ROLES = {"pub": _pub, "sub": _sub, "worker": _worker, "echo": _echo, "ping": _ping}
