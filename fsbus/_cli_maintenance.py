@@ -1,0 +1,126 @@
+"""``fsbus gc`` and ``fsbus doctor``: keep the directory clean, and check it can carry a bus."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import anyio
+
+from fsbus import Bus, DoctorReport, check_directory
+
+from ._cli_output import emit, emit_json
+from ._cli_runtime import bus_config, resolve_root, run_async
+
+__all__ = ["add_maintenance_commands", "doctor_json", "doctor_lines"]
+
+
+def add_maintenance_commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    """Register ``gc`` and ``doctor`` on ``subparsers``."""
+    g = subparsers.add_parser(
+        "gc",
+        parents=[common],
+        help="remove expired messages and debris left by crashed publishers",
+        description="Remove expired messages (and their topic files) and staging debris "
+        "left by crashed publishers; print how many files went. On a terminal a progress "
+        "line shows that the sweep is running.",
+    )
+    g.set_defaults(func=run_gc)
+
+    d = subparsers.add_parser(
+        "doctor",
+        parents=[common],
+        help="check that the directory can carry a bus (flock, inotify, clock, space)",
+        description="Probe the bus directory the way the bus uses it: filesystem type "
+        "(from /proc/self/mountinfo), layout and permissions, create/rename, flock between "
+        "two open file descriptions, inotify seeing a write within 2 s, clock skew against "
+        "a fresh file's mtime, free space and inodes. Each check says ok, warn or fail and "
+        "what to fix. Exit status 1 when a check fails. The directory is not created.",
+    )
+    d.set_defaults(func=run_doctor)
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    """Entry point of ``fsbus gc``."""
+    root = resolve_root(args)
+    config = bus_config(args)
+    started = time.monotonic()
+    removed = 0
+
+    async def spinner() -> None:
+        frames = "|/-\\"
+        i = 0
+        while True:
+            elapsed = time.monotonic() - started
+            sys.stderr.write(f"\r\x1b[2Kgc: sweeping {root} {frames[i % 4]} {elapsed:.1f}s")
+            sys.stderr.flush()
+            i += 1
+            await anyio.sleep(0.1)
+
+    async def command() -> int:
+        nonlocal removed
+        async with Bus(root, config=config) as bus, anyio.create_task_group() as tg:
+            if sys.stderr.isatty():
+                tg.start_soon(spinner)
+            try:
+                removed = await bus.gc()
+            finally:
+                tg.cancel_scope.cancel()
+                if sys.stderr.isatty():
+                    sys.stderr.write("\r\x1b[2K")
+                    sys.stderr.flush()
+        return 0
+
+    code = run_async(command)
+    seconds = time.monotonic() - started
+    if code == 0:
+        if args.json:
+            emit_json({"removed": removed, "seconds": round(seconds, 3)})
+        else:
+            emit(f"removed {removed} file(s) in {seconds:.2f} s")
+    return code
+
+
+def doctor_json(report: DoctorReport) -> dict[str, object]:
+    """The JSON object ``doctor --json`` prints."""
+    return {
+        "root": report.root,
+        "status": report.status,
+        "checks": [
+            {"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix}
+            for c in report.checks
+        ],
+    }
+
+
+def doctor_lines(report: DoctorReport) -> list[str]:
+    """The human-readable report."""
+    width = max((len(c.name) for c in report.checks), default=0)
+    lines = []
+    for c in report.checks:
+        lines.append(f"{c.status:<4}  {c.name:<{width}}  {c.detail}")
+        if c.fix:
+            lines.append(f"{'':<4}  {'':<{width}}  fix: {c.fix}")
+    verdict = {
+        "ok": "all checks passed",
+        "warn": "usable, with warnings",
+        "fail": "NOT usable as a bus until the failures are fixed",
+    }[report.status]
+    lines.append(f"{report.root}: {verdict}")
+    return lines
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Entry point of ``fsbus doctor``."""
+    root = resolve_root(args)
+    report = check_directory(root)
+    if args.json:
+        emit_json(doctor_json(report))
+    else:
+        for line in doctor_lines(report):
+            emit(line)
+    return 0 if report.ok else 1

@@ -1,0 +1,148 @@
+"""``fsbus subscribe``: print matching messages as JSON lines, optionally consuming a queue."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import anyio
+
+from fsbus import Bus, BusConfig, Message
+
+from ._cli_output import emit_json, payload_fields
+from ._cli_runtime import bus_config, resolve_root, run_async
+
+__all__ = ["add_subscribe_command", "message_json", "observer_config"]
+
+_NEVER_AGAIN = 10 * 365 * 86_400.0  # seconds: longer than any message lives
+
+
+def add_subscribe_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    """Register ``subscribe`` on ``subparsers``."""
+    p = subparsers.add_parser(
+        "subscribe",
+        parents=[common],
+        help="print messages matching a pattern, one JSON object per line",
+        description="Print each message whose topic matches PATTERN as one JSON object per "
+        'line: {"topic", "payload" (text when UTF-8) or "payload_base64", "kind", '
+        '"headers", "expires", "published_at", "host", "delivery_count", "priority", '
+        '"name"}. Exit status: 0 when --count messages arrived or --timeout ran out '
+        "(with whatever arrived printed), 130 on Ctrl-C (after a clean shutdown: "
+        "work-queue messages being handled are released, no lock is left).",
+    )
+    p.add_argument(
+        "pattern",
+        metavar="PATTERN",
+        help="topic pattern: '*' matches one word, '#' zero or more (e.g. 'orders.*.paid')",
+    )
+    p.add_argument(
+        "--single",
+        action="store_true",
+        help="consume work-queue messages: each is acknowledged (removed) after it is "
+        "printed, so it goes to this subscriber only. Without --single a work-queue "
+        "message that reaches this subscriber is given back at once, unprinted, and left "
+        "to other consumers (this counts as one delivery attempt)",
+    )
+    p.add_argument(
+        "--existing",
+        action="store_true",
+        help="also deliver messages already on the bus when subscribing",
+    )
+    p.add_argument(
+        "--count",
+        metavar="N",
+        type=_positive_int,
+        help="exit (status 0) after N messages",
+    )
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=float,
+        help="exit (status 0) after SECONDS in total, having printed what arrived",
+    )
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="do not print the 'subscribed' notice on stderr",
+    )
+    p.set_defaults(func=run_subscribe)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    """The JSON object printed for one message."""
+    out: dict[str, Any] = {"topic": msg.topic}
+    out.update(payload_fields(msg.payload))
+    out.update(
+        {
+            "kind": "single" if msg.single else "multi",
+            "headers": dict(msg.headers),
+            "expires": msg.expires,
+            "published_at": msg.published_at,
+            "host": msg.host,
+            "delivery_count": msg.delivery_count,
+            "priority": msg.priority,
+            "name": msg.name,
+        }
+    )
+    return out
+
+
+def observer_config(config: BusConfig) -> BusConfig:
+    """The configuration of a subscriber that must not consume work-queue messages.
+
+    A subscription also claims work-queue messages matching its pattern. Without
+    ``--single`` each one is given back at once; with these settings this process never
+    claims the same message again (no retry before it expires) and never dead-letters
+    it. Giving it back still counts as one delivery attempt on disk.
+    """
+    return BusConfig(
+        **{**config.model_dump(), "max_deliveries": None, "retry_interval": _NEVER_AGAIN}
+    )
+
+
+def run_subscribe(args: argparse.Namespace) -> int:
+    """Entry point of ``fsbus subscribe``."""
+    root = resolve_root(args)
+    config = bus_config(args)
+    if not args.single:
+        config = observer_config(config)
+
+    async def command() -> int:
+        received = 0
+        async with Bus(root, config=config) as bus:
+            async with bus.messages(args.pattern, existing=args.existing) as it:
+                if not args.quiet:
+                    print(
+                        f"fsbus: subscribed to {args.pattern!r} on {root} (Ctrl-C to stop)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                with anyio.move_on_after(args.timeout):
+                    async for msg in it:
+                        if msg.single and not args.single:
+                            await it.release(msg)
+                            continue
+                        emit_json(message_json(msg))
+                        if msg.single:
+                            await it.ack(msg)
+                        received += 1
+                        if args.count is not None and received >= args.count:
+                            break
+        return 0
+
+    return run_async(command)
