@@ -29,6 +29,10 @@ from ._errors import (
     WouldBlock,
 )
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
+from ._stream import SegmentInfo, Stream, StreamInfo, list_streams
+from ._stream_config import StreamConfig
+from ._stream_format import Record, RecordIn
+from ._stream_writer import RecoveryInfo
 from ._sync import BlockingBus, BlockingMessages
 
 __version__ = "0.1.0"
@@ -57,13 +61,21 @@ __all__ = (
     "OffsetOutOfRange",
     "PayloadTooLarge",
     "PublishInfo",
+    "Record",
+    "RecordIn",
+    "RecoveryInfo",
+    "SegmentInfo",
     "StorageError",
     "StoragePermissionError",
+    "Stream",
+    "StreamConfig",
     "StreamError",
+    "StreamInfo",
     "StreamNotFound",
     "Subscription",
     "UsageError",
     "WouldBlock",
     "__version__",
     "check_directory",
+    "list_streams",
 )

@@ -1,0 +1,386 @@
+"""Stream: the blocking face of a named, replayable, segmented log under a root.
+
+Streams live in ``<root>/streams/<name>/``. A :class:`Stream` is thread-safe and
+process-safe (appends are serialised by an flock on ``append.lock``), and it is cheap
+to pickle the arguments needed to reopen one on a Spark executor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from ._errors import ClosedError, PayloadTooLarge, StreamNotFound, UsageError, storage_error
+from ._stream_config import StreamConfig
+from ._stream_format import (
+    Record,
+    RecordIn,
+    check_stream_name,
+    prepare,
+    prepare_parts,
+    segment_name,
+)
+from ._stream_io import DEFAULT_OPS, StreamOps
+from ._stream_segments import (
+    iter_records,
+    list_segments,
+    offset_for_time,
+    stream_end,
+)
+from ._stream_writer import RecoveryInfo, Writer
+
+__all__ = ["SegmentInfo", "Stream", "StreamInfo", "list_streams", "stream_dir"]
+
+STREAMS_DIR = "streams"
+
+
+def stream_dir(root: str | os.PathLike[str], name: str) -> Path:
+    """Where stream ``name`` lives under ``root``."""
+    return Path(root) / STREAMS_DIR / check_stream_name(name)
+
+
+def list_streams(root: str | os.PathLike[str]) -> list[str]:
+    """Names of the streams under ``root``, sorted ([] if there are none)."""
+    base = Path(root) / STREAMS_DIR
+    out = []
+    for name in DEFAULT_OPS.listdir(base):
+        try:
+            check_stream_name(name)
+        except UsageError:
+            continue
+        if DEFAULT_OPS.is_dir(base / name):
+            out.append(name)
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One segment file of a stream."""
+
+    base_offset: int
+    """The segment's first offset (its file name)."""
+    end_offset: int
+    """The offset after its last record (for the newest segment: the stream's end)."""
+    size_bytes: int
+    """Size of the segment file."""
+    path: str
+    """Path of the segment file."""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """A snapshot of a stream's extent."""
+
+    name: str
+    """The stream's name."""
+    start_offset: int
+    """The oldest offset kept (retention moves it forward)."""
+    end_offset: int
+    """The next offset to be written."""
+    size_bytes: int
+    """Bytes of all segment files."""
+    segments: tuple[SegmentInfo, ...]
+    """The segments, oldest first."""
+    path: str = ""
+    """The stream's directory."""
+    groups: tuple[str, ...] = ()
+    """Names of its consumer groups."""
+
+
+class Stream:
+    """A named, append-only, replayable log of records with offsets.
+
+    Open with :meth:`Stream.open`; use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self, sdir: Path, name: str, config: StreamConfig, ops: StreamOps, *, _private: object
+    ) -> None:
+        if _private is not _TOKEN:
+            raise TypeError("use Stream.open(root, name) to open a stream")
+        self._dir = sdir
+        self._name = name
+        self._root = sdir.parent.parent
+        self._config = config
+        self._ops = ops
+        self._writer: Writer | None = None
+        self._closed = False
+
+    # --- opening and closing -----------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        name: str,
+        *,
+        config: StreamConfig | None = None,
+        create: bool = True,
+    ) -> Stream:
+        """Open stream ``name`` under ``root``, creating it unless ``create=False``.
+
+        Raises :class:`~fsbus.InvalidTopic` for a bad name and
+        :class:`~fsbus.StreamNotFound` if it is missing and ``create`` is false.
+        """
+        return cls._open(root, name, config=config, create=create, ops=DEFAULT_OPS)
+
+    @classmethod
+    def _open(
+        cls,
+        root: str | os.PathLike[str],
+        name: str,
+        *,
+        config: StreamConfig | None,
+        create: bool,
+        ops: StreamOps,
+    ) -> Stream:
+        sdir = stream_dir(root, name)
+        cfg = config if config is not None else StreamConfig()
+        if not isinstance(cfg, StreamConfig):
+            raise UsageError(f"config must be a StreamConfig, got {type(cfg).__name__}")
+        if not ops.is_dir(sdir):
+            if not create:
+                raise StreamNotFound(
+                    f"stream {name!r} does not exist under {root} (no directory {sdir}); "
+                    "open it with create=True or append to it first"
+                )
+            try:
+                ops.makedirs(sdir)
+            except OSError as exc:
+                raise storage_error(f"create stream {name!r}", exc, sdir) from exc
+        return cls(sdir, name, cfg, ops, _private=_TOKEN)
+
+    def close(self) -> None:
+        """Release the handle's files (idempotent). The stream stays on disk."""
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Stream {self._name!r} at {self._dir}{' closed' if self._closed else ''}>"
+
+    # --- properties ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The stream's name."""
+        return self._name
+
+    @property
+    def path(self) -> Path:
+        """The stream's directory."""
+        return self._dir
+
+    @property
+    def root(self) -> Path:
+        """The root directory the stream lives under."""
+        return self._root
+
+    @property
+    def config(self) -> StreamConfig:
+        """This handle's options."""
+        return self._config
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset kept (read from disk on each access)."""
+        self._check_open()
+        bases = list_segments(self._ops, self._dir)
+        return bases[0] if bases else 0
+
+    @property
+    def end_offset(self) -> int:
+        """The next offset to be written (read from disk on each access)."""
+        self._check_open()
+        return stream_end(
+            self._ops, self._dir, list_segments(self._ops, self._dir), self._config.read_chunk_bytes
+        )
+
+    @property
+    def recoveries(self) -> tuple[RecoveryInfo, ...]:
+        """Torn tails this handle found and cut (empty in the normal case)."""
+        return tuple(self._writer.recoveries) if self._writer is not None else ()
+
+    # --- appending -----------------------------------------------------------------------
+
+    def append(
+        self,
+        value: bytes | str,
+        *,
+        key: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timestamp: float | None = None,
+    ) -> int:
+        """Append one record; return its offset.
+
+        Durable on return as ``config.durability`` says ('batch' and 'record' both
+        fdatasync before returning).
+        """
+        writer = self._get_writer()
+        max_bytes = self._config.max_record_bytes
+        if type(value) is bytes and key is None and not headers and timestamp is None:
+            if len(value) > max_bytes:
+                raise _too_large(len(value), max_bytes)
+            item: object = value
+        else:
+            item = prepare_parts(
+                value, key=key, headers=headers, timestamp=timestamp, max_record_bytes=max_bytes
+            )
+        return writer.append([item], now_us=self._now_us).start
+
+    def append_batch(self, records: Iterable[bytes | str | RecordIn]) -> range:
+        """Append many records under one hold of the append lock; return their offsets.
+
+        With durability 'batch' one fdatasync covers the whole batch; with 'record', each
+        record is synced before the next is written. Batches are cut into frames of
+        ``config.max_frame_bytes``; each frame appears to readers at once.
+        """
+        items: list[Any] = records if isinstance(records, list) else list(records)
+        if not items:
+            end = self.end_offset
+            return range(end, end)
+        max_bytes = self._config.max_record_bytes
+        batch: list[Any]
+        if all(type(x) is bytes for x in items):
+            batch = items
+        elif all(type(x) is bytes or type(x) is str for x in items):
+            batch = [x.encode() if type(x) is str else x for x in items]
+        else:
+            batch = [prepare(x, max_record_bytes=max_bytes) for x in items]
+        if type(batch[0]) is bytes:
+            biggest = max(map(len, batch))
+            if biggest > max_bytes:
+                raise _too_large(biggest, max_bytes)
+        writer = self._get_writer()
+        return writer.append(batch, now_us=self._now_us)
+
+    def recover(self) -> tuple[RecoveryInfo, ...]:
+        """Validate the tail now (as the first append would) and cut a torn record.
+
+        Returns what was cut; empty if the tail was clean. Takes the append lock.
+        """
+        return tuple(self._get_writer().recover())
+
+    # --- reading -------------------------------------------------------------------------
+
+    def read(
+        self, start: int = 0, stop: int | None = None, *, max_records: int | None = None
+    ) -> Iterator[Record]:
+        """Records with offsets in [start, stop), up to the current end of the stream.
+
+        Raises :class:`~fsbus.OffsetOutOfRange` (saying the valid range) if ``start`` is
+        before :attr:`start_offset` or after :attr:`end_offset`. Never yields a partial
+        record and never skips a complete one.
+        """
+        self._check_open()
+        if not isinstance(start, int) or start < 0:
+            raise UsageError(f"start must be an offset (int >= 0), got {start!r}")
+        if stop is not None and (not isinstance(stop, int) or stop < 0):
+            raise UsageError(f"stop must be an offset (int >= 0) or None, got {stop!r}")
+        if max_records is not None and max_records < 0:
+            raise UsageError(f"max_records must be >= 0 or None, got {max_records!r}")
+        bases = list_segments(self._ops, self._dir)
+        first = bases[0] if bases else 0
+        if start < first or start > (bases[-1] if bases else 0):
+            end = stream_end(self._ops, self._dir, bases, self._config.read_chunk_bytes)
+            if not first <= start <= end:
+                _out_of_range(self._name, start, first, end)
+        return iter_records(
+            self._ops,
+            self._dir,
+            self._name,
+            start,
+            stop,
+            max_records,
+            self._config.read_chunk_bytes,
+        )
+
+    def offset_for_time(self, ts: float) -> int:
+        """The first offset whose timestamp is >= ``ts`` (seconds), else :attr:`end_offset`.
+
+        Uses the sparse index (the largest timestamp written before each entry), so it
+        reads only the frames near the answer even if timestamps are not monotonic.
+        """
+        self._check_open()
+        return offset_for_time(
+            self._ops, self._dir, self._name, round(ts * 1_000_000), self._config.read_chunk_bytes
+        )
+
+    def info(self) -> StreamInfo:
+        """Segments, sizes and offsets, as they are on disk now."""
+        self._check_open()
+        ops = self._ops
+        bases = list_segments(ops, self._dir)
+        end = stream_end(ops, self._dir, bases, self._config.read_chunk_bytes)
+        segs = []
+        for i, b in enumerate(bases):
+            p = self._dir / segment_name(b)
+            size = ops.file_size(p) or 0
+            seg_end = bases[i + 1] if i + 1 < len(bases) else end
+            segs.append(SegmentInfo(b, seg_end, size, str(p)))
+        groups = tuple(
+            sorted(n for n in ops.listdir(self._dir / "groups") if not n.startswith("."))
+        )
+        return StreamInfo(
+            name=self._name,
+            start_offset=bases[0] if bases else 0,
+            end_offset=end,
+            size_bytes=sum(s.size_bytes for s in segs),
+            segments=tuple(segs),
+            path=str(self._dir),
+            groups=groups,
+        )
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"stream {self._name!r} handle is closed; open it again")
+
+    def _get_writer(self) -> Writer:
+        self._check_open()
+        if self._writer is None:
+            self._writer = Writer(self._dir, self._config, self._ops)
+        return self._writer
+
+    def _now_us(self) -> int:
+        return round(self._ops.now() * 1_000_000)
+
+
+_TOKEN = object()
+
+
+def _too_large(size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"record of {size} bytes exceeds max_record_bytes={limit}; "
+        "split it or raise StreamConfig.max_record_bytes"
+    )
+
+
+def _out_of_range(name: str, start: int, first: int, end: int) -> None:
+    from ._errors import OffsetOutOfRange
+
+    raise OffsetOutOfRange(
+        f"offset {start} is outside stream {name!r}: valid offsets are {first} "
+        f"(oldest kept) to {end} (the next to be written)"
+    )

@@ -1,0 +1,669 @@
+"""Stream on-disk format: record frames, segment and index names, offsets files (pure).
+
+Nothing here touches the filesystem or a clock: bytes in, values out.
+
+A segment file (``<base offset, 20 digits>.log``) is a sequence of *frames*. A frame holds
+one or more records with consecutive (or, after compaction, increasing) offsets and is the
+unit of checksum, of atomicity for readers, and of torn-tail recovery::
+
+    frame header (48 bytes, little endian)
+        checksum     u64  xxh64 of every byte of the frame after this field
+        magic        u16  0x5346 ("FS")
+        version      u8   1
+        flags        u8   which optional columns follow (see FLAG_*)
+        frame_len    u32  bytes of the whole frame, header included
+        base_offset  u64  offset of the first record slot
+        last_delta   u32  last offset of the frame - base_offset (kept through compaction)
+        count        u32  records in the frame
+        first_ts     i64  timestamp of every record (µs since the epoch) unless FLAG_TIMESTAMPS
+        max_ts       i64  largest record timestamp in the frame (µs)
+    columns, count entries each
+        value_len    u32  always
+        offset_delta u32  if FLAG_GAPS (compacted frames): offset - base_offset
+        timestamp    i64  if FLAG_TIMESTAMPS: µs since the epoch
+        key_len      i32  if FLAG_KEYS: -1 means no key
+        headers_len  u32  if FLAG_HEADERS: bytes of the UTF-8 JSON object of headers
+    data: for each record, key bytes, header bytes, value bytes
+
+Putting the lengths in columns lets a reader get every length of a frame with one
+``struct.unpack_from`` and a writer frame a batch with one ``bytes.join``; a single
+:meth:`~fsbus.Stream.append` is simply a frame of one record.
+
+The sparse index ``<base>.index`` holds 24-byte entries ``(offset u64, position u64,
+max_ts_before i64)``: a frame starting at ``position`` whose first offset is ``offset``,
+and the largest timestamp of every record written to the stream before it. It is a hint:
+readers check the frame it points to and fall back to a scan of the segment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+import xxhash
+
+from ._errors import InvalidHeader, InvalidTopic, PayloadTooLarge, UsageError
+
+__all__ = [
+    "EMPTY_HEADERS",
+    "HEADER",
+    "INDEX_ENTRY",
+    "FrameHeader",
+    "FrameScan",
+    "IndexEntry",
+    "Record",
+    "RecordIn",
+    "check_stream_name",
+    "decode_frame",
+    "decode_offsets_file",
+    "encode_frames",
+    "encode_offsets_file",
+    "encode_values",
+    "index_name",
+    "parse_index",
+    "parse_segment_name",
+    "scan_frames",
+    "segment_name",
+]
+
+MAGIC: Final = 0x5346
+VERSION: Final = 1
+FLAG_KEYS: Final = 0x01
+FLAG_HEADERS: Final = 0x02
+FLAG_TIMESTAMPS: Final = 0x04
+FLAG_GAPS: Final = 0x08
+_KNOWN_FLAGS: Final = FLAG_KEYS | FLAG_HEADERS | FLAG_TIMESTAMPS | FLAG_GAPS
+
+HEADER: Final = struct.Struct("<QHBBIQIIqq")
+HEADER_SIZE: Final = HEADER.size  # 48
+_CHECKSUM = struct.Struct("<Q")
+INDEX_ENTRY: Final = struct.Struct("<QQq")
+MAX_FRAME_LEN: Final = 0xFFFF_FFFF
+MAX_OFFSET: Final = 10**20 - 1
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_SEGMENT_RE = re.compile(r"(\d{20})\.log")
+_xxh64 = xxhash.xxh64_intdigest
+
+EMPTY_HEADERS: Final[Mapping[str, str]] = MappingProxyType({})
+
+
+# --- records -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record read from a stream."""
+
+    offset: int
+    """Position of the record in the stream (0, 1, 2, ...; never reused)."""
+    timestamp: float
+    """When the record was appended (or the time the writer gave), seconds since the epoch."""
+    key: bytes | None
+    """Optional key: partitions consumer groups and drives compaction."""
+    value: bytes
+    """The payload."""
+    headers: Mapping[str, str]
+    """Optional string headers (read-only; empty when none were given)."""
+
+
+@dataclass(slots=True)
+class _RecordDraft:
+    """Same layout as :class:`Record`, not frozen: built and then turned into a Record.
+
+    A frozen dataclass sets each field through ``object.__setattr__``, which makes reading
+    millions of records three times slower; building the draft and switching its class
+    (the two slot layouts are identical) gives the same immutable Record.
+    """
+
+    offset: int
+    timestamp: float
+    key: bytes | None
+    value: bytes
+    headers: Mapping[str, str]
+
+
+def _check_layout() -> None:
+    probe = _RecordDraft(0, 0.0, None, b"", EMPTY_HEADERS)
+    probe.__class__ = Record  # type: ignore[assignment]
+    if not isinstance(probe, Record) or Record.__slots__ != _RecordDraft.__slots__:
+        raise RuntimeError("Record and _RecordDraft layouts differ")
+
+
+_check_layout()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordIn:
+    """A record to append, when more than a value is needed."""
+
+    value: bytes | str
+    """The payload (str is encoded as UTF-8)."""
+    key: bytes | str | None = None
+    """Optional key (str is encoded as UTF-8)."""
+    headers: Mapping[str, str] | None = None
+    """Optional string headers."""
+    timestamp: float | None = None
+    """Seconds since the epoch; None means the time of the append."""
+
+
+# --- names -------------------------------------------------------------------------------
+
+
+def check_stream_name(name: object) -> str:
+    """Return ``name`` if it is a valid stream name, else raise :class:`InvalidTopic`."""
+    if not isinstance(name, str):
+        raise InvalidTopic(f"stream name must be a str, got {type(name).__name__}")
+    if not _NAME_RE.fullmatch(name) or name.startswith("."):
+        raise InvalidTopic(
+            f"invalid stream name {name!r}: use 1 to 200 of the characters A-Z a-z 0-9 . _ -, "
+            "not starting with a dot"
+        )
+    return name
+
+
+def check_group_name(name: object) -> str:
+    """Consumer group names follow the stream name rules."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name.startswith("."):
+        raise UsageError(
+            f"invalid consumer group name {name!r}: use 1 to 200 of the characters "
+            "A-Z a-z 0-9 . _ -, not starting with a dot"
+        )
+    return name
+
+
+def segment_name(base: int) -> str:
+    """File name of the segment whose first offset is ``base``."""
+    return f"{base:020d}.log"
+
+
+def index_name(base: int) -> str:
+    """File name of the sparse index of segment ``base``."""
+    return f"{base:020d}.index"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """Base offset of a segment file name, or None if ``name`` is not a segment."""
+    m = _SEGMENT_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+# --- encoding ----------------------------------------------------------------------------
+
+
+def _seal(frame: bytearray) -> bytearray:
+    _CHECKSUM.pack_into(frame, 0, _xxh64(memoryview(frame)[8:]))
+    return frame
+
+
+def encode_values(values: Sequence[bytes], base_offset: int, ts_us: int) -> bytearray:
+    """One frame of plain values that share a timestamp (the fast path of a batch)."""
+    n = len(values)
+    lens = struct.pack(f"<{n}I", *map(len, values))
+    frame = bytearray(
+        b"".join(
+            (
+                HEADER.pack(0, MAGIC, VERSION, 0, 0, base_offset, n - 1, n, ts_us, ts_us),
+                lens,
+                *values,
+            )
+        )
+    )
+    struct.pack_into("<I", frame, 12, len(frame))
+    return _seal(frame)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A record reduced to bytes, ready to frame."""
+
+    value: bytes
+    key: bytes | None
+    headers: bytes
+    ts_us: int | None
+
+
+def prepare(item: bytes | str | RecordIn, *, max_record_bytes: int) -> _Prepared:
+    """Validate one record and reduce it to bytes (raises UsageError subclasses)."""
+    if isinstance(item, RecordIn):
+        value, key, headers, ts = item.value, item.key, item.headers, item.timestamp
+    else:
+        value, key, headers, ts = item, None, None, None
+    return prepare_parts(
+        value, key=key, headers=headers, timestamp=ts, max_record_bytes=max_record_bytes
+    )
+
+
+def prepare_parts(
+    value: object,
+    *,
+    key: object,
+    headers: Mapping[str, str] | None,
+    timestamp: float | None,
+    max_record_bytes: int,
+) -> _Prepared:
+    """Validate the parts of one record and reduce them to bytes."""
+    v = _as_bytes(value, "value")
+    k = None if key is None else _as_bytes(key, "key")
+    h = encode_headers(headers) if headers else b""
+    size = len(v) + len(h) + (len(k) if k is not None else 0)
+    if size > max_record_bytes:
+        raise PayloadTooLarge(
+            f"record of {size} bytes exceeds max_record_bytes={max_record_bytes}; "
+            "split it or raise StreamConfig.max_record_bytes"
+        )
+    ts_us: int | None = None
+    if timestamp is not None:
+        if not isinstance(timestamp, int | float) or timestamp != timestamp:
+            raise UsageError(f"timestamp must be seconds since the epoch, got {timestamp!r}")
+        ts_us = round(timestamp * 1_000_000)
+    return _Prepared(v, k, h, ts_us)
+
+
+def _as_bytes(x: object, what: str) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    if isinstance(x, str):
+        return x.encode("utf-8")
+    if isinstance(x, bytearray | memoryview):
+        return bytes(x)
+    raise UsageError(f"record {what} must be bytes or str, got {type(x).__name__}")
+
+
+def encode_headers(headers: Mapping[str, str]) -> bytes:
+    """Headers as compact UTF-8 JSON (validated: str names, non-empty, str values)."""
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidHeader(f"header names must be non-empty str, got {name!r}")
+        if not isinstance(value, str):
+            raise InvalidHeader(
+                f"header {name!r} has a {type(value).__name__} value; header values must be str"
+            )
+    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_frame(
+    records: Sequence[_Prepared],
+    offsets: Sequence[int],
+    *,
+    base_offset: int,
+    last_delta: int,
+    default_ts_us: int,
+) -> bytearray:
+    """One frame of arbitrary records (keys, headers, own timestamps, gaps)."""
+    n = len(records)
+    ts = [default_ts_us if r.ts_us is None else r.ts_us for r in records]
+    first_ts = ts[0] if ts else default_ts_us
+    max_ts = max(ts) if ts else default_ts_us
+    flags = 0
+    cols = [struct.pack(f"<{n}I", *(len(r.value) for r in records))]
+    deltas = [o - base_offset for o in offsets]
+    if deltas != list(range(n)):
+        flags |= FLAG_GAPS
+        cols.append(struct.pack(f"<{n}I", *deltas))
+    if any(t != first_ts for t in ts):
+        flags |= FLAG_TIMESTAMPS
+        cols.append(struct.pack(f"<{n}q", *ts))
+    if any(r.key is not None for r in records):
+        flags |= FLAG_KEYS
+        cols.append(struct.pack(f"<{n}i", *(-1 if r.key is None else len(r.key) for r in records)))
+    if any(r.headers for r in records):
+        flags |= FLAG_HEADERS
+        cols.append(struct.pack(f"<{n}I", *(len(r.headers) for r in records)))
+    data: list[bytes] = []
+    for r in records:
+        if r.key:
+            data.append(r.key)
+        if r.headers:
+            data.append(r.headers)
+        data.append(r.value)
+    hdr = HEADER.pack(0, MAGIC, VERSION, flags, 0, base_offset, last_delta, n, first_ts, max_ts)
+    frame = bytearray(b"".join((hdr, *cols, *data)))
+    if len(frame) > MAX_FRAME_LEN:
+        raise PayloadTooLarge(f"a frame of {len(frame)} bytes exceeds the 4 GiB frame limit")
+    struct.pack_into("<I", frame, 12, len(frame))
+    return _seal(frame)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """Frames ready to write, and what the writer needs to know about them."""
+
+    data: bytes | bytearray | memoryview
+    """The frames, back to back."""
+    frames: tuple[tuple[int, int, int], ...]
+    """(first offset, position in ``data``, largest timestamp in the frame) per frame."""
+    next_offset: int
+    """The offset after the last record."""
+
+
+def encode_frames(
+    items: Sequence[_Prepared] | Sequence[bytes],
+    base_offset: int,
+    *,
+    now_us: int,
+    max_frame_bytes: int,
+) -> Encoded:
+    """Frame a batch, split into frames of about ``max_frame_bytes`` at most."""
+    n = len(items)
+    if n == 0:
+        return Encoded(b"", (), base_offset)
+    plain = isinstance(items[0], bytes)
+    if plain:
+        values: Sequence[bytes] = items  # type: ignore[assignment]
+        sizes = list(map(len, values))
+        total = sum(sizes) + 4 * n + HEADER_SIZE
+        chunks = [(0, n)] if total <= max_frame_bytes else _split(sizes, max_frame_bytes)
+    else:
+        prepared: Sequence[_Prepared] = items  # type: ignore[assignment]
+        sizes = [len(p.value) + len(p.headers) + len(p.key or b"") for p in prepared]
+        chunks = _split(sizes, max_frame_bytes)
+    parts: list[bytes | bytearray] = []
+    frames: list[tuple[int, int, int]] = []
+    pos = 0
+    for lo, hi in chunks:
+        off = base_offset + lo
+        if plain:
+            frame = encode_values(values[lo:hi], off, now_us)
+            max_ts = now_us
+        else:
+            sub = prepared[lo:hi]
+            frame = encode_frame(
+                sub,
+                range(off, off + hi - lo),
+                base_offset=off,
+                last_delta=hi - lo - 1,
+                default_ts_us=now_us,
+            )
+            max_ts = HEADER.unpack_from(frame)[9]
+        frames.append((off, pos, max_ts))
+        parts.append(frame)
+        pos += len(frame)
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    return Encoded(data, tuple(frames), base_offset + n)
+
+
+def _split(sizes: Sequence[int], max_frame_bytes: int) -> list[tuple[int, int]]:
+    """Cut a batch into runs whose frames stay under ``max_frame_bytes`` (one record at least)."""
+    chunks: list[tuple[int, int]] = []
+    lo = 0
+    size = HEADER_SIZE
+    for i, n in enumerate(sizes):
+        add = n + 24  # the record's bytes and, at most, its column entries
+        if i > lo and size + add > max_frame_bytes:
+            chunks.append((lo, i))
+            lo, size = i, HEADER_SIZE
+        size += add
+    chunks.append((lo, len(sizes)))
+    return chunks
+
+
+# --- decoding ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    """The fixed header of one frame, and where it sits."""
+
+    position: int
+    """Byte position of the frame in its segment."""
+    length: int
+    """Bytes of the frame, header included."""
+    flags: int
+    """FLAG_* bits: which optional columns the frame has."""
+    base_offset: int
+    """Offset of the first record slot."""
+    last_offset: int
+    """Offset of the last record slot (kept through compaction)."""
+    count: int
+    """Records in the frame."""
+    first_ts: int
+    """Timestamp of the records (µs) unless the frame has a timestamp column."""
+    max_ts: int
+    """Largest timestamp in the frame (µs)."""
+
+    @property
+    def end(self) -> int:
+        """Byte position just after the frame."""
+        return self.position + self.length
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the frame's last record slot."""
+        return self.last_offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class FrameScan:
+    """What a scan of a buffer found: valid frames, then where and why it stopped."""
+
+    frames: tuple[FrameHeader, ...]
+    """The complete, checksum-valid frames, in order."""
+    end: int
+    """Position just after the last valid frame (where the next frame starts or belongs)."""
+    problem: str | None
+    """None if the scan reached the end of the buffer cleanly; else what stopped it."""
+    incomplete: bool
+    """True when the problem is a frame longer than the bytes available (maybe still
+    being written, or cut short by a crash)."""
+    needed: int
+    """When incomplete: bytes from ``end`` the frame claims to need (0 if unknown)."""
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, ...]:
+    """The raw header fields at ``pos`` (the caller checks there are 48 bytes)."""
+    return HEADER.unpack_from(buf, pos)
+
+
+def scan_frames(
+    buf: bytes | bytearray | memoryview,
+    *,
+    start: int = 0,
+    base: int = 0,
+    verify: bool = True,
+) -> FrameScan:
+    """Walk the frames of ``buf`` from ``start``; ``base`` is buf's position in the file.
+
+    Stops at the end of the buffer, at a frame that runs past it (``incomplete``), or at
+    bytes that are not a valid frame (``problem`` says what). With ``verify`` the checksum
+    of each frame is checked.
+    """
+    mv = memoryview(buf)
+    end = len(buf)
+    pos = start
+    frames: list[FrameHeader] = []
+    unpack = HEADER.unpack_from
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            return FrameScan(tuple(frames), pos + base, "a frame header is cut short", True, 0)
+        cs, magic, version, flags, length, boff, ldelta, count, fts, mts = unpack(buf, pos)
+        if magic != MAGIC or version != VERSION or flags & ~_KNOWN_FLAGS:
+            return FrameScan(
+                tuple(frames), pos + base, "bytes that are not a frame header", False, 0
+            )
+        if length < HEADER_SIZE + 4 * count or ldelta + 1 < count:
+            return FrameScan(
+                tuple(frames), pos + base, "a frame header with impossible sizes", False, 0
+            )
+        if pos + length > end:
+            return FrameScan(tuple(frames), pos + base, "a frame is cut short", True, length)
+        if verify and _xxh64(mv[pos + 8 : pos + length]) != cs:
+            return FrameScan(tuple(frames), pos + base, "a frame fails its checksum", False, 0)
+        frames.append(FrameHeader(pos + base, length, flags, boff, boff + ldelta, count, fts, mts))
+        pos += length
+    return FrameScan(tuple(frames), pos + base, None, False, 0)
+
+
+def decode_frame(
+    buf: bytes,
+    pos: int,
+    header: FrameHeader,
+    lo: int = 0,
+    hi: int | None = None,
+) -> list[Record]:
+    """Records of the frame at ``pos`` in ``buf`` whose offsets lie in [lo, hi)."""
+    count = header.count
+    base = header.base_offset
+    flags = header.flags
+    p = pos + HEADER_SIZE
+    lens = struct.unpack_from(f"<{count}I", buf, p)
+    p += 4 * count
+    out: list[Record] = []
+    append: Callable[[Any], None] = out.append
+    draft = _RecordDraft
+    rec = Record
+    if flags == 0:
+        ts = header.first_ts / 1_000_000
+        first = max(lo - base, 0)
+        last = count if hi is None else min(max(hi - base, 0), count)
+        if first:
+            p += sum(lens[:first])
+        off = base + first
+        for n in lens[first:last]:
+            e = p + n
+            r = draft(off, ts, None, buf[p:e], EMPTY_HEADERS)
+            r.__class__ = rec  # type: ignore[assignment]
+            append(r)
+            p = e
+            off += 1
+        return out
+    if flags & FLAG_GAPS:
+        offsets = [base + d for d in struct.unpack_from(f"<{count}I", buf, p)]
+        p += 4 * count
+    else:
+        offsets = list(range(base, base + count))
+    if flags & FLAG_TIMESTAMPS:
+        stamps = [t / 1_000_000 for t in struct.unpack_from(f"<{count}q", buf, p)]
+        p += 8 * count
+    else:
+        stamps = [header.first_ts / 1_000_000] * count
+    keys: Sequence[int] = (
+        struct.unpack_from(f"<{count}i", buf, p) if flags & FLAG_KEYS else (-1,) * count
+    )
+    if flags & FLAG_KEYS:
+        p += 4 * count
+    hlens: Sequence[int] = (
+        struct.unpack_from(f"<{count}I", buf, p) if flags & FLAG_HEADERS else (0,) * count
+    )
+    if flags & FLAG_HEADERS:
+        p += 4 * count
+    for i in range(count):
+        kl = keys[i]
+        key = None
+        if kl >= 0:
+            key = buf[p : p + kl]
+            p += kl
+        hl = hlens[i]
+        headers = EMPTY_HEADERS
+        if hl:
+            headers = _decode_headers(buf[p : p + hl])
+            p += hl
+        e = p + lens[i]
+        off = offsets[i]
+        if off >= lo and (hi is None or off < hi):
+            r = draft(off, stamps[i], key, buf[p:e], headers)
+            r.__class__ = rec  # type: ignore[assignment]
+            append(r)
+        p = e
+    return out
+
+
+def frame_timestamps(buf: bytes, pos: int, header: FrameHeader) -> list[tuple[int, int]]:
+    """(offset, timestamp µs) of every record of a frame, without building records."""
+    count = header.count
+    p = pos + HEADER_SIZE + 4 * count
+    if header.flags & FLAG_GAPS:
+        offsets = [header.base_offset + d for d in struct.unpack_from(f"<{count}I", buf, p)]
+        p += 4 * count
+    else:
+        offsets = list(range(header.base_offset, header.base_offset + count))
+    if header.flags & FLAG_TIMESTAMPS:
+        stamps: Iterable[int] = struct.unpack_from(f"<{count}q", buf, p)
+    else:
+        stamps = [header.first_ts] * count
+    return list(zip(offsets, stamps, strict=True))
+
+
+def _decode_headers(raw: bytes) -> Mapping[str, str]:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        return MappingProxyType({"_undecodable_headers": raw.decode("utf-8", "replace")})
+    return MappingProxyType({str(k): str(v) for k, v in obj.items()})
+
+
+# --- index -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One sparse index entry."""
+
+    offset: int
+    """First offset of the frame the entry points to."""
+    position: int
+    """Byte position of that frame in the segment."""
+    max_ts_before: int
+    """Largest timestamp (µs) of all records written to the stream before that frame."""
+
+
+def encode_index_entry(offset: int, position: int, max_ts_before: int) -> bytes:
+    """The 24 bytes of an index entry."""
+    return INDEX_ENTRY.pack(offset, position, max_ts_before)
+
+
+def parse_index(raw: bytes) -> list[IndexEntry]:
+    """Entries of an index file; a torn trailing partial entry is ignored.
+
+    Entries that do not increase in offset and position end the list (a stale tail).
+    """
+    out: list[IndexEntry] = []
+    usable = len(raw) - len(raw) % INDEX_ENTRY.size
+    last_off = last_pos = -1
+    for off, pos, mts in INDEX_ENTRY.iter_unpack(raw[:usable]):
+        if off < last_off or pos < last_pos or (out and pos == last_pos):
+            break
+        out.append(IndexEntry(off, pos, mts))
+        last_off, last_pos = off, pos
+    return out
+
+
+# --- consumer group offsets file ----------------------------------------------------------
+
+_OFFSETS_MAGIC = "fsbus-offsets 1"
+
+
+def encode_offsets_file(offsets: Mapping[int, int]) -> bytes:
+    """Text of an offsets file: one ``partition offset`` line each, then a checksum line."""
+    lines = [_OFFSETS_MAGIC, f"partitions {len(offsets)}"]
+    lines += [f"{p} {o}" for p, o in sorted(offsets.items())]
+    body = ("\n".join(lines) + "\n").encode()
+    return body + f"checksum {xxhash.xxh64_hexdigest(body)}\n".encode()
+
+
+def decode_offsets_file(raw: bytes) -> dict[int, int]:
+    """Parse an offsets file; raise ValueError saying what is wrong with it."""
+    cut = raw.rfind(b"checksum ")
+    if cut < 0 or not raw.endswith(b"\n"):
+        raise ValueError("it has no checksum line (torn or not an offsets file)")
+    body, tail = raw[:cut], raw[cut:].strip()
+    if tail != f"checksum {xxhash.xxh64_hexdigest(body)}".encode():
+        raise ValueError("its checksum does not match its contents")
+    lines = body.decode().splitlines()
+    if not lines or lines[0] != _OFFSETS_MAGIC or len(lines) < 2:
+        raise ValueError(f"it does not start with {_OFFSETS_MAGIC!r}")
+    count = int(lines[1].split()[1])
+    out: dict[int, int] = {}
+    for line in lines[2:]:
+        p, o = line.split()
+        out[int(p)] = int(o)
+    if len(out) != count:
+        raise ValueError(f"it lists {len(out)} partitions but says {count}")
+    return out

@@ -1,0 +1,228 @@
+"""The I/O seam of streams: every ``os`` call, ``open`` and ``flock`` of the stream code.
+
+Methods raise plain :class:`OSError`; the engine turns them into
+:class:`~fsbus.StorageError` subclasses with what it was doing. Tests inject faults by
+passing a subclass of :class:`StreamOps` (for example one whose ``pwrite`` fails with
+ENOSPC after some bytes).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+import uuid
+from pathlib import Path
+
+__all__ = ["StreamOps"]
+
+
+class StreamOps:
+    """Files, locks and clocks, as the stream engine uses them."""
+
+    # --- clock ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Wall-clock time, seconds since the epoch."""
+        return time.time()
+
+    def monotonic(self) -> float:
+        """A clock that never goes back (timeouts, leases measured locally)."""
+        return time.monotonic()
+
+    # --- directories ---------------------------------------------------------------------
+
+    def makedirs(self, path: Path) -> None:
+        """Create ``path`` and its parents if missing."""
+        os.makedirs(path, exist_ok=True)
+
+    def listdir(self, path: Path) -> list[str]:
+        """Names in ``path`` ([] if it does not exist)."""
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def is_dir(self, path: Path) -> bool:
+        """Whether ``path`` is a directory."""
+        return os.path.isdir(path)
+
+    def exists(self, path: Path) -> bool:
+        """Whether ``path`` exists."""
+        return os.path.exists(path)
+
+    def fsync_dir(self, path: Path) -> None:
+        """Make the directory's entries (creates, renames) durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # --- files by descriptor --------------------------------------------------------------
+
+    def open_rw(self, path: Path, *, create: bool = True, truncate: bool = False) -> int:
+        """Open for reading and writing (not O_APPEND: writers use pwrite at a known end)."""
+        flags = os.O_RDWR | os.O_CLOEXEC
+        if create:
+            flags |= os.O_CREAT
+        if truncate:
+            flags |= os.O_TRUNC
+        return os.open(path, flags, 0o666)
+
+    def open_append(self, path: Path) -> int:
+        """Open for appending, creating the file if missing."""
+        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+    def open_ro(self, path: Path) -> int:
+        """Open for reading."""
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def close(self, fd: int) -> None:
+        """Close a descriptor, ignoring errors (it is going away anyway)."""
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def size(self, fd: int) -> int:
+        """Current size of the file."""
+        return os.fstat(fd).st_size
+
+    def stat(self, fd: int) -> os.stat_result:
+        """fstat of the descriptor."""
+        return os.fstat(fd)
+
+    def pread(self, fd: int, n: int, pos: int) -> bytes:
+        """Up to ``n`` bytes at ``pos`` (short only at the end of the file)."""
+        data = os.pread(fd, n, pos)
+        if len(data) == n or not data:
+            return data
+        parts = [data]
+        got = len(data)
+        while got < n:
+            more = os.pread(fd, n - got, pos + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
+        """Write all of ``data`` at ``pos``."""
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, pos)
+            if n <= 0:
+                raise OSError(errno.EIO, "short write")
+            view = view[n:]
+            pos += n
+
+    def write(self, fd: int, data: bytes | bytearray) -> None:
+        """Write all of ``data`` at the current position (O_APPEND files)."""
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+
+    def truncate(self, fd: int, size: int) -> None:
+        """Cut the file to ``size`` bytes."""
+        os.ftruncate(fd, size)
+
+    def fdatasync(self, fd: int) -> None:
+        """Make the file's data durable."""
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int) -> None:
+        """Make the file's data and metadata durable."""
+        os.fsync(fd)
+
+    # --- locks ---------------------------------------------------------------------------
+
+    def lock(self, fd: int) -> None:
+        """Take the exclusive flock of ``fd``, waiting for it."""
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def try_lock(self, fd: int) -> bool:
+        """Take the exclusive flock of ``fd`` if free; False if someone holds it."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self, fd: int) -> None:
+        """Release the flock of ``fd``."""
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    # --- whole files ---------------------------------------------------------------------
+
+    def read_file(self, path: Path) -> bytes | None:
+        """The whole file, or None if it does not exist."""
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write_atomic(self, path: Path, data: bytes, *, durable: bool) -> None:
+        """Replace ``path`` with ``data``: temp file, (fsync), rename, (fsync directory).
+
+        Readers see the old contents or the new, never a mix.
+        """
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            self.write(fd, data)
+            if durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            self.remove(tmp)
+            raise
+        os.close(fd)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            self.remove(tmp)
+            raise
+        if durable:
+            self.fsync_dir(path.parent)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        """Atomically replace ``dst`` by ``src``."""
+        os.replace(src, dst)
+
+    def remove(self, path: Path) -> bool:
+        """Unlink ``path``; False if it was already gone."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def mtime(self, path: Path) -> float | None:
+        """Modification time of ``path``, or None if it is gone."""
+        try:
+            return os.stat(path).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def file_size(self, path: Path) -> int | None:
+        """Size of ``path``, or None if it is gone."""
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    def pid(self) -> int:
+        """This process's id (for consumer names)."""
+        return os.getpid()
+
+    def hostname(self) -> str:
+        """This host's name (for consumer names)."""
+        return os.uname().nodename
+
+
+DEFAULT_OPS = StreamOps()

@@ -1,0 +1,345 @@
+"""The append side of a stream: the append lock, tail recovery, rolling and the index.
+
+One writer per :class:`~fsbus.Stream` handle. Every append takes a thread lock and the
+stream's ``append.lock`` flock, then *syncs*: it checks (one fstat and one stat) whether
+other writers appended, rolled a new segment, or died leaving a torn tail, and catches
+up before writing at the end of the newest segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import ClosedError, CorruptDataError, storage_error
+from ._stream_config import StreamConfig
+from ._stream_format import (
+    INDEX_ENTRY,
+    Encoded,
+    IndexEntry,
+    encode_frames,
+    encode_index_entry,
+    index_name,
+    segment_name,
+)
+from ._stream_io import StreamOps
+from ._stream_segments import (
+    I64_MIN,
+    last_index_entry,
+    list_segments,
+    read_index,
+    scan_segment,
+    seek_entry,
+)
+
+__all__ = ["RecoveryInfo", "Writer"]
+
+log = logging.getLogger("fsbus.stream")
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryInfo:
+    """A torn tail found and cut by a writer."""
+
+    segment: str
+    """Path of the segment whose tail was cut."""
+    position: int
+    """Byte position where the valid data ended (the new size of the segment)."""
+    cut_bytes: int
+    """How many bytes were cut."""
+    reason: str
+    """What was wrong with the bytes (cut short, checksum, not a frame)."""
+    next_offset: int
+    """The offset the next append gets."""
+
+
+class Writer:
+    """Appends to one stream directory; thread-safe, and process-safe through flock."""
+
+    def __init__(self, sdir: Path, config: StreamConfig, ops: StreamOps) -> None:
+        self._dir = sdir
+        self._config = config
+        self._ops = ops
+        self._tlock = threading.Lock()
+        lock_path = sdir / "append.lock"
+        try:
+            self._lock_fd = ops.open_rw(lock_path)
+        except OSError as exc:
+            raise storage_error("open the append lock", exc, lock_path) from exc
+        self._seg_fd: int | None = None
+        self._idx_fd: int | None = None
+        self._base = -1
+        self._size = 0
+        self._next = 0
+        self._max_ts = I64_MIN
+        self._last_index_pos = -(1 << 62)
+        self._closed = False
+        self.recoveries: list[RecoveryInfo] = []
+        self.rolled = False
+
+    # --- public --------------------------------------------------------------------------
+
+    def append(
+        self,
+        items: Sequence[object],
+        *,
+        now_us: Callable[[], int],
+        encode: Callable[[Sequence[object], int, int], Encoded] | None = None,
+    ) -> range:
+        """Frame ``items`` (bytes or prepared records) at the end of the stream."""
+        enc = encode or self._encode
+        with self._tlock:
+            if self._closed:
+                raise ClosedError("this stream handle is closed; open the stream again")
+            ops = self._ops
+            ops.lock(self._lock_fd)
+            try:
+                self._sync()
+                first = self._next
+                if self._config.durability == "record" and len(items) > 1:
+                    for item in items:
+                        self._write_frames(enc([item], self._next, now_us()), sync=True)
+                else:
+                    self._write_frames(
+                        enc(items, self._next, now_us()),
+                        sync=self._config.durability != "none",
+                    )
+                return range(first, self._next)
+            finally:
+                ops.unlock(self._lock_fd)
+
+    def recover(self) -> list[RecoveryInfo]:
+        """Take the lock and validate the tail now; return the cuts made (if any)."""
+        with self._tlock:
+            if self._closed:
+                raise ClosedError("this stream handle is closed; open the stream again")
+            before = len(self.recoveries)
+            self._ops.lock(self._lock_fd)
+            try:
+                self._sync()
+            finally:
+                self._ops.unlock(self._lock_fd)
+            return self.recoveries[before:]
+
+    def close(self) -> None:
+        """Release the descriptors (idempotent)."""
+        with self._tlock:
+            if self._closed:
+                return
+            self._closed = True
+            self._drop_segment()
+            self._ops.close(self._lock_fd)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _encode(self, items: Sequence[object], base: int, now_us: int) -> Encoded:
+        return encode_frames(
+            items,  # type: ignore[arg-type]
+            base,
+            now_us=now_us,
+            max_frame_bytes=self._config.max_frame_bytes,
+        )
+
+    def _drop_segment(self) -> None:
+        if self._seg_fd is not None:
+            self._ops.close(self._seg_fd)
+        if self._idx_fd is not None:
+            self._ops.close(self._idx_fd)
+        self._seg_fd = self._idx_fd = None
+        self._base = -1
+
+    def _sync(self) -> None:
+        """Catch up with the files: other writers, rolls, retention, torn tails."""
+        ops = self._ops
+        try:
+            for _ in range(1_000_000):
+                if self._seg_fd is None:
+                    bases = list_segments(ops, self._dir)
+                    if not bases:
+                        self._roll(first=True)
+                        return
+                    self._open_segment(bases[-1])
+                    continue
+                st = ops.stat(self._seg_fd)
+                if st.st_nlink == 0:
+                    # Compacted (replaced) or deleted: find the newest segment again.
+                    self._drop_segment()
+                    continue
+                if st.st_size != self._size:
+                    if st.st_size < self._size:
+                        self._open_segment(self._base)
+                        continue
+                    self._scan_from(self._size, self._next)
+                    self._refresh_index()
+                if self._next != self._base and ops.exists(self._dir / segment_name(self._next)):
+                    self._open_segment(self._next)
+                    continue
+                if self._size >= self._config.segment_bytes:
+                    self._roll(first=False)
+                return
+        except OSError as exc:
+            raise storage_error("prepare to append", exc, self._dir) from exc
+
+    def _open_segment(self, base: int) -> None:
+        ops = self._ops
+        self._drop_segment()
+        seg_path = self._dir / segment_name(base)
+        self._seg_fd = ops.open_rw(seg_path, create=False)
+        self._idx_fd = ops.open_append(self._dir / index_name(base))
+        self._base = base
+        size = ops.size(self._seg_fd)
+        entries = read_index(ops, self._dir, base)
+        e = seek_entry(ops, self._seg_fd, entries, 2**64, size)
+        floor = entries[0].max_ts_before if entries and entries[0].position == 0 else I64_MIN
+        if e is None:
+            self._scan_from(0, base, max(floor, self._max_ts))
+        else:
+            self._scan_from(e.position, e.offset, max(e.max_ts_before, self._max_ts))
+        self._refresh_index()
+
+    def _scan_from(self, pos: int, next_offset: int, max_ts: int | None = None) -> None:
+        """Validate frames from ``pos`` to the end; cut a torn tail."""
+        ops = self._ops
+        assert self._seg_fd is not None
+        seg_path = self._dir / segment_name(self._base)
+        sc = scan_segment(
+            ops,
+            self._seg_fd,
+            pos=pos,
+            next_offset=next_offset,
+            max_ts=self._max_ts if max_ts is None else max_ts,
+            chunk=self._config.read_chunk_bytes,
+        )
+        if sc.problem is not None:
+            if sc.followed:
+                raise CorruptDataError(
+                    f"segment {seg_path} has {sc.problem} at byte {sc.end}, and valid frames "
+                    "follow it, so it is not a torn tail; appends stop here to keep the "
+                    "data: restore the segment from a copy, or cut it at that byte by hand",
+                    seg_path,
+                )
+            cut = sc.size - sc.end
+            ops.truncate(self._seg_fd, sc.end)
+            info = RecoveryInfo(str(seg_path), sc.end, cut, sc.problem, sc.next_offset)
+            self.recoveries.append(info)
+            log.warning(
+                "stream %s: cut a torn tail of %d bytes at byte %d of %s (%s); "
+                "the next offset is %d",
+                self._dir.name,
+                cut,
+                sc.end,
+                seg_path,
+                sc.problem,
+                sc.next_offset,
+            )
+        self._size = sc.end
+        self._next = sc.next_offset
+        self._max_ts = sc.max_ts
+
+    def _refresh_index(self) -> None:
+        """Drop a torn entry and entries past the valid end; note the last position."""
+        ops = self._ops
+        assert self._idx_fd is not None
+        usable, last = last_index_entry(ops, self._idx_fd)
+        while last is not None and 0 < last.position and last.position >= self._size:
+            usable -= INDEX_ENTRY.size
+            last = _entry_at(ops, self._idx_fd, usable - INDEX_ENTRY.size) if usable else None
+        if usable != ops.size(self._idx_fd):
+            ops.truncate(self._idx_fd, usable)
+        self._last_index_pos = last.position if last is not None else -(1 << 62)
+
+    def _roll(self, *, first: bool) -> None:
+        """Start segment ``self._next`` (its index first, with the entry for byte 0)."""
+        ops = self._ops
+        base = self._next
+        durable = self._config.durability != "none"
+        if durable and self._seg_fd is not None:
+            ops.fdatasync(self._seg_fd)  # the old segment is complete before the new one
+        self._drop_segment()
+        idx_path = self._dir / index_name(base)
+        seg_path = self._dir / segment_name(base)
+        idx_fd = ops.open_rw(idx_path, truncate=True)
+        try:
+            ops.pwrite(idx_fd, encode_index_entry(base, 0, self._max_ts), 0)
+        finally:
+            ops.close(idx_fd)
+        self._seg_fd = ops.open_rw(seg_path)
+        self._idx_fd = ops.open_append(idx_path)
+        self._base = base
+        self._size = 0
+        self._last_index_pos = 0
+        if durable:
+            ops.fsync_dir(self._dir)
+        if not first:
+            self.rolled = True
+
+    def _write_frames(self, enc: Encoded, *, sync: bool) -> None:
+        """Write the frames, rolling to a new segment between frames when one is full."""
+        limit = self._config.segment_bytes
+        frames = enc.frames
+        n = len(frames)
+        if n <= 1 or self._size + len(enc.data) <= limit:
+            self._write(enc, sync=sync)
+            return
+        data = memoryview(enc.data)
+        i = 0
+        while i < n:
+            if self._size >= limit:
+                self._roll(first=False)
+            start = frames[i][1]
+            room = limit - self._size
+            j = i + 1
+            while j < n and frames[j][1] - start < room:
+                j += 1
+            end = frames[j][1] if j < n else len(data)
+            part = Encoded(
+                data[start:end],
+                tuple((off, pos - start, mts) for off, pos, mts in frames[i:j]),
+                frames[j][0] if j < n else enc.next_offset,
+            )
+            self._write(part, sync=sync and j == n)
+            i = j
+
+    def _write(self, enc: Encoded, *, sync: bool) -> None:
+        ops = self._ops
+        assert self._seg_fd is not None
+        assert self._idx_fd is not None
+        if not enc.frames:
+            return
+        pos = self._size
+        seg_path = self._dir / segment_name(self._base)
+        try:
+            ops.pwrite(self._seg_fd, enc.data, pos)
+        except OSError as exc:
+            try:
+                ops.truncate(self._seg_fd, pos)  # leave no partial frame behind
+            except OSError:
+                pass  # the next writer cuts it as a torn tail
+            raise storage_error(f"append to stream {self._dir.name!r}", exc, seg_path) from exc
+        entries: list[bytes] = []
+        interval = self._config.index_interval_bytes
+        max_ts = self._max_ts
+        for off, fpos, fmax in enc.frames:
+            at = pos + fpos
+            if at - self._last_index_pos >= interval and at > 0:
+                entries.append(encode_index_entry(off, at, max_ts))
+                self._last_index_pos = at
+            if fmax > max_ts:
+                max_ts = fmax
+        self._size = pos + len(enc.data)
+        self._next = enc.next_offset
+        self._max_ts = max_ts
+        try:
+            if entries:
+                ops.write(self._idx_fd, b"".join(entries))
+            if sync:
+                ops.fdatasync(self._seg_fd)
+        except OSError as exc:
+            raise storage_error(f"append to stream {self._dir.name!r}", exc, seg_path) from exc
+
+
+def _entry_at(ops: StreamOps, fd: int, pos: int) -> IndexEntry:
+    return IndexEntry(*INDEX_ENTRY.unpack(ops.pread(fd, INDEX_ENTRY.size, pos)))
