@@ -1,0 +1,175 @@
+"""Scan decisions (pure): new vs seen, expired, foreign, work items, baseline, spills."""
+
+from __future__ import annotations
+
+from fsbus._names import FsbusFields, encode_fields, encode_topic, make_name
+from fsbus._scan import ScanState, decide, long_names
+
+NOW = 1_800_000_000_000
+
+
+def name(
+    topic: str,
+    *,
+    single: bool = False,
+    expires: int = NOW + 60_000,
+    priority: int = 50,
+    published: int = NOW,
+    rand: str = "000000000000",
+    split_at: int = 200,
+) -> str:
+    fields = FsbusFields(flags=0, priority=priority, published_ms=published, host="aaaaaa")
+    n, _ = make_name(
+        encode_topic(topic),
+        split_at=split_at,
+        expires_ms=expires,
+        kind="s" if single else "m",
+        unique=encode_fields(fields, rand),
+    )
+    return n
+
+
+def topics(entries: list) -> list[str]:  # type: ignore[type-arg]
+    return [e.topic for e in entries]
+
+
+def test_first_listing_without_baseline_is_all_new() -> None:
+    st = ScanState()
+    d = decide(st, {0: [name("a"), name("b")]}, {}, NOW)
+    assert sorted(topics(d.new_multi)) == ["a", "b"]
+    assert sorted(topics(d.present_multi)) == ["a", "b"]
+
+
+def test_baseline_marks_nothing_new_but_everything_present() -> None:
+    st = ScanState()
+    d = decide(st, {0: [name("a")], 1: [name("b")]}, {}, NOW, baseline=True)
+    assert d.new_multi == []
+    assert sorted(topics(d.present_multi)) == ["a", "b"]
+
+
+def test_seen_names_are_not_new_again() -> None:
+    st = ScanState()
+    a, b = name("a"), name("b")
+    decide(st, {0: [a]}, {}, NOW, baseline=True)
+    d = decide(st, {0: [a, b]}, {}, NOW)
+    assert topics(d.new_multi) == ["b"]
+    d = decide(st, {0: [a, b]}, {}, NOW)
+    assert d.new_multi == []
+
+
+def test_bucket_not_listed_keeps_its_memory() -> None:
+    st = ScanState()
+    a = name("a")
+    decide(st, {0: [a]}, {}, NOW, baseline=True)
+    decide(st, {1: []}, {}, NOW)  # another bucket listed
+    d = decide(st, {0: [a]}, {}, NOW)
+    assert d.new_multi == []
+
+
+def test_a_name_that_left_and_came_back_is_new() -> None:
+    st = ScanState()
+    a = name("a")
+    decide(st, {0: [a]}, {}, NOW, baseline=True)
+    decide(st, {0: []}, {}, NOW)
+    assert (0, a) not in st.parsed  # cache forgets what is gone
+    d = decide(st, {0: [a]}, {}, NOW)
+    assert topics(d.new_multi) == ["a"]
+
+
+def test_expired_when_expiry_is_now_or_before() -> None:
+    st = ScanState()
+    gone = name("old", expires=NOW)
+    live = name("live", expires=NOW + 1)
+    d = decide(st, {0: [gone, live]}, {}, NOW)
+    assert topics(d.expired) == ["old"]
+    assert topics(d.new_multi) == ["live"]
+    assert topics(d.present_multi) == ["live"]
+
+
+def test_expired_singles_are_not_work() -> None:
+    d = decide(ScanState(), {0: [name("j", single=True, expires=NOW - 1)]}, {}, NOW)
+    assert topics(d.expired) == ["j"]
+    assert d.singles == []
+
+
+def test_foreign_names_are_reported_every_time_until_moved() -> None:
+    st = ScanState()
+    listing = {3: ["README", "x@s+1+m", "zz@s+ff+m+u", name("ok")]}
+    d = decide(st, listing, {}, NOW)
+    assert sorted(d.foreign) == [(3, "README"), (3, "x@s+1+m"), (3, "zz@s+ff+m+u")]
+    assert topics(d.new_multi) == ["ok"]
+    d = decide(st, listing, {}, NOW)
+    assert len(d.foreign) == 3  # still there: the engine quarantines them
+
+
+def test_singles_are_work_items_whenever_present_even_at_baseline() -> None:
+    st = ScanState()
+    j = name("job", single=True)
+    d = decide(st, {0: [j]}, {}, NOW, baseline=True)
+    assert topics(d.singles) == ["job"]
+    d = decide(st, {0: [j]}, {}, NOW)
+    assert topics(d.singles) == ["job"]  # still there: try again
+    assert d.new_multi == []
+
+
+def test_singles_sort_by_priority_then_publish_time() -> None:
+    names = [
+        name("p50-late", single=True, priority=50, published=NOW + 5),
+        name("p200", single=True, priority=200, published=NOW),
+        name("p0", single=True, priority=0, published=NOW + 9),
+        name("p50-early", single=True, priority=50, published=NOW + 1),
+    ]
+    d = decide(ScanState(), {0: names[:2], 1: names[2:]}, {}, NOW)
+    assert topics(d.singles) == ["p0", "p50-early", "p50-late", "p200"]
+
+
+def test_foreign_peer_singles_sort_before_fsbus_ones_by_expiry() -> None:
+    peer_late = "6a@s+" + f"{NOW + 900:x}" + "+s+" + "0" * 32
+    peer_soon = "6b@s+" + f"{NOW + 100:x}" + "+s+" + "1" * 32
+    ours = name("c", single=True, priority=0)
+    d = decide(ScanState(), {0: [ours, peer_late, peer_soon]}, {}, NOW)
+    assert topics(d.singles) == ["k", "j", "c"]
+
+
+def test_direct_kind_is_neither_multi_nor_single() -> None:
+    direct = "61@s+" + f"{NOW + 100:x}" + "+d+" + "0" * 32
+    d = decide(ScanState(), {0: [direct]}, {}, NOW)
+    assert d.new_multi == d.present_multi == d.singles == d.foreign == []
+
+
+def test_long_names_need_their_spill_first() -> None:
+    st = ScanState()
+    topic = "long." + "x" * 120
+    n = name(topic)
+    listing = {5: [n]}
+    assert long_names(st, listing) == [(5, n)]
+    d = decide(st, listing, {}, NOW)
+    assert d.need_spill == [(5, n)]
+    assert d.new_multi == []
+    rest = encode_topic(topic)[200:]
+    d = decide(st, listing, {(5, n): rest}, NOW)
+    assert topics(d.new_multi) == [topic]
+    assert long_names(st, listing) == []  # parsed and cached now
+
+
+def test_long_name_with_missing_spill_is_looked_at_again() -> None:
+    st = ScanState()
+    n = name("long." + "y" * 120)
+    d = decide(st, {0: [n]}, {(0, n): None}, NOW)
+    assert d.need_spill == []  # asked already: the spill was missing
+    assert d.new_multi == []
+    assert n not in st.seen[0]  # not marked seen: it is new once the spill appears
+    d = decide(st, {0: [n]}, {(0, n): encode_topic("long." + "y" * 120)[200:]}, NOW)
+    assert len(d.new_multi) == 1
+
+
+def test_long_name_with_garbage_spill_is_foreign() -> None:
+    n = name("long." + "z" * 120)
+    d = decide(ScanState(), {0: [n]}, {(0, n): "not hex at all"}, NOW)
+    assert d.foreign == [(0, n)]
+
+
+def test_undecodable_short_topic_is_foreign() -> None:
+    bad = "ff@s+" + f"{NOW + 100:x}" + "+m+" + "0" * 32
+    d = decide(ScanState(), {0: [bad]}, {}, NOW)
+    assert d.foreign == [(0, bad)]
