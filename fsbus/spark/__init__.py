@@ -1,0 +1,54 @@
+"""fsbus as a PySpark data source and sink (install with ``pip install 'fsbus[spark]'``).
+
+Register once per SparkSession, then use the short name ``fsbus``::
+
+    import fsbus.spark
+    fsbus.spark.register(spark)
+
+    # a Stream, as micro-batches (offsets {"<stream>": next offset} in the checkpoint)
+    df = (spark.readStream.format("fsbus")
+          .option("path", "/shared/bus").option("stream", "events")
+          .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", 100_000)
+          .load())
+    # ... appended to another Stream, or published on the Bus, exactly once
+    (df.writeStream.format("fsbus").option("path", "/shared/bus").option("topic", "alerts")
+       .option("checkpointLocation", "/shared/ckpt/alerts").start())
+
+    # batch: a Stream's offset or time range, or a snapshot of the Bus's messages
+    spark.read.format("fsbus").option("path", root).option("stream", "events").load()
+    spark.read.format("fsbus").option("path", root).option("pattern", "orders.#").load()
+
+See docs/spark.md for every option and the exactly-once protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import pyarrow  # noqa: F401
+    import pyspark.sql.datasource  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "fsbus.spark needs PySpark >= 4.2 and pyarrow: pip install 'fsbus[spark]'"
+    ) from exc
+
+from ._schema import BUS_SCHEMA, STREAM_SCHEMA, value_as_json, value_as_string
+from ._sink import BATCH_HEADER, ID_HEADER
+from ._source import FsBusDataSource
+
+__all__ = (
+    "BATCH_HEADER",
+    "BUS_SCHEMA",
+    "ID_HEADER",
+    "STREAM_SCHEMA",
+    "FsBusDataSource",
+    "register",
+    "value_as_json",
+    "value_as_string",
+)
+
+
+def register(spark: Any) -> None:
+    """Register the ``fsbus`` short name with ``spark`` (a SparkSession); idempotent."""
+    spark.dataSource.register(FsBusDataSource)

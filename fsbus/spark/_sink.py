@@ -1,0 +1,413 @@
+"""Writes into a Stream or onto the Bus, exactly once per batch.
+
+Protocol (one *batch key* per Spark micro-batch, or per batch job):
+
+1. ``write()`` runs in each Spark task and stages the task's rows in
+   ``spark/staging/<sink>/<batch>/<partition>-<task attempt>.arrow`` (written to a temporary
+   name, then renamed). A retried task attempt writes its own file; the commit message
+   names the file, so only the attempt Spark kept is published.
+2. ``commit(messages, batchId)`` runs on the driver. If ``<batch>.done`` exists the batch
+   was published before (a replay after a crash): nothing is done. Otherwise:
+
+   * Stream: a ``<batch>.pending`` marker records the staged files and where the append
+     starts, then all rows are appended with one ``append_batch`` (one lock hold, so they
+     are contiguous); the first carries the header ``fsbus-spark-batch``. After a crash,
+     the replay finds that first record, counts how many staged rows follow it, and
+     appends only the rest (recording the new attempt in the pending marker first).
+   * Bus: a ``<batch>.ledger`` lists the staged files, then the index of each message once
+     it is published. Each message carries the header ``fsbus-spark-id`` =
+     ``<sink>/<batch>:<index>``. After a crash, the one message that may have been
+     published without its ledger line is looked up by that header (``browse``).
+
+   Then ``<batch>.done`` is written atomically and the staging is removed.
+3. ``abort()`` removes the staged files of the failed attempt.
+
+The replay always republishes the *first* attempt's staged rows, so the result does not
+depend on Spark recomputing identical rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import WriterCommitMessage
+
+from fsbus import BlockingBus, InvalidConfig, RecordIn, Stream, UsageError
+
+from ._files import (
+    Ledger,
+    atomic_write_json,
+    commits_dir,
+    marker_names,
+    read_json,
+    read_staged,
+    remove_file,
+    remove_tree,
+    staging_dir,
+    subdirs,
+    write_staged,
+)
+from ._options import SinkOptions
+
+__all__ = [
+    "BATCH_HEADER",
+    "ID_HEADER",
+    "SinkColumns",
+    "StagedFile",
+    "discard",
+    "publish",
+    "sink_columns",
+    "stage",
+]
+
+BATCH_HEADER = "fsbus-spark-batch"
+"""Header on the first record a commit appends to a Stream: ``<sink>/<batch>:<skip>``."""
+ID_HEADER = "fsbus-spark-id"
+"""Header on every message a commit publishes on the Bus: ``<sink>/<batch>:<index>``."""
+KEEP_MARKERS = 100
+"""Done markers kept per sink (Spark replays only the last batch or so)."""
+
+_HEADERS = pa.map_(pa.string(), pa.string())
+
+
+@dataclass(frozen=True)
+class SinkColumns:
+    """Which input columns a write uses (checked on the driver against the schema)."""
+
+    value: str
+    """Column of the record value / message payload (binary or string)."""
+    key: str | None
+    """Column of the record key (Streams only), if any."""
+    headers: str | None
+    """Column of the headers (map<string,string>), if any."""
+    topic: str | None
+    """Column of each message's topic (Bus, when no ``topic`` option), if any."""
+
+
+@dataclass(frozen=True)
+class StagedFile(WriterCommitMessage):
+    """The commit message of one task: the file it staged. Spark pickles it to the driver."""
+
+    path: str
+    """The staged Arrow file."""
+    rows: int
+    """How many rows it holds."""
+    partition: int
+    """The Spark partition it came from (commit order)."""
+
+
+def sink_columns(schema: Any, opts: SinkOptions) -> SinkColumns:
+    """Check the DataFrame's columns for this write; raise a clear error on a mismatch."""
+    from pyspark.sql.types import BinaryType, MapType, StringType
+
+    fields = {f.name: f.dataType for f in schema.fields}
+    target = f"stream {opts.stream!r}" if opts.stream else "the Bus"
+    names = ", ".join(f"{n} {t.simpleString()}" for n, t in fields.items())
+
+    def want(name: str, ok: tuple[type, ...], what: str) -> None:
+        if not isinstance(fields[name], ok):
+            raise InvalidConfig(
+                f"column {name!r} must be {what} to write to {target}, "
+                f"got {fields[name].simpleString()}"
+            )
+
+    if "value" in fields:
+        value = "value"
+    elif "payload" in fields and opts.stream is None:
+        value = "payload"
+    else:
+        raise InvalidConfig(
+            f"writing to {target} needs a column 'value' (binary or string); the DataFrame "
+            f"has: {names}. Rename one, e.g. df.selectExpr('to_json(struct(*)) AS value')"
+        )
+    want(value, (BinaryType, StringType), "binary or string")
+    key = None
+    if "key" in fields and opts.stream is not None:
+        want("key", (BinaryType, StringType), "binary or string")
+        key = "key"
+    headers = None
+    if "headers" in fields:
+        h = fields["headers"]
+        if not (
+            isinstance(h, MapType)
+            and isinstance(h.keyType, StringType)
+            and isinstance(h.valueType, StringType)
+        ):
+            raise InvalidConfig(
+                f"column 'headers' must be map<string,string> to write to {target}, "
+                f"got {h.simpleString()}"
+            )
+        headers = "headers"
+    topic = None
+    if opts.stream is None and opts.topic is None:
+        if opts.topic_column not in fields:
+            raise InvalidConfig(
+                f"publishing on the Bus needs option 'topic', or a column "
+                f"{opts.topic_column!r} (option 'topicColumn') with each row's topic; "
+                f"the DataFrame has: {names}"
+            )
+        want(opts.topic_column, (StringType,), "string")
+        topic = opts.topic_column
+    return SinkColumns(value=value, key=key, headers=headers, topic=topic)
+
+
+def _staged_schema(cols: SinkColumns) -> pa.Schema:
+    fields = [pa.field("value", pa.binary())]
+    if cols.key:
+        fields.append(pa.field("key", pa.binary()))
+    if cols.headers:
+        fields.append(pa.field("headers", _HEADERS))
+    if cols.topic:
+        fields.append(pa.field("topic", pa.string()))
+    return pa.schema(fields)
+
+
+def _normalise(batch: pa.RecordBatch, cols: SinkColumns, schema: pa.Schema) -> pa.RecordBatch:
+    value = batch.column(cols.value)
+    if value.null_count:
+        raise UsageError(
+            f"a row has a null {cols.value!r}; every record needs a value "
+            "(use coalesce(value, '') to write empty values)"
+        )
+    arrays = [pc.cast(value, pa.binary())]
+    if cols.key:
+        arrays.append(pc.cast(batch.column(cols.key), pa.binary()))
+    if cols.headers:
+        arrays.append(batch.column(cols.headers).cast(_HEADERS))
+    if cols.topic:
+        topic = batch.column(cols.topic)
+        if topic.null_count:
+            raise UsageError(f"a row has a null topic in column {cols.topic!r}")
+        arrays.append(topic)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def stage(
+    opts: SinkOptions, cols: SinkColumns, sink_id: str, batch: str, rows: Iterator[pa.RecordBatch]
+) -> StagedFile:
+    """Stage one task's rows (runs on an executor); the commit message names the file."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    attempt = ctx.taskAttemptId() if ctx is not None else time.time_ns()
+    path = staging_dir(opts.root, sink_id, batch) / f"{partition:05d}-{attempt}.arrow"
+    schema = _staged_schema(cols)
+    count = write_staged(path, schema, (_normalise(b, cols, schema) for b in rows))
+    return StagedFile(path=str(path), rows=count, partition=partition)
+
+
+def _ordered_files(messages: Sequence[Any]) -> list[str]:
+    staged = [m for m in messages if isinstance(m, StagedFile)]
+    return [m.path for m in sorted(staged, key=lambda m: m.partition) if m.rows]
+
+
+def _load(files: Sequence[str]) -> pa.Table | None:
+    tables = [read_staged(Path(f)) for f in files]
+    if not tables:
+        return None
+    return pa.concat_tables(tables)
+
+
+def publish(
+    opts: SinkOptions, sink_id: str, batch: str, messages: Sequence[Any], *, replayable: bool
+) -> int:
+    """Publish a batch's staged rows exactly once (runs on the driver); rows published.
+
+    ``replayable`` batches (streaming micro-batches) keep their done marker so a replay
+    is recognised; a batch job's marker is dropped once it is complete.
+    """
+    markers = commits_dir(opts.root, sink_id)
+    done = markers / f"{batch}.done"
+    if done.exists():
+        remove_tree(staging_dir(opts.root, sink_id, batch))
+        return 0
+    files = _ordered_files(messages)
+    tag = f"{sink_id}/{batch}"
+    if opts.stream is not None:
+        count = _append_to_stream(
+            opts, markers / f"{batch}.pending", files, tag, mark_first=replayable
+        )
+    else:
+        count = _publish_on_bus(opts, markers / f"{batch}.ledger", files, tag)
+    atomic_write_json(done, {"batch": batch, "rows": count, "at": time.time()})
+    remove_file(markers / f"{batch}.pending")
+    remove_file(markers / f"{batch}.ledger")
+    remove_tree(staging_dir(opts.root, sink_id, batch))
+    if replayable:
+        _prune(opts.root, sink_id, batch)
+    else:
+        remove_file(done)
+    return count
+
+
+def discard(opts: SinkOptions, sink_id: str, batch: str, messages: Sequence[Any]) -> None:
+    """Remove the staged files of a failed attempt (kept if a pending publish needs them)."""
+    markers = commits_dir(opts.root, sink_id)
+    pending = read_json(markers / f"{batch}.pending") or {}
+    ledger, _ = Ledger(markers / f"{batch}.ledger").load()
+    keep = set(pending.get("files", [])) | set((ledger or {}).get("files", []))
+    for path in _ordered_files(messages):
+        if path not in keep:
+            remove_file(Path(path))
+
+
+def _prune(root: str, sink_id: str, batch: str) -> None:
+    if not batch.isdigit():
+        return
+    current = int(batch)
+    for name in subdirs(staging_dir(root, sink_id, batch).parent):
+        if name.isdigit() and int(name) < current:
+            remove_tree(staging_dir(root, sink_id, name))
+    markers = commits_dir(root, sink_id)
+    for name in marker_names(markers):
+        stem, _, ext = name.partition(".")
+        if ext == "done" and stem.isdigit() and int(stem) < current - KEEP_MARKERS:
+            remove_file(markers / name)
+
+
+# --- Stream target ---------------------------------------------------------------------
+
+
+def _stream_rows(table: pa.Table | None) -> list[tuple[bytes, bytes | None, dict[str, str]]]:
+    if table is None:
+        return []
+    values = table.column("value").to_pylist()
+    n = len(values)
+    keys = table.column("key").to_pylist() if "key" in table.column_names else [None] * n
+    if "headers" in table.column_names:
+        headers = [dict(h) if h else {} for h in table.column("headers").to_pylist()]
+    else:
+        headers = [{}] * n
+    return list(zip(values, keys, headers, strict=True))
+
+
+def _append_to_stream(
+    opts: SinkOptions, pending_path: Path, files: list[str], tag: str, *, mark_first: bool
+) -> int:
+    assert opts.stream is not None
+    pending = read_json(pending_path)
+    if pending is not None:
+        files = list(pending["files"])  # a replay publishes the first attempt's rows
+    rows = _stream_rows(_load(files))
+    with Stream.open(opts.root, opts.stream, create=opts.create_stream) as stream:
+        if pending is None:
+            pending = {"files": files, "parts": []}
+            done = 0
+        else:
+            done = _count_appended(stream, pending["parts"], rows, tag)
+        if done >= len(rows):
+            return len(rows)
+        pending["parts"].append({"from": stream.end_offset, "skip": done})
+        atomic_write_json(pending_path, pending)
+        stream.append_batch(_records(rows, done, f"{tag}:{done}" if mark_first else None))
+    return len(rows)
+
+
+_Row = tuple[bytes, bytes | None, dict[str, str]]
+
+
+def _records(rows: list[_Row], skip: int, mark: str | None) -> Iterator[bytes | RecordIn]:
+    for i in range(skip, len(rows)):
+        value, key, headers = rows[i]
+        if i == skip and mark is not None:
+            yield RecordIn(value=value, key=key, headers={**headers, BATCH_HEADER: mark})
+        elif key is None and not headers:
+            yield value
+        else:
+            yield RecordIn(value=value, key=key, headers=headers)
+
+
+def _count_appended(
+    stream: Stream, parts: Iterable[Mapping[str, int]], rows: list[_Row], tag: str
+) -> int:
+    """How many staged rows earlier attempts appended.
+
+    Each attempt appended ``rows[skip:]`` with one ``append_batch`` (one lock hold), so
+    what it got onto disk is a contiguous run starting at the record marked
+    ``<tag>:<skip>``; a crash may have cut the run short. Count the records of the run
+    that equal the staged rows, in order.
+    """
+    done = 0
+    for part in parts:
+        skip = int(part["skip"])
+        mark = f"{tag}:{skip}"
+        start = max(int(part["from"]), stream.start_offset)
+        matched = 0
+        found = False
+        for rec in stream.read(start):
+            if not found:
+                if rec.headers.get(BATCH_HEADER) != mark:
+                    continue
+                found = True
+            if skip + matched >= len(rows):
+                break
+            value, key, headers = rows[skip + matched]
+            want = {**headers, BATCH_HEADER: mark} if matched == 0 else headers
+            if rec.value != value or rec.key != key or dict(rec.headers) != want:
+                break
+            matched += 1
+        if found:
+            done = skip + matched
+    return done
+
+
+# --- Bus target ------------------------------------------------------------------------
+
+
+def _publish_on_bus(opts: SinkOptions, ledger_path: Path, files: list[str], tag: str) -> int:
+    ledger = Ledger(ledger_path)
+    header, published = ledger.load()
+    if header is None:
+        ledger.start({"files": files})
+    else:
+        files = list(header["files"])
+        ledger.resume()
+    table = _load(files)
+    if table is None:
+        ledger.close()
+        return 0
+    payloads = table.column("value").to_pylist()
+    n = len(payloads)
+    topics = table.column("topic").to_pylist() if "topic" in table.column_names else None
+    if "headers" in table.column_names:
+        headers = [dict(h) if h else {} for h in table.column("headers").to_pylist()]
+    else:
+        headers = [{}] * n
+    try:
+        with BlockingBus(opts.root) as bus:
+            if header is not None:
+                maybe = len(published)  # publishes are in order: only this one is in doubt
+                if maybe < n and maybe not in published:
+                    topic = topics[maybe] if topics else opts.topic
+                    assert topic is not None
+                    if _on_bus(bus, topic, f"{tag}:{maybe}"):
+                        ledger.record(maybe)
+                        published.add(maybe)
+            for i in range(n):
+                if i in published:
+                    continue
+                topic = topics[i] if topics else opts.topic
+                assert topic is not None
+                kwargs: dict[str, Any] = {"single": opts.single, "ttl": opts.ttl}
+                if opts.priority is not None:
+                    kwargs["priority"] = opts.priority
+                bus.publish(
+                    topic, payloads[i], headers={**headers[i], ID_HEADER: f"{tag}:{i}"}, **kwargs
+                )
+                ledger.record(i)
+    finally:
+        ledger.close()
+    return n
+
+
+def _on_bus(bus: BlockingBus, topic: str, ident: str) -> bool:
+    words = topic.split(".")
+    pattern = "#" if ("*" in words or "#" in words) else topic
+    return any((info.headers or {}).get(ID_HEADER) == ident for info in bus.browse(pattern=pattern))

@@ -1,0 +1,131 @@
+"""The ``fsbus`` data source: one short name for Stream reads, Bus snapshots and writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    WriterCommitMessage,
+)
+
+from fsbus import InvalidConfig
+
+from ._bus_source import BusSnapshotReader
+from ._options import (
+    SinkOptions,
+    parse_bus_snapshot_options,
+    parse_sink_options,
+    parse_stream_source_options,
+    reader_kind,
+)
+from ._schema import BUS_SCHEMA, STREAM_SCHEMA
+from ._sink import SinkColumns, discard, publish, sink_columns, stage
+from ._stream_source import StreamBatchReader, StreamMicroBatchReader, resolve_offsets
+
+__all__ = ["FsBusDataSource"]
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""Spark's local property holding the micro-batch id in a streaming write task."""
+
+
+class FsBusDataSource(DataSource):
+    """``format("fsbus")``: read or write a Stream, snapshot or publish on the Bus.
+
+    Every option is checked on the driver when the query is defined (``schema()``,
+    ``reader()``, ``writer()`` run there), so mistakes fail before any task runs.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "fsbus"
+
+    def schema(self) -> str:
+        if reader_kind(self.options) == "bus":
+            parse_bus_snapshot_options(self.options)
+            return BUS_SCHEMA
+        opts = parse_stream_source_options(self.options)
+        resolve_offsets(opts, ending=False)  # the streams exist, the offsets are in range
+        return STREAM_SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        if reader_kind(self.options) == "bus":
+            return BusSnapshotReader(parse_bus_snapshot_options(self.options))
+        return StreamBatchReader(parse_stream_source_options(self.options))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        if reader_kind(self.options) == "bus":
+            raise InvalidConfig(
+                "streaming reads take a Stream (option 'stream'); the Bus's messages can "
+                "only be read as a batch snapshot (spark.read with option 'pattern')"
+            )
+        opts = parse_stream_source_options(self.options)
+        resolve_offsets(opts, ending=False)
+        return StreamMicroBatchReader(opts)
+
+    def writer(self, schema: Any, overwrite: bool) -> BatchWriter:
+        opts = _sink_options(self.options, overwrite, streaming=False)
+        return BatchWriter(opts, sink_columns(schema, opts))
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> StreamWriter:
+        opts = _sink_options(self.options, overwrite, streaming=True)
+        return StreamWriter(opts, sink_columns(schema, opts))
+
+
+def _sink_options(options: Any, overwrite: bool, *, streaming: bool) -> SinkOptions:
+    if overwrite:
+        raise InvalidConfig(
+            "fsbus streams and the Bus are append-only: use mode('append') (batch) or "
+            "outputMode('append'/'update') (streaming), not overwrite/complete"
+        )
+    return parse_sink_options(options, streaming=streaming)
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """A batch job's write: tasks stage, the driver appends or publishes once at the end."""
+
+    def __init__(self, opts: SinkOptions, cols: SinkColumns) -> None:
+        import uuid
+
+        self.opts = opts
+        self.cols = cols
+        self.job = f"job-{uuid.uuid4().hex}"
+        self.sink_id = "batch-jobs"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return stage(self.opts, self.cols, self.sink_id, self.job, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        publish(self.opts, self.sink_id, self.job, messages, replayable=False)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        discard(self.opts, self.sink_id, self.job, messages)
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """A streaming query's sink: each micro-batch published exactly once by its batch id."""
+
+    def __init__(self, opts: SinkOptions, cols: SinkColumns) -> None:
+        assert opts.sink_id is not None
+        self.opts = opts
+        self.cols = cols
+        self.sink_id = opts.sink_id
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch = ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx is not None else None
+        return stage(self.opts, self.cols, self.sink_id, batch or "unknown", iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        publish(self.opts, self.sink_id, str(batchId), messages, replayable=True)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        discard(self.opts, self.sink_id, str(batchId), messages)

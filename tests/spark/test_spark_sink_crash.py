@@ -1,0 +1,186 @@
+"""The sink's commit protocol under real crashes: a child SIGKILLs itself mid-commit,
+the replay (as Spark does after a driver crash) must publish every row exactly once."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from fsbus import BlockingBus, RecordIn, Stream
+from fsbus.spark import BATCH_HEADER, ID_HEADER
+from fsbus.spark._files import commits_dir, staging_dir
+from fsbus.spark._options import SinkOptions, parse_sink_options
+from fsbus.spark._sink import SinkColumns, StagedFile, publish, stage
+
+pytestmark = [pytest.mark.slow]
+
+CHILD = Path(__file__).with_name("sink_crash_child.py")
+SINK = "test-sink"
+BATCH = "7"
+
+
+def stage_rows(opts: SinkOptions, rows: list[dict[str, Any]], parts: int) -> list[StagedFile]:
+    """Stage rows as ``parts`` Spark tasks would (a fresh attempt each call)."""
+    cols = SinkColumns(
+        value="value",
+        key="key" if opts.stream else None,
+        headers="headers",
+        topic="topic" if "topic" in rows[0] else None,
+    )
+    table = pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [("value", pa.string()), ("headers", pa.map_(pa.string(), pa.string()))]
+            + ([("key", pa.string())] if cols.key else [])
+            + ([("topic", pa.string())] if cols.topic else [])
+        ),
+    )
+    size = -(-len(rows) // parts)
+    return [
+        stage(opts, cols, SINK, BATCH, iter(table.slice(i * size, size).to_batches()))
+        for i in range(parts)
+    ]
+
+
+def crash(
+    tmp_path: Path, opts: SinkOptions, messages: list[StagedFile], point: str, n: int
+) -> None:
+    (tmp_path / "m.pickle").write_bytes(pickle.dumps(messages))
+    (tmp_path / "o.pickle").write_bytes(pickle.dumps(opts))
+    child = subprocess.run(
+        [
+            sys.executable,
+            str(CHILD),
+            str(tmp_path / "m.pickle"),
+            str(tmp_path / "o.pickle"),
+            SINK,
+            BATCH,
+            point,
+            str(n),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+
+
+def stream_rows(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "value": f"row {i}",
+            "key": f"k{i % 5}" if i % 2 else None,
+            "headers": {"i": str(i)} if i % 3 == 0 else {},
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("point", "n"),
+    [("records", 0), ("records", 1), ("records", 1500), ("records", 2999), ("done", 0)],
+)
+def test_stream_commit_replay_after_crash(tmp_path: Path, point: str, n: int) -> None:
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = stream_rows(3000)
+    with Stream.open(root, "out") as stream:
+        stream.append("before")
+    crash(tmp_path, opts, stage_rows(opts, rows, parts=3), point, n)
+    with Stream.open(root, "out") as stream:  # another writer appends after the crash
+        stream.append("foreign")
+
+    # Spark replays the batch: the tasks run again and stage fresh files.
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True) == 3000
+    # A second replay (driver died again before Spark logged the commit) does nothing.
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True) == 0
+
+    with Stream.open(root, "out", create=False) as stream:
+        stored = list(stream.read())
+    ours = [
+        (
+            r.value.decode(),
+            r.key.decode() if r.key else None,
+            {k: v for k, v in r.headers.items() if k != BATCH_HEADER},
+        )
+        for r in stored
+        if r.value not in (b"before", b"foreign")
+    ]
+    assert ours == [(r["value"], r["key"], r["headers"]) for r in rows]
+    assert sorted(r.value for r in stored if r.value in (b"before", b"foreign")) == [
+        b"before",
+        b"foreign",
+    ]
+    markers = sorted(p.name for p in commits_dir(str(root), SINK).iterdir())
+    assert markers == [f"{BATCH}.done"]
+    assert not staging_dir(str(root), SINK, BATCH).exists()
+
+
+@pytest.mark.parametrize(("point", "n"), [("ledger", 0), ("ledger", 37), ("done", 0)])
+def test_bus_commit_replay_after_crash(tmp_path: Path, point: str, n: int) -> None:
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "sinkId": SINK, "ttl": "3600"}, streaming=True)
+    rows = [
+        {"topic": f"alerts.{i % 4}", "value": f"alert {i}", "headers": {"n": str(i)}}
+        for i in range(80)
+    ]
+    crash(tmp_path, opts, stage_rows(opts, rows, parts=2), point, n)
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=3), replayable=True) == 80
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=3), replayable=True) == 0
+
+    with BlockingBus(root) as bus:
+        infos = list(bus.browse("#"))
+        seen = Counter((i.topic, bus.read_payload(i), i.headers["n"]) for i in infos)
+    assert seen == Counter((r["topic"], r["value"].encode(), r["headers"]["n"]) for r in rows)
+    ids = Counter(i.headers[ID_HEADER] for i in infos)
+    assert sorted(ids) == sorted(f"{SINK}/{BATCH}:{i}" for i in range(80))
+
+
+def test_only_the_attempt_spark_kept_is_published(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = stream_rows(10)
+    failed_attempt = stage_rows(opts, rows, parts=1)  # its task died; Spark retried it
+    kept = stage_rows(opts, rows, parts=1)
+    assert Path(failed_attempt[0].path).exists()
+    assert publish(opts, SINK, BATCH, kept, replayable=True) == 10
+    with Stream.open(root, "out", create=False) as stream:
+        assert stream.end_offset == 10
+    assert not staging_dir(str(root), SINK, BATCH).exists()
+
+
+@pytest.mark.parametrize("appended", [1, 1234, 2999])
+def test_stream_commit_replay_after_a_torn_batch(tmp_path: Path, appended: int) -> None:
+    """A crash between two frames of one append leaves a prefix of the batch on disk."""
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = stream_rows(3000)
+    crash(tmp_path, opts, stage_rows(opts, rows, parts=2), "records", 0)  # pending, no rows
+    with Stream.open(root, "out") as stream:
+        # What the dead attempt's first frames left: its first rows, the first one marked.
+        stream.append_batch(
+            RecordIn(
+                value=r["value"],
+                key=r["key"],
+                headers={**r["headers"], BATCH_HEADER: f"{SINK}/{BATCH}:0"}
+                if i == 0
+                else r["headers"],
+            )
+            for i, r in enumerate(rows[:appended])
+        )
+        stream.append("foreign")
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=3), replayable=True) == 3000
+    with Stream.open(root, "out", create=False) as stream:
+        values = [r.value.decode() for r in stream.read()]
+    assert values == [r["value"] for r in rows[:appended]] + ["foreign"] + [
+        r["value"] for r in rows[appended:]
+    ]
