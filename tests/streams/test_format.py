@@ -1,0 +1,189 @@
+"""Framing, index and offsets-file codecs: pure, synchronous, no files."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fsbus._stream_format import (
+    HEADER_SIZE,
+    FrameHeader,
+    RecordIn,
+    check_stream_name,
+    decode_frame,
+    decode_offsets_file,
+    encode_frame,
+    encode_frames,
+    encode_index_entry,
+    encode_offsets_file,
+    encode_values,
+    parse_index,
+    parse_segment_name,
+    prepare,
+    scan_frames,
+    segment_name,
+)
+
+
+def _records(buf: bytes) -> list[tuple[int, float, bytes | None, bytes, dict[str, str]]]:
+    sc = scan_frames(buf)
+    assert sc.problem is None
+    out = []
+    for fr in sc.frames:
+        for r in decode_frame(buf, fr.position, fr):
+            out.append((r.offset, r.timestamp, r.key, r.value, dict(r.headers)))
+    return out
+
+
+def test_plain_frame_roundtrip() -> None:
+    frame = bytes(encode_values([b"a", b"", b"ccc"], 7, 1_500_000))
+    sc = scan_frames(frame)
+    assert sc.problem is None
+    assert sc.end == len(frame)
+    (fr,) = sc.frames
+    assert (fr.base_offset, fr.last_offset, fr.count, fr.next_offset) == (7, 9, 3, 10)
+    assert fr.length == len(frame) == HEADER_SIZE + 3 * 4 + 4
+    assert _records(frame) == [
+        (7, 1.5, None, b"a", {}),
+        (8, 1.5, None, b"", {}),
+        (9, 1.5, None, b"ccc", {}),
+    ]
+
+
+def test_mixed_frame_roundtrip() -> None:
+    items = [
+        prepare(RecordIn(b"v0", key=b"k0", headers={"a": "1"}, timestamp=2.0), max_record_bytes=99),
+        prepare(b"v1", max_record_bytes=99),
+        prepare(RecordIn("v2", key="", timestamp=1.0), max_record_bytes=99),
+    ]
+    frame = bytes(encode_frame(items, [10, 12, 15], base_offset=10, last_delta=6, default_ts_us=3))
+    (fr,) = scan_frames(frame).frames
+    assert (fr.base_offset, fr.last_offset, fr.count, fr.max_ts) == (10, 16, 3, 2_000_000)
+    assert _records(frame) == [
+        (10, 2.0, b"k0", b"v0", {"a": "1"}),
+        (12, 3e-6, None, b"v1", {}),
+        (15, 1.0, b"", b"v2", {}),
+    ]
+
+
+def test_decode_range_filters() -> None:
+    frame = bytes(encode_values([b"%d" % i for i in range(10)], 100, 0))
+    (fr,) = scan_frames(frame).frames
+    assert [r.offset for r in decode_frame(frame, 0, fr, 103, 106)] == [103, 104, 105]
+    assert [r.value for r in decode_frame(frame, 0, fr, 108)] == [b"8", b"9"]
+    assert decode_frame(frame, 0, fr, 0, 100) == []
+
+
+def test_batch_is_split_by_frame_size() -> None:
+    enc = encode_frames([b"x" * 100] * 50, 0, now_us=5, max_frame_bytes=1000)
+    assert len(enc.frames) > 5
+    assert enc.next_offset == 50
+    offs = [r[0] for r in _records(bytes(enc.data))]
+    assert offs == list(range(50))
+    assert [f[0] for f in enc.frames] == sorted(f[0] for f in enc.frames)
+
+
+@pytest.mark.parametrize("cut", [1, 10, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 3])
+def test_torn_frame_is_incomplete(cut: int) -> None:
+    good = bytes(encode_values([b"a" * 20], 0, 0))
+    torn = bytes(encode_values([b"b" * 20], 1, 0))[:cut]
+    sc = scan_frames(good + torn)
+    assert len(sc.frames) == 1
+    assert sc.end == len(good)
+    assert sc.incomplete
+    assert sc.problem is not None
+
+
+def test_flipped_bit_fails_checksum() -> None:
+    frame = bytearray(encode_values([b"hello world"], 0, 0))
+    frame[-3] ^= 0x10
+    sc = scan_frames(bytes(frame))
+    assert sc.frames == ()
+    assert sc.problem == "a frame fails its checksum"
+    assert not sc.incomplete
+
+
+def test_garbage_is_not_a_frame() -> None:
+    sc = scan_frames(b"\0" * 100)
+    assert sc.problem == "bytes that are not a frame header"
+
+
+def test_scan_positions_are_absolute() -> None:
+    a = bytes(encode_values([b"1"], 0, 0))
+    b = bytes(encode_values([b"2"], 1, 0))
+    sc = scan_frames(b, base=len(a))
+    assert sc.frames[0].position == len(a)
+    assert isinstance(sc.frames[0], FrameHeader)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=50),
+            st.none() | st.binary(max_size=10),
+            st.dictionaries(st.text(min_size=1, max_size=5), st.text(max_size=5), max_size=3),
+            st.none() | st.integers(min_value=0, max_value=2**40).map(lambda x: x / 1000),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(min_value=0, max_value=2**50),
+    st.integers(min_value=200, max_value=2000),
+)
+def test_roundtrip_property(
+    items: list[tuple[bytes, bytes | None, dict[str, str], float | None]],
+    base: int,
+    max_frame: int,
+) -> None:
+    prepared = [
+        prepare(RecordIn(v, key=k, headers=h, timestamp=t), max_record_bytes=1 << 20)
+        for v, k, h, t in items
+    ]
+    enc = encode_frames(prepared, base, now_us=42, max_frame_bytes=max_frame)
+    got = _records(bytes(enc.data))
+    assert [g[0] for g in got] == list(range(base, base + len(items)))
+    for (v, k, h, t), (_, ts, gk, gv, gh) in zip(items, got, strict=True):
+        assert (gv, gk, gh) == (v, k, h)
+        assert ts == (42 / 1e6 if t is None else round(t * 1e6) / 1e6)
+
+
+def test_index_parse_ignores_torn_and_stale_entries() -> None:
+    raw = b"".join(encode_index_entry(o, p, o) for o, p in [(0, 0), (10, 500), (20, 900)])
+    assert [(e.offset, e.position) for e in parse_index(raw + b"\1\2\3")] == [
+        (0, 0),
+        (10, 500),
+        (20, 900),
+    ]
+    stale = raw + encode_index_entry(5, 100, 0)
+    assert len(parse_index(stale)) == 3
+
+
+def test_segment_names() -> None:
+    assert segment_name(42) == "00000000000000000042.log"
+    assert parse_segment_name(segment_name(42)) == 42
+    assert parse_segment_name("00000000000000000042.index") is None
+    assert parse_segment_name("42.log") is None
+
+
+def test_stream_names() -> None:
+    assert check_stream_name("orders.v1_x-2") == "orders.v1_x-2"
+
+
+def test_offsets_file_roundtrip() -> None:
+    raw = encode_offsets_file({0: 10, 1: 0, 2: 99})
+    assert decode_offsets_file(raw) == {0: 10, 1: 0, 2: 99}
+
+
+@pytest.mark.parametrize(
+    ("mangle", "match"),
+    [
+        (lambda b: b[: len(b) // 2], "no checksum line"),
+        (lambda b: b.replace(b"0 10", b"0 11"), "checksum does not match"),
+        (lambda b: b"", "no checksum line"),
+    ],
+)
+def test_offsets_file_corruption_detected(mangle: object, match: str) -> None:
+    raw = encode_offsets_file({0: 10, 1: 5})
+    with pytest.raises(ValueError, match=match):
+        decode_offsets_file(mangle(raw))  # type: ignore[operator]

@@ -1,0 +1,42 @@
+"""Several OS processes append to one stream at once: no lost or duplicated offset."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import Worker
+
+from fsbus import Stream
+
+WORKERS = 4
+COUNT = 1500
+
+
+@pytest.mark.slow
+def test_concurrent_appenders(tmp_path: Path) -> None:
+    ws = [Worker("append", tmp_path, "s", f"w{i}", COUNT) for i in range(WORKERS)]
+    try:
+        for w in ws:
+            w.expect("ready")
+        for w in ws:
+            w.send("go")
+        for w in ws:
+            w.expect("done", timeout=110)
+    finally:
+        for w in ws:
+            w.stop()
+    with Stream.open(tmp_path, "s") as s:
+        recs = list(s.read())
+        assert s.end_offset == WORKERS * COUNT
+        assert len(s.info().segments) > 1  # they rolled segments under each other
+    assert [r.offset for r in recs] == list(range(WORKERS * COUNT))
+    counts = Counter(r.value for r in recs)
+    expected = {f"w{i}-{j}".encode() for i in range(WORKERS) for j in range(COUNT)}
+    assert set(counts) == expected
+    assert max(counts.values()) == 1
+    # each writer's records keep their order
+    for i in range(WORKERS):
+        mine = [int(r.value.split(b"-")[1]) for r in recs if r.value.startswith(f"w{i}-".encode())]
+        assert mine == list(range(COUNT))

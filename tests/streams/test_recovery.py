@@ -1,0 +1,146 @@
+"""Crash recovery and corruption: torn tails cut and reported, corruption reported."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from helpers import Worker
+
+from fsbus import CorruptDataError, Stream, StreamConfig
+
+FAST = StreamConfig(durability="none", segment_bytes=64 << 10, index_interval_bytes=1024)
+
+
+def _segments(root: Path, name: str = "s") -> list[Path]:
+    return sorted((root / "streams" / name).glob("*.log"))
+
+
+@pytest.mark.slow
+def test_sigkill_mid_frame_is_cut_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = Worker("torn", tmp_path, "s")
+    try:
+        committed = int(w.expect("committed")[1])
+        _, pos, written = w.expect("torn")
+        os.kill(w.proc.pid, signal.SIGKILL)
+        assert w.proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        w.stop()
+    seg = _segments(tmp_path)[-1]
+    assert seg.stat().st_size == int(pos) + int(written)
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        # readers never see the partial frame
+        assert [r.value for r in s.read()] == [b"committed"] * committed
+        with caplog.at_level(logging.WARNING, logger="fsbus.stream"):
+            (info,) = s.recover()
+        assert info.cut_bytes == int(written)
+        assert info.position == int(pos)
+        assert info.next_offset == committed
+        assert "cut a torn tail of" in caplog.text
+        assert s.append(b"after") == committed
+        assert [r.value for r in s.read()] == [b"committed"] * committed + [b"after"]
+    assert seg.stat().st_size > int(pos)
+
+
+@pytest.mark.slow
+def test_sigkill_at_a_random_point_loses_nothing_committed(tmp_path: Path) -> None:
+    w = Worker("forever", tmp_path, "s")
+    try:
+        last = 0
+        for _ in range(30):
+            last = int(w.expect("ok")[1])
+        os.kill(w.proc.pid, signal.SIGKILL)
+        w.proc.wait(timeout=30)
+        while (line := w.lines.get(timeout=30)) is not None:
+            last = int(line.split()[1])
+    finally:
+        w.stop()
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        s.recover()
+        end = s.end_offset
+        assert end >= last
+        values = [r.value for r in s.read()]
+        assert values == [f"v{j}".encode() * 20 for j in range(end)]
+        assert s.append(b"x") == end
+
+
+def test_truncated_segment_is_cut(tmp_path: Path) -> None:
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        s.append_batch([b"a" * 10] * 5)
+        s.append_batch([b"b" * 10] * 5)
+    seg = _segments(tmp_path)[0]
+    size = seg.stat().st_size
+    os.truncate(seg, size - 7)
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        assert s.end_offset == 5
+        assert [r.value for r in s.read()] == [b"a" * 10] * 5
+        assert s.append(b"c") == 5  # the first append cuts the tail
+        (info,) = s.recoveries
+        assert info.cut_bytes == size - 7 - info.position
+        assert info.reason == "a frame is cut short"
+        assert [r.offset for r in s.read()] == list(range(6))
+
+
+def test_zeroed_tail_is_cut(tmp_path: Path) -> None:
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        s.append_batch([b"a"] * 3)
+    seg = _segments(tmp_path)[0]
+    with seg.open("ab") as f:
+        f.write(b"\0" * 4096)  # what a machine crash can leave after the last write
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        assert s.end_offset == 3
+        (info,) = s.recover()
+        assert info.cut_bytes == 4096
+        assert s.recover() == ()
+
+
+def test_corruption_in_a_closed_segment_is_reported(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", segment_bytes=4096)
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        for i in range(200):
+            s.append(f"record-{i}".encode() * 3)
+    first = _segments(tmp_path)[0]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        with pytest.raises(CorruptDataError) as err:
+            list(s.read())
+        assert err.value.path == str(first)
+        assert "restore the file" in str(err.value)
+        # the segments after it still read
+        later = s.info().segments[1].base_offset
+        assert next(s.read(later)).offset == later
+
+
+def test_corruption_before_valid_frames_stops_appends(tmp_path: Path) -> None:
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        s.append_batch([b"one" * 100] * 3)
+        s.append_batch([b"two" * 100] * 3)
+    seg = _segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[100] ^= 0x01  # inside the first frame; a valid frame follows
+    seg.write_bytes(bytes(data))
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        with pytest.raises(CorruptDataError, match="not a torn tail") as err:
+            s.append(b"x")
+        assert err.value.path == str(seg)
+    assert seg.read_bytes() == bytes(data)  # nothing was cut
+
+
+def test_stale_index_is_ignored(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", index_interval_bytes=64)
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        for i in range(50):
+            s.append(str(i).encode())
+    idx = next((tmp_path / "streams" / "s").glob("*.index"))
+    idx.write_bytes(idx.read_bytes()[:-5] + b"\xff" * 53)  # torn and garbage entries
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        assert [r.value for r in s.read(25, 28)] == [b"25", b"26", b"27"]
+        assert s.append(b"50") == 50
+        assert [r.offset for r in s.read(40)] == list(range(40, 51))
