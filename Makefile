@@ -42,5 +42,20 @@ lint: $(STAMP)
 pytest: $(STAMP) $(NODE_PEER)
 	$(PY) -m pytest $(ARGS)
 
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) bench/requirements.txt
+	$(PY) -m pip install -q -r bench/requirements.txt
+	touch $(BENCH_STAMP)
+
+## bench: fsbus and its peers side by side, every scenario and filesystem, several rounds
+##        (installs the peers: pip, npm, apt when root); writes bench/results/
+bench: $(STAMP) $(BENCH_STAMP)
+	$(PY) -m bench.run $(ARGS)
+
+## bench-quick: the same with small sizes, in under 3 minutes; writes bench/results/quick/
+bench-quick: $(STAMP) $(BENCH_STAMP)
+	$(PY) -m bench.run --quick $(ARGS)
+
 clean:
 	rm -rf $(VENV) tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache

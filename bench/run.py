@@ -14,7 +14,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,13 @@ class Row:
             "notes": sorted({m.note for m in self.rounds if m.note}),
             "extra": extra,
         }
+
+
+DEFAULT_OUT = {
+    "full": "bench/results",
+    "quick": "bench/results/quick",
+    "tiny": "bench/scratch/tiny",
+}
 
 
 def log(msg: str) -> None:
@@ -124,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", help=f"comma-separated from: {','.join(DEFAULT)}")
     ap.add_argument("--scenarios", help="comma-separated kinds or keys to keep (e.g. publish)")
     ap.add_argument("--rounds", type=int, help="override the plan's rounds")
-    ap.add_argument("--out", default="bench/results", help="results folder")
+    ap.add_argument(
+        "--out",
+        help="results folder (default: bench/results, bench/results/quick for --quick, "
+        "bench/scratch/tiny for --tiny)",
+    )
     ap.add_argument("--no-plots", action="store_true", help="tables only")
     args = ap.parse_args(argv)
 
@@ -150,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     try:
         for name in names:
-            s = load(name)
-            why = s.prepare()
+            try:
+                s = load(name)
+                why = s.prepare()
+            except (ImportError, OSError, RuntimeError) as exc:
+                log(f"skipping {name}: {exc}")
+                skipped[name] = str(exc)
+                continue
             if why:
                 log(f"skipping {name}: {why}")
                 skipped[name] = why
@@ -181,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "command": "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    out = Path(args.out)
+    out = Path(args.out or DEFAULT_OUT[plan.name])
     report.write(out, results, meta, plots=not args.no_plots)
     log(f"wrote {out}/results.md, results.json{'' if args.no_plots else ' and plots'}")
     return 0
@@ -191,10 +207,6 @@ def _cores() -> int:
     import os
 
     return len(os.sched_getaffinity(0))
-
-
-def _asdict(m: Measurement) -> dict[str, Any]:
-    return asdict(m)
 
 
 if __name__ == "__main__":

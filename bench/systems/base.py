@@ -52,6 +52,8 @@ class System:
     """Largest number of consumer processes it supports."""
     extra_params: ClassVar[dict[str, Any]] = {}
     """Passed to every child (e.g. a variant switch)."""
+    latency_probes: ClassVar[int | None] = None
+    """At most this many round trips (systems that poll take ~100 ms each)."""
 
     def prepare(self) -> str | None:
         """Get ready for the whole run (install, start servers). Returns why not, or None."""

@@ -1,0 +1,64 @@
+"""The benchmark harness runs end to end (a tiny plan: no figures worth reading).
+
+No benchmark runs in the test suite: this only checks that ``python -m bench.run`` starts
+real publisher and subscriber processes for the raw loop, fsbus and one pure-Python peer,
+counts every message, and writes its Markdown and JSON table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ("raw", "fsbus", "diskcache")
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_the_table(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--tiny",
+            "--fs",
+            "disk",
+            "--systems",
+            ",".join(SYSTEMS),
+            "--out",
+            str(out),
+            "--no-plots",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "FSBUS_BENCH_DISK_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["skipped"] == {}, data["meta"]["skipped"]
+    rows = {(r["scenario"], r["system"]): r for r in data["results"]}
+    for system in SYSTEMS:
+        assert rows[("publish-100B", system)]["ok"], rows[("publish-100B", system)]
+        assert rows[("publish-100B", system)]["median"] > 0
+    # multi-process scenarios counted every message: nothing lost, nothing duplicated
+    for key in (("fanout-1-100B", "fsbus"), ("workqueue-1-100B", "fsbus"),
+                ("workqueue-1-100B", "diskcache"), ("latency-100B", "fsbus")):  # fmt: skip
+        assert rows[key]["ok"], rows[key]
+        assert rows[key]["median"] > 0
+    assert rows[("publish-100B", "fsbus")]["vs_raw"] is not None
+    table = (out / "results.md").read_text()
+    assert "| publish 100B | msg/s |" in table
+    for system in SYSTEMS:
+        assert system in table
+    # scratch directories are gone
+    assert [p.name for p in tmp_path.iterdir()] == ["results"]
