@@ -1,0 +1,403 @@
+"""What the dashboard shows, gathered through the public fsbus API.
+
+A :class:`Snapshot` is one look at a bus: backlog per topic and per bucket, the
+work-queue messages currently locked (and by which process, when this host can
+tell), and the streams. Rates come from comparing successive snapshots: a message
+name that appears is an arrival, one that disappears was consumed or expired.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import fsbus
+from fsbus import BlockingBus, MessageInfo
+
+from ._locks import lock_owners
+
+__all__ = [
+    "BucketRow",
+    "Dashboard",
+    "GroupRow",
+    "LockedRow",
+    "PurgeResult",
+    "RateTracker",
+    "Snapshot",
+    "StreamRow",
+    "TopicRow",
+]
+
+RATE_WINDOW = 10.0
+"""Seconds of history rates are averaged over."""
+
+
+@dataclass(frozen=True)
+class TopicRow:
+    """Backlog and rates of one topic."""
+
+    topic: str
+    """The topic."""
+    multi: int
+    """Unexpired multi messages on disk."""
+    single: int
+    """Work-queue messages waiting or being handled."""
+    locked: int
+    """Work-queue messages currently locked by a consumer."""
+    size: int
+    """Payload bytes of all of them."""
+    oldest: float | None
+    """Publish time of the oldest message (None when no fsbus peer wrote one)."""
+    rate_in: float | None
+    """Messages per second arriving (None until two snapshots exist)."""
+    rate_out: float | None
+    """Messages per second leaving: consumed or expired."""
+
+    @property
+    def messages(self) -> int:
+        """All messages on the topic."""
+        return self.multi + self.single
+
+
+@dataclass(frozen=True)
+class BucketRow:
+    """Backlog and rates of one bucket directory."""
+
+    bucket: str
+    """Bucket directory name."""
+    messages: int
+    """Messages in it."""
+    size: int
+    """Payload bytes."""
+    rate_in: float | None
+    """Messages per second arriving."""
+    rate_out: float | None
+    """Messages per second leaving."""
+
+
+@dataclass(frozen=True)
+class LockedRow:
+    """A work-queue message a consumer holds right now."""
+
+    info: MessageInfo
+    """The message."""
+    owner: str
+    """Who holds it: "pid N (name)" when /proc/locks tells, else "locked"."""
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """A consumer group of a stream."""
+
+    name: str
+    """Group name."""
+    committed: int | None
+    """Next offset the group will read (None when unknown)."""
+    lag: int | None
+    """Records between the group's position and the stream's end."""
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    """One stream and its segments."""
+
+    name: str
+    """Stream name."""
+    start_offset: int
+    """Oldest offset kept."""
+    end_offset: int
+    """Next offset to be written."""
+    size: int
+    """Bytes of all segments."""
+    segments: tuple[tuple[int, int, int], ...]
+    """(base offset, end offset, bytes) of each segment, oldest first."""
+    groups: tuple[GroupRow, ...]
+    """Consumer groups and their lag."""
+    error: str | None = None
+    """Why the stream could not be read, if it could not."""
+
+    @property
+    def records(self) -> int:
+        """Records kept."""
+        return self.end_offset - self.start_offset
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One look at a bus."""
+
+    root: str
+    """The bus directory."""
+    taken_at: float
+    """When, in seconds since the epoch."""
+    topics: tuple[TopicRow, ...]
+    """Topics with messages, busiest first."""
+    buckets: tuple[BucketRow, ...]
+    """Buckets with messages or traffic, in name order."""
+    locked: tuple[LockedRow, ...]
+    """Work-queue messages held by consumers."""
+    streams: tuple[StreamRow, ...]
+    """Streams under the root."""
+    rate_window: float | None
+    """Seconds the rates are measured over (None: not yet measured)."""
+
+    @property
+    def messages(self) -> int:
+        """Messages on the bus."""
+        return sum(t.messages for t in self.topics)
+
+    @property
+    def singles(self) -> int:
+        """Work-queue messages on the bus."""
+        return sum(t.single for t in self.topics)
+
+    @property
+    def size(self) -> int:
+        """Payload bytes on the bus."""
+        return sum(t.size for t in self.topics)
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """What a purge did."""
+
+    pattern: str
+    """The pattern purged."""
+    purged: int
+    """Work-queue messages consumed and removed."""
+    locked: int
+    """Work-queue messages skipped because a consumer held them."""
+    multi: int
+    """Multi messages left alone (they expire at their TTL)."""
+
+
+@dataclass
+class RateTracker:
+    """Rates per key from successive sets of message names."""
+
+    window: float = RATE_WINDOW
+    """Seconds of history kept."""
+    _history: deque[tuple[float, dict[str, tuple[str, str]]]] = field(default_factory=deque)
+
+    def observe(
+        self, now: float, names: dict[str, tuple[str, str]]
+    ) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]], float | None]:
+        """Record the names present now, keyed to (topic, bucket).
+
+        Returns rates (in, out) per topic and per bucket, and the seconds they span.
+        """
+        while self._history and now - self._history[0][0] > self.window:
+            self._history.popleft()
+        base = self._history[0] if self._history else None
+        self._history.append((now, names))
+        if base is None or now - base[0] < 0.5:
+            return {}, {}, None
+        then, old = base
+        dt = now - then
+        per_topic: dict[str, list[int]] = {}
+        per_bucket: dict[str, list[int]] = {}
+        for name, (topic, bucket) in names.items():
+            if name not in old:
+                per_topic.setdefault(topic, [0, 0])[0] += 1
+                per_bucket.setdefault(bucket, [0, 0])[0] += 1
+        for name, (topic, bucket) in old.items():
+            if name not in names:
+                per_topic.setdefault(topic, [0, 0])[1] += 1
+                per_bucket.setdefault(bucket, [0, 0])[1] += 1
+        return (
+            {k: (i / dt, o / dt) for k, (i, o) in per_topic.items()},
+            {k: (i / dt, o / dt) for k, (i, o) in per_bucket.items()},
+            dt,
+        )
+
+
+class Dashboard:
+    """Reads a bus for the UI; safe to call from the server's threads."""
+
+    def __init__(
+        self, bus: BlockingBus, *, cache_for: float = 1.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.bus = bus
+        self.root = str(bus.root)
+        self._cache_for = cache_for
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._rates = RateTracker()
+        self._cached: Snapshot | None = None
+
+    # ------------------------------------------------------------------ overview
+    def snapshot(self) -> Snapshot:
+        """A fresh snapshot, or the last one if it is younger than ``cache_for``."""
+        with self._lock:
+            now = self._clock()
+            if self._cached is not None and now - self._cached.taken_at < self._cache_for:
+                return self._cached
+            self._cached = self._take(now)
+            return self._cached
+
+    def _take(self, now: float) -> Snapshot:
+        infos = list(self.bus.browse("#"))
+        topic_rates, bucket_rates, window = self._rates.observe(
+            now, {i.name: (i.topic, i.bucket) for i in infos}
+        )
+        topics: dict[str, list[MessageInfo]] = {}
+        buckets: dict[str, list[MessageInfo]] = {}
+        for info in infos:
+            topics.setdefault(info.topic, []).append(info)
+            buckets.setdefault(info.bucket, []).append(info)
+        rows = []
+        for topic in set(topics) | set(topic_rates):
+            group = topics.get(topic, [])
+            published = [i.published_at for i in group if i.published_at is not None]
+            rate = topic_rates.get(topic, (0.0, 0.0)) if window else (None, None)
+            rows.append(
+                TopicRow(
+                    topic=topic,
+                    multi=sum(1 for i in group if not i.single),
+                    single=sum(1 for i in group if i.single),
+                    locked=sum(1 for i in group if i.locked),
+                    size=sum(i.size for i in group),
+                    oldest=min(published) if published else None,
+                    rate_in=rate[0],
+                    rate_out=rate[1],
+                )
+            )
+        rows.sort(key=lambda r: (-r.messages, -(r.rate_in or 0), r.topic))
+        bucket_rows = []
+        for bucket in sorted(set(buckets) | set(bucket_rates)):
+            group = buckets.get(bucket, [])
+            rate = bucket_rates.get(bucket, (0.0, 0.0)) if window else (None, None)
+            bucket_rows.append(
+                BucketRow(bucket, len(group), sum(i.size for i in group), rate[0], rate[1])
+            )
+        return Snapshot(
+            root=self.root,
+            taken_at=now,
+            topics=tuple(rows),
+            buckets=tuple(bucket_rows),
+            locked=tuple(self.locked_rows(i for i in infos if i.locked)),
+            streams=tuple(self.streams()),
+            rate_window=window,
+        )
+
+    def locked_rows(self, infos: Iterable[MessageInfo]) -> list[LockedRow]:
+        """Each locked message with the process holding it, when this host can tell."""
+        held = list(infos)
+        owners = lock_owners(i.path for i in held)
+        return [LockedRow(i, str(owners[i.path]) if i.path in owners else "locked") for i in held]
+
+    # ------------------------------------------------------------------ messages
+    def messages(self, topic: str) -> list[MessageInfo]:
+        """The messages on exactly ``topic``, oldest first."""
+        found = [i for i in self.bus.browse("#") if i.topic == topic]
+        found.sort(key=lambda i: (i.published_at or 0.0, i.name))
+        return found
+
+    def find(self, bucket: str, name: str) -> MessageInfo | None:
+        """The message of that bucket and name, if it is still there."""
+        for info in self.bus.browse("#"):
+            if info.bucket == bucket and info.name == name:
+                return info
+        return None
+
+    def payload(self, info: MessageInfo) -> bytes | None:
+        """A message's payload, read without consuming it (None when gone)."""
+        return self.bus.read_payload(info)
+
+    # ------------------------------------------------------------------ purge
+    def purge_preview(self, pattern: str) -> PurgeResult:
+        """What :meth:`purge` would do now (``purged``: how many it would remove).
+
+        Raises :class:`fsbus.InvalidPattern` for a bad pattern.
+        """
+        infos = list(self.bus.browse(pattern))
+        return PurgeResult(
+            pattern=pattern,
+            purged=sum(1 for i in infos if i.single and not i.locked),
+            locked=sum(1 for i in infos if i.single and i.locked),
+            multi=sum(1 for i in infos if not i.single),
+        )
+
+    def purge(self, pattern: str, *, timeout: float = 30.0) -> PurgeResult:
+        """Consume every work-queue message matching ``pattern`` that nobody holds.
+
+        Messages are taken and acknowledged like any consumer would, so a message a
+        worker is handling is never removed under it (it is counted as locked).
+        Multi messages are not touched: they expire at their TTL.
+        """
+        preview = self.purge_preview(pattern)
+        deadline = time.monotonic() + timeout
+        purged = 0
+        if preview.purged:
+            with self.bus.messages(pattern, existing=True) as it:
+                while time.monotonic() < deadline:
+                    try:
+                        msg = it.get(timeout=min(1.0, max(0.05, deadline - time.monotonic())))
+                    except TimeoutError:
+                        if not any(i.single and not i.locked for i in self.bus.browse(pattern)):
+                            break
+                        continue
+                    if msg.single:
+                        it.ack(msg)
+                        purged += 1
+        after = self.purge_preview(pattern)
+        with self._lock:
+            self._cached = None
+        return PurgeResult(pattern, purged, after.locked, preview.multi)
+
+    # ------------------------------------------------------------------ streams
+    def streams(self) -> list[StreamRow]:
+        """Every stream under the root (empty until the streams API is available)."""
+        list_streams = getattr(fsbus, "list_streams", None)
+        stream_cls = getattr(fsbus, "Stream", None)
+        if list_streams is None or stream_cls is None:
+            return []
+        rows = []
+        for name in list_streams(self.root):
+            try:
+                with stream_cls.open(self.root, name, create=False) as stream:
+                    info = stream.info()
+                    groups = tuple(self._groups(stream, info))
+            except fsbus.FsBusError as exc:
+                rows.append(StreamRow(name, 0, 0, 0, (), (), error=str(exc)))
+                continue
+            rows.append(
+                StreamRow(
+                    name=info.name,
+                    start_offset=info.start_offset,
+                    end_offset=info.end_offset,
+                    size=info.size_bytes,
+                    segments=tuple(
+                        (s.base_offset, s.end_offset, s.size_bytes) for s in info.segments
+                    ),
+                    groups=groups,
+                )
+            )
+        return rows
+
+    def _groups(self, stream: object, info: object) -> list[GroupRow]:
+        names: tuple[str, ...] = tuple(getattr(info, "groups", ()) or ())
+        end = int(getattr(info, "end_offset", 0))
+        group_cls = getattr(fsbus, "ConsumerGroup", None)
+        rows = []
+        for name in names:
+            committed: int | None = None
+            if group_cls is not None:
+                committed = _committed(group_cls, stream, name)
+            lag = max(0, end - committed) if committed is not None else None
+            rows.append(GroupRow(name, committed, lag))
+        return rows
+
+
+def _committed(group_cls: object, stream: object, name: str) -> int | None:
+    """A group's committed position, through the public ConsumerGroup API."""
+    try:
+        group = group_cls(stream, name)  # type: ignore[operator]
+        position = getattr(group, "committed", None)
+        value = position() if callable(position) else position
+    except (fsbus.FsBusError, TypeError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) else None
