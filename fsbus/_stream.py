@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from ._errors import ClosedError, PayloadTooLarge, StreamNotFound, UsageError, storage_error
 from ._stream_config import StreamConfig
@@ -32,6 +32,9 @@ from ._stream_segments import (
     stream_end,
 )
 from ._stream_writer import RecoveryInfo, Writer
+
+if TYPE_CHECKING:
+    from ._stream_groups import ConsumerGroup
 
 __all__ = ["SegmentInfo", "Stream", "StreamInfo", "list_streams", "stream_dir"]
 
@@ -350,6 +353,25 @@ class Stream:
             path=str(self._dir),
             groups=groups,
         )
+
+    # --- consumer groups -------------------------------------------------------------
+
+    def group(
+        self,
+        name: str,
+        *,
+        consumer: str | None = None,
+        start: str | int = "earliest",
+    ) -> ConsumerGroup:
+        """Join consumer group ``name`` (created on first use) as one consumer.
+
+        ``start`` ('earliest', 'latest' or an offset) applies only when the group is
+        created. See :class:`~fsbus.ConsumerGroup`.
+        """
+        from ._stream_groups import ConsumerGroup
+
+        self._check_open()
+        return ConsumerGroup(self, name, consumer=consumer, start=start)
 
     # --- helpers -------------------------------------------------------------------------
 

@@ -31,6 +31,10 @@ class StreamOps:
         """A clock that never goes back (timeouts, leases measured locally)."""
         return time.monotonic()
 
+    def sleep(self, seconds: float) -> None:
+        """Block this thread (the blocking faces poll between checks)."""
+        time.sleep(seconds)
+
     # --- directories ---------------------------------------------------------------------
 
     def makedirs(self, path: Path) -> None:
@@ -47,6 +51,10 @@ class StreamOps:
     def is_dir(self, path: Path) -> bool:
         """Whether ``path`` is a directory."""
         return os.path.isdir(path)
+
+    def rmdir(self, path: Path) -> None:
+        """Remove an empty directory."""
+        os.rmdir(path)
 
     def exists(self, path: Path) -> bool:
         """Whether ``path`` exists."""
@@ -208,6 +216,14 @@ class StreamOps:
             return os.stat(path).st_mtime
         except FileNotFoundError:
             return None
+
+    def identity(self, path: Path) -> tuple[int, int] | None:
+        """(inode, mtime in ns) of ``path``, or None if it is gone: changes when replaced."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns)
 
     def file_size(self, path: Path) -> int | None:
         """Size of ``path``, or None if it is gone."""

@@ -14,7 +14,11 @@ WORKERS = Path(__file__).with_name("stream_workers.py")
 class Worker:
     """A child process whose stdout lines arrive on a queue."""
 
-    def __init__(self, *args: object) -> None:
+    def __init__(
+        self, *args: object, sink: queue.Queue[tuple[int, str | None]] | None = None, tag: int = 0
+    ) -> None:
+        self.sink = sink
+        self.tag = tag
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKERS), *map(str, args)],
             stdin=subprocess.PIPE,
@@ -29,7 +33,11 @@ class Worker:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.put(line.rstrip("\n"))
+            if self.sink is not None:
+                self.sink.put((self.tag, line.rstrip("\n")))
         self.lines.put(None)
+        if self.sink is not None:
+            self.sink.put((self.tag, None))
 
     def expect(self, prefix: str, timeout: float = 30.0) -> list[str]:
         """Wait for the next line starting with ``prefix``; return its words."""

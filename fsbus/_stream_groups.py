@@ -1,0 +1,579 @@
+"""Consumer groups: committed offsets, key-hash partitions, leases and takeover.
+
+A group is a directory ``<stream>/groups/<group>/``::
+
+    group.json      {"partitions": P}; fixed when the group is created
+    group.lock      flock taken for every change of the files below
+    offsets         committed offset per partition, with an xxh64 checksum line;
+                    replaced atomically (temp file, fsync, rename)
+    owners          JSON {partition: consumer}: who holds each partition
+    members/<id>    JSON {"expires": epoch seconds, ...}: a consumer's heartbeat
+
+Work is shared by **partitions chosen by key hash** (records without a key by offset):
+record r belongs to partition ``xxh64(r.key) % P`` (or ``r.offset % P``). Each live
+consumer holds a share of the partitions and delivers only their records, so every
+record goes to exactly one live consumer and the records of one key stay in order.
+
+A consumer is live while its heartbeat file has not expired (``session_timeout``,
+renewed every ``heartbeat_interval`` by :meth:`ConsumerGroup.poll` and
+:meth:`ConsumerGroup.commit`). Partitions are dealt round-robin over the sorted live
+consumers. A consumer takes a partition only when it is free or its holder is dead, and
+gives one up only in :meth:`~ConsumerGroup.commit` (right after committing it) or
+:meth:`~ConsumerGroup.close`; so a handover never delivers a record twice while both
+consumers live. A killed consumer's partitions are taken over when its heartbeat
+expires, from their committed offsets: delivery is at-least-once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Self
+
+import xxhash
+
+from ._errors import (
+    ClosedError,
+    CorruptDataError,
+    OffsetOutOfRange,
+    UsageError,
+    storage_error,
+)
+from ._stream_format import (
+    Record,
+    check_group_name,
+    decode_offsets_file,
+    encode_offsets_file,
+)
+from ._stream_io import StreamOps
+
+if TYPE_CHECKING:
+    from ._stream import Stream
+
+__all__ = [
+    "ConsumerGroup",
+    "GroupInfo",
+    "delete_group",
+    "group_info",
+    "list_groups",
+    "min_committed",
+    "reset_group",
+]
+
+log = logging.getLogger("fsbus.stream")
+
+GROUPS_DIR = "groups"
+SCAN_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A snapshot of one consumer group."""
+
+    name: str
+    """The group's name."""
+    partitions: int
+    """How many partitions the group's records are spread over."""
+    committed: Mapping[int, int]
+    """Committed offset per partition: records below it are done."""
+    lag: int
+    """Records between the lowest committed offset and the end of the stream (an upper
+    bound on what is left to consume)."""
+    members: tuple[str, ...]
+    """Live consumers."""
+    owners: Mapping[int, str]
+    """Which consumer holds each held partition."""
+
+
+def partition_of(record: Record, partitions: int) -> int:
+    """The partition a record belongs to: key hash, or offset when it has no key."""
+    if record.key is None:
+        return record.offset % partitions
+    return xxhash.xxh64_intdigest(record.key) % partitions
+
+
+class _GroupFiles:
+    """The files of one group, read and written under its lock."""
+
+    def __init__(self, sdir: Path, stream_name: str, name: str, ops: StreamOps) -> None:
+        self.dir = sdir / GROUPS_DIR / check_group_name(name)
+        self.name = name
+        self.stream_name = stream_name
+        self.ops = ops
+        self.offsets_path = self.dir / "offsets"
+        self.owners_path = self.dir / "owners"
+        self.meta_path = self.dir / "group.json"
+        self.members_dir = self.dir / "members"
+        self._lock_fd: int | None = None
+
+    # locking
+    def lock(self) -> None:
+        ops = self.ops
+        try:
+            if self._lock_fd is None:
+                ops.makedirs(self.members_dir)
+                self._lock_fd = ops.open_rw(self.dir / "group.lock")
+            ops.lock(self._lock_fd)
+        except OSError as exc:
+            raise storage_error(f"lock consumer group {self.name!r}", exc, self.dir) from exc
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            self.ops.unlock(self._lock_fd)
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            self.ops.close(self._lock_fd)
+            self._lock_fd = None
+
+    # files
+    def exists(self) -> bool:
+        return self.ops.exists(self.meta_path)
+
+    def partitions(self) -> int:
+        raw = self.ops.read_file(self.meta_path)
+        try:
+            meta = json.loads(raw or b"")
+            return int(meta["partitions"])
+        except (ValueError, KeyError, TypeError):
+            raise CorruptDataError(
+                f"{self.meta_path} of consumer group {self.name!r} is unreadable; delete "
+                f"the group (`fsbus stream groups delete {self.stream_name} {self.name}`) "
+                "and create it again",
+                self.meta_path,
+            ) from None
+
+    def create(self, partitions: int, start: int, durable: bool) -> None:
+        self.write(
+            self.offsets_path, encode_offsets_file(dict.fromkeys(range(partitions), start)), durable
+        )
+        self.write(self.meta_path, json.dumps({"partitions": partitions}).encode(), durable)
+
+    def read_offsets(self) -> dict[int, int]:
+        raw = self.ops.read_file(self.offsets_path)
+        if raw is None:
+            why = "it is missing"
+        else:
+            try:
+                return decode_offsets_file(raw)
+            except ValueError as exc:
+                why = str(exc)
+        raise CorruptDataError(
+            f"offsets file {self.offsets_path} of consumer group {self.name!r} is corrupt: "
+            f"{why}. Nothing was reset; choose where the group resumes with "
+            f"`fsbus stream groups reset {self.stream_name} {self.name} --to "
+            "earliest|latest|OFFSET`",
+            self.offsets_path,
+        )
+
+    def write_offsets(self, offsets: Mapping[int, int], durable: bool) -> None:
+        self.write(self.offsets_path, encode_offsets_file(offsets), durable)
+
+    def read_owners(self) -> dict[int, str]:
+        raw = self.ops.read_file(self.owners_path)
+        if not raw:
+            return {}
+        try:
+            obj = json.loads(raw)
+            return {int(k): str(v) for k, v in obj.items()}
+        except (ValueError, AttributeError):
+            log.warning("consumer group %s: unreadable owners file, starting afresh", self.name)
+            return {}
+
+    def owners_stamp(self) -> tuple[int, int] | None:
+        """Changes whenever the owners file is replaced (inode, mtime)."""
+        return self.ops.identity(self.owners_path)
+
+    def write_owners(self, owners: Mapping[int, str]) -> None:
+        self.write(
+            self.owners_path, json.dumps({str(k): v for k, v in owners.items()}).encode(), False
+        )
+
+    def live_members(self, now: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for m in self.ops.listdir(self.members_dir):
+            if m.startswith("."):
+                continue
+            raw = self.ops.read_file(self.members_dir / m)
+            try:
+                expires = float(json.loads(raw or b"")["expires"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if expires > now:
+                out[m] = expires
+            else:
+                self.ops.remove(self.members_dir / m)  # a dead consumer's heartbeat
+        return out
+
+    def heartbeat(self, member: str, expires: float) -> None:
+        data = json.dumps(
+            {"expires": expires, "host": self.ops.hostname(), "pid": self.ops.pid()}
+        ).encode()
+        self.write(self.members_dir / member, data, False)
+
+    def leave(self, member: str) -> None:
+        self.ops.remove(self.members_dir / member)
+
+    def write(self, path: Path, data: bytes, durable: bool) -> None:
+        try:
+            self.ops.write_atomic(path, data, durable=durable)
+        except OSError as exc:
+            raise storage_error(f"write consumer group {self.name!r}", exc, path) from exc
+
+
+class ConsumerGroup:
+    """One consumer of a consumer group on a stream (blocking face).
+
+    Get one from :meth:`Stream.group <fsbus.Stream.group>`. :meth:`poll` returns records
+    of this consumer's partitions; :meth:`commit` marks everything polled so far as done.
+    Records polled but not committed are delivered again (to this or another consumer)
+    after a crash: at-least-once.
+    """
+
+    def __init__(
+        self,
+        stream: Stream,
+        name: str,
+        *,
+        consumer: str | None = None,
+        start: str | int = "earliest",
+    ) -> None:
+        self._stream = stream
+        self._ops: StreamOps = stream._ops
+        self._config = stream.config
+        self._files = _GroupFiles(stream.path, stream.name, name, self._ops)
+        self._name = name
+        if consumer is None:
+            consumer = f"{self._ops.hostname()}-{self._ops.pid()}-{secrets.token_hex(3)}"
+        self._member = check_group_name(consumer)
+        self._owned: dict[int, int] = {}  # partition -> next offset to deliver
+        self._next_beat = 0.0
+        self._owners_seen: tuple[int, int] | None = None
+        self._closed = False
+        if start not in ("earliest", "latest") and not (isinstance(start, int) and start >= 0):
+            raise UsageError(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
+        self._files.lock()
+        try:
+            if not self._files.exists():
+                first = self._resolve(start)
+                self._files.create(
+                    self._config.group_partitions, first, self._config.durability != "none"
+                )
+            self._partitions = self._files.partitions()
+        finally:
+            self._files.unlock()
+
+    # --- properties ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The group's name."""
+        return self._name
+
+    @property
+    def consumer(self) -> str:
+        """This consumer's id within the group."""
+        return self._member
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the group has."""
+        return self._partitions
+
+    @property
+    def assignment(self) -> frozenset[int]:
+        """The partitions this consumer holds now."""
+        return frozenset(self._owned)
+
+    # --- consuming -----------------------------------------------------------------------
+
+    def poll(self, *, max_records: int = 500, timeout: float = 0.0) -> list[Record]:
+        """Up to ``max_records`` records of this consumer's partitions, in offset order.
+
+        Waits up to ``timeout`` seconds for records (0: do not wait). Renews the
+        heartbeat, takes free partitions and those of dead consumers.
+        """
+        self._check_open()
+        if max_records < 1:
+            raise UsageError(f"max_records must be >= 1, got {max_records}")
+        deadline = self._ops.monotonic() + timeout
+        while True:
+            self._rebalance(release=False)
+            recs = self._fetch(max_records)
+            if recs or self._ops.monotonic() >= deadline:
+                return recs
+            self._ops.sleep(
+                min(self._config.poll_interval, max(deadline - self._ops.monotonic(), 0))
+            )
+
+    def commit(self) -> dict[int, int]:
+        """Commit every record polled so far; return the committed offset per partition.
+
+        Then gives up partitions that now belong to other live consumers. Partitions this
+        consumer lost (it was silent past ``session_timeout``) are not committed.
+        """
+        self._check_open()
+        files = self._files
+        files.lock()
+        try:
+            offsets = files.read_offsets()
+            owners = files.read_owners()
+            for p in list(self._owned):
+                if owners.get(p) != self._member:
+                    log.warning(
+                        "consumer %s of group %s lost partition %d before committing it",
+                        self._member,
+                        self._name,
+                        p,
+                    )
+                    del self._owned[p]
+            offsets.update(self._owned)
+            files.write_offsets(offsets, self._config.durability != "none")
+            self._rebalance_locked(release=True, owners=owners)
+            return {p: offsets[p] for p in sorted(offsets)}
+        finally:
+            files.unlock()
+
+    def committed(self) -> dict[int, int]:
+        """The committed offset of every partition, as on disk."""
+        return self._files.read_offsets()
+
+    def lag(self) -> int:
+        """Records between the lowest committed offset and the end of the stream."""
+        return max(self._stream.end_offset - min(self.committed().values()), 0)
+
+    def close(self) -> None:
+        """Leave the group: release the partitions (uncommitted records will be delivered
+        again) and remove the heartbeat. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        files = self._files
+        try:
+            files.lock()
+            try:
+                owners = files.read_owners()
+                mine = [p for p, m in owners.items() if m == self._member]
+                for p in mine:
+                    del owners[p]
+                if mine:
+                    files.write_owners(owners)
+                files.leave(self._member)
+            finally:
+                files.unlock()
+        finally:
+            files.close()
+            self._owned.clear()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<ConsumerGroup {self._name!r} consumer={self._member!r} holds={sorted(self._owned)}>"
+        )
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"consumer {self._member!r} of group {self._name!r} is closed")
+
+    def _resolve(self, start: str | int) -> int:
+        if start == "earliest":
+            return self._stream.start_offset
+        if start == "latest":
+            return self._stream.end_offset
+        assert isinstance(start, int)
+        return start
+
+    def _rebalance(self, *, release: bool) -> None:
+        now = self._ops.monotonic()
+        stamp = self._files.owners_stamp()
+        if self._owned and now < self._next_beat and stamp == self._owners_seen:
+            return  # nothing due: fresh heartbeat, partitions held, no owner changed
+        self._files.lock()
+        try:
+            self._rebalance_locked(release=release, owners=None)
+        finally:
+            self._files.unlock()
+
+    def _rebalance_locked(self, *, release: bool, owners: dict[int, str] | None) -> None:
+        files = self._files
+        cfg = self._config
+        wall = self._ops.now()
+        files.heartbeat(self._member, wall + cfg.session_timeout)
+        self._next_beat = self._ops.monotonic() + cfg.heartbeat_interval
+        live = files.live_members(wall)
+        live.setdefault(self._member, wall + cfg.session_timeout)
+        order = sorted(live)
+        if owners is None:
+            owners = files.read_owners()
+        changed = False
+        offsets: dict[int, int] | None = None
+        for p in range(self._partitions):
+            holder = owners.get(p)
+            wanted = order[p % len(order)]
+            if holder == self._member:
+                if p not in self._owned:
+                    # held by us on disk but not in memory (a restart with the same id)
+                    offsets = offsets if offsets is not None else files.read_offsets()
+                    self._owned[p] = offsets.get(p, 0)
+                if release and wanted != self._member:
+                    del owners[p]
+                    self._owned.pop(p, None)
+                    changed = True
+            else:
+                if p in self._owned:
+                    log.warning(
+                        "consumer %s of group %s lost partition %d to %s",
+                        self._member,
+                        self._name,
+                        p,
+                        holder,
+                    )
+                    del self._owned[p]
+                if wanted == self._member and (holder is None or holder not in live):
+                    offsets = offsets if offsets is not None else files.read_offsets()
+                    owners[p] = self._member
+                    self._owned[p] = offsets.get(p, 0)
+                    changed = True
+        if changed:
+            files.write_owners(owners)
+        self._owners_seen = files.owners_stamp()
+
+    def _fetch(self, max_records: int) -> list[Record]:
+        if not self._owned:
+            return []
+        start = min(self._owned.values())
+        parts = self._partitions
+        owned = self._owned
+        out: list[Record] = []
+        scanned_to = start
+        try:
+            it = self._stream.read(start, max_records=SCAN_LIMIT)
+        except OffsetOutOfRange:
+            first = self._stream.start_offset
+            log.warning(
+                "group %s: offsets before %d were deleted by retention before being "
+                "consumed; resuming at %d",
+                self._name,
+                first,
+                first,
+            )
+            for p in owned:
+                owned[p] = max(owned[p], first)
+            return []
+        for r in it:
+            scanned_to = r.offset + 1
+            p = partition_of(r, parts)
+            at = owned.get(p)
+            if at is not None and r.offset >= at:
+                out.append(r)
+                if len(out) >= max_records:
+                    break
+        for p in owned:
+            if owned[p] < scanned_to:
+                owned[p] = scanned_to
+        return out
+
+
+# --- management (CLI, retention) -----------------------------------------------------------
+
+
+def list_groups(stream: Stream) -> list[str]:
+    """Names of the stream's consumer groups."""
+    gdir = stream.path / GROUPS_DIR
+    return sorted(
+        n
+        for n in stream._ops.listdir(gdir)
+        if not n.startswith(".") and stream._ops.exists(gdir / n / "group.json")
+    )
+
+
+def group_info(stream: Stream, name: str) -> GroupInfo:
+    """Committed offsets, lag, live members and owners of one group."""
+    files = _GroupFiles(stream.path, stream.name, name, stream._ops)
+    if not files.exists():
+        raise UsageError(f"stream {stream.name!r} has no consumer group {name!r}")
+    committed = files.read_offsets()
+    end = stream.end_offset
+    live = files.live_members(stream._ops.now())
+    owners = {p: m for p, m in files.read_owners().items() if m in live}
+    return GroupInfo(
+        name=name,
+        partitions=files.partitions(),
+        committed=MappingProxyType(committed),
+        lag=max(end - min(committed.values(), default=end), 0),
+        members=tuple(sorted(live)),
+        owners=MappingProxyType(owners),
+    )
+
+
+def reset_group(stream: Stream, name: str, to: str | int) -> dict[int, int]:
+    """Set every partition's committed offset ('earliest', 'latest' or an offset).
+
+    Also repairs a corrupt offsets file. Do it while the group's consumers are stopped:
+    a running consumer commits its own positions over the reset.
+    """
+    files = _GroupFiles(stream.path, stream.name, name, stream._ops)
+    if to == "earliest":
+        target = stream.start_offset
+    elif to == "latest":
+        target = stream.end_offset
+    elif isinstance(to, int) and to >= 0:
+        target = to
+    else:
+        raise UsageError(f"reset to 'earliest', 'latest' or an offset >= 0, not {to!r}")
+    files.lock()
+    try:
+        if files.exists():
+            parts = files.partitions()
+        else:
+            parts = stream.config.group_partitions
+            files.write(files.meta_path, json.dumps({"partitions": parts}).encode(), True)
+        offsets = dict.fromkeys(range(parts), target)
+        files.write_offsets(offsets, True)
+        return offsets
+    finally:
+        files.unlock()
+        files.close()
+
+
+def delete_group(stream: Stream, name: str) -> None:
+    """Remove a group's files (its consumers should be stopped)."""
+    files = _GroupFiles(stream.path, stream.name, name, stream._ops)
+    ops = stream._ops
+    for m in ops.listdir(files.members_dir):
+        ops.remove(files.members_dir / m)
+    for n in ops.listdir(files.dir):
+        p = files.dir / n
+        if not ops.is_dir(p):
+            ops.remove(p)
+    for d in (files.members_dir, files.dir):
+        try:
+            ops.rmdir(d)
+        except OSError:
+            pass
+
+
+def min_committed(stream: Stream) -> int | None:
+    """The lowest committed offset over every group (None if there is no group)."""
+    lows: list[int] = []
+    for g in list_groups(stream):
+        files = _GroupFiles(stream.path, stream.name, g, stream._ops)
+        lows.append(min(files.read_offsets().values()))
+    return min(lows) if lows else None

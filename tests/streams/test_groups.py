@@ -1,0 +1,174 @@
+"""Consumer groups: commits, independence, sharing, corrupt offsets, takeover."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import Worker
+
+from fsbus import CorruptDataError, RecordIn, Stream, StreamConfig
+from fsbus._stream_groups import group_info, list_groups, reset_group
+
+
+def test_commit_and_resume(stream: Stream) -> None:
+    stream.append_batch([str(i).encode() for i in range(100)])
+    with stream.group("g") as g:
+        got = g.poll(max_records=30)
+        assert [r.offset for r in got] == list(range(30))
+        g.commit()
+        more = g.poll(max_records=10)  # polled, never committed
+        assert [r.offset for r in more] == list(range(30, 40))
+    with stream.group("g") as g:
+        again = g.poll(max_records=1000)
+        assert [r.offset for r in again] == list(range(30, 100))  # at-least-once
+        g.commit()
+        assert g.lag() == 0
+        assert g.poll() == []
+
+
+def test_groups_are_independent(stream: Stream) -> None:
+    stream.append_batch([b"a", b"b", b"c"])
+    with stream.group("one") as one, stream.group("two") as two:
+        assert [r.value for r in one.poll()] == [b"a", b"b", b"c"]
+        one.commit()
+        assert [r.value for r in two.poll(max_records=1)] == [b"a"]
+        two.commit()
+    assert list_groups(stream) == ["one", "two"]
+    assert group_info(stream, "one").lag == 0
+    assert group_info(stream, "two").lag == 2
+
+
+def test_start_latest(stream: Stream) -> None:
+    stream.append_batch([b"old"] * 5)
+    with stream.group("late", start="latest") as g:
+        assert g.poll() == []
+        stream.append(b"new")
+        assert [r.value for r in g.poll()] == [b"new"]
+
+
+def test_poll_waits_for_records(stream: Stream) -> None:
+    with stream.group("g") as g:
+        assert g.poll(timeout=0.05) == []
+
+
+def test_corrupt_offsets_file_is_reported_then_reset(stream: Stream) -> None:
+    stream.append_batch([b"x"] * 10)
+    with stream.group("g") as g:
+        g.poll(max_records=4)
+        g.commit()
+    path = stream.path / "groups" / "g" / "offsets"
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b" 4\n", b" 9\n", 1))
+    with pytest.raises(CorruptDataError) as err:
+        stream.group("g").commit()
+    assert err.value.path == str(path)
+    assert "fsbus stream groups reset s g" in str(err.value)
+    assert path.read_bytes() == raw.replace(b" 4\n", b" 9\n", 1)  # not silently reset
+    path.write_bytes(raw[: len(raw) // 2])  # torn
+    with pytest.raises(CorruptDataError, match="no checksum line"):
+        group_info(stream, "g")
+    assert reset_group(stream, "g", 2) == dict.fromkeys(range(8), 2)
+    with stream.group("g") as g:
+        assert [r.offset for r in g.poll()] == list(range(2, 10))
+
+
+def test_two_consumers_share_without_duplicates(stream: Stream) -> None:
+    keys = [f"k{i % 13}" for i in range(400)]
+    stream.append_batch([RecordIn(f"{i}", key=k) for i, k in enumerate(keys)])
+    a = stream.group("g", consumer="a")
+    b = stream.group("g", consumer="b")
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    try:
+        for _ in range(50):
+            for name, c in (("a", a), ("b", b)):
+                seen[name] += [r.offset for r in c.poll(max_records=25)]
+                c.commit()
+            if len(seen["a"]) + len(seen["b"]) == 400:
+                break
+        assert a.assignment
+        assert b.assignment
+        assert not a.assignment & b.assignment
+        assert sorted(seen["a"] + seen["b"]) == list(range(400))  # each exactly once
+        # each consumer got a key's records in order
+        for mine in seen.values():
+            for k in set(keys):
+                offs = [o for o in mine if keys[o] == k]
+                assert offs == sorted(offs)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_closed_consumer_share_is_taken_at_once(stream: Stream) -> None:
+    stream.append_batch([b"x"] * 64)
+    a = stream.group("g", consumer="a")
+    b = stream.group("g", consumer="b")
+    a.poll()
+    a.commit()
+    b.poll()  # b is live now, but a holds everything until it commits
+    assert not b.assignment
+    a.commit()  # gives b its share
+    b.poll()
+    assert len(a.assignment) == len(b.assignment) == 4
+    a.close()
+    b.poll()
+    assert len(b.assignment) == 8
+    b.close()
+
+
+@pytest.mark.slow
+def test_processes_share_a_group_and_take_over_a_killed_one(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none")
+    n = 300
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        s.append(b"warm-up")
+    events: queue.Queue[tuple[int, str | None]] = queue.Queue()
+    ws = [Worker("consume", tmp_path, "s", "g", f"c{i}", 1.5, sink=events, tag=i) for i in range(3)]
+    got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    last_commit: dict[int, int] = {}
+
+    def drain_until(total: int, dead: int | None = None) -> None:
+        while len({o for offs in got.values() for o in offs}) < total:
+            try:
+                i, line = events.get(timeout=60)
+            except queue.Empty:
+                raise AssertionError(f"records missing: {got}") from None
+            if line is None:
+                assert i == dead, f"consumer {i} died"
+                continue
+            words = line.split()
+            if words[0] == "got":
+                got[i].append(int(words[1]))
+            elif words[0] == "committed":
+                last_commit[i] = int(words[1])
+
+    def append(lo: int, hi: int) -> None:
+        with Stream.open(tmp_path, "s", config=cfg) as s:
+            for i in range(lo, hi, 20):
+                s.append_batch([RecordIn(f"r{j}", key=f"k{j % 17}") for j in range(i, i + 20)])
+
+    try:
+        for w in ws:
+            w.expect("ready")
+        append(0, n)
+        drain_until(n + 1)
+        counts = Counter(o for offs in got.values() for o in offs)
+        assert max(counts.values()) == 1, "a record went to two live consumers"
+        os.kill(ws[0].proc.pid, signal.SIGKILL)
+        ws[0].proc.wait(timeout=30)
+        append(n, 2 * n)
+        drain_until(2 * n + 1, dead=0)
+    finally:
+        for w in ws:
+            w.stop()
+    survivors = got[1] + got[2]
+    assert set(range(n + 1, 2 * n + 1)) <= set(survivors)  # the dead one's share moved
+    counts = Counter(o for offs in got.values() for o in offs)
+    dups = {o for o, c in counts.items() if c > 1}
+    # only what the killed consumer received but had not committed may come twice
+    assert all(o > last_commit.get(0, -1) and o in got[0] for o in dups)
