@@ -104,9 +104,15 @@ class _Batcher(Generic[T, R]):
                     self._wake = anyio.Event()
                     continue
                 batch, self._queue = self._queue[: self._limit], self._queue[self._limit :]
-                results = await anyio.to_thread.run_sync(
-                    self._fn, [s.item for s in batch], abandon_on_cancel=False
-                )
+                try:
+                    results = await anyio.to_thread.run_sync(
+                        self._fn, [s.item for s in batch], abandon_on_cancel=False
+                    )
+                except BaseException:
+                    # Cancelled before the batch ran (run_sync checkpoints first): hand
+                    # it back so the finally below answers its submitters.
+                    self._queue[:0] = batch
+                    raise
                 for s, r in zip(batch, results, strict=True):
                     s.result = r
                     s.event.set()
