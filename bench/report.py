@@ -220,14 +220,16 @@ def plot(results: list[dict[str, Any]], out: Path) -> list[str]:
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
         names.append(name)
-    lat = [r for r in results if r["kind"] == "latency" and r["median"]]
+    lat = [r for r in results if r["unit"] == "ms" and r["median"]]
     if lat:
         fss = _ordered(r["fs"] for r in lat)
-        syss = _ordered(r["system"] for r in lat)
-        fig, axes = plt.subplots(1, len(fss), figsize=(4.5 * len(fss), 4), squeeze=False)
+        keys = _ordered(f"{r['system']}|{r['kind']}" for r in lat)
+        syss = [k.replace("|latency_single", " (work queue)").replace("|latency", "") for k in keys]
+        fig, axes = plt.subplots(1, len(fss), figsize=(5 * len(fss), 4.5), squeeze=False)
         for ax, fs in zip(axes[0], fss, strict=True):
             rows = [
-                next((r for r in lat if r["fs"] == fs and r["system"] == s), None) for s in syss
+                next((r for r in lat if r["fs"] == fs and f"{r['system']}|{r['kind']}" == k), None)
+                for k in keys
             ]
             p50 = [r["median"] if r else 0 for r in rows]
             p99 = [r["p99"] or 0 if r else 0 for r in rows]

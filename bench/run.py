@@ -79,6 +79,7 @@ def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Meas
     try:
         return sysobj.run(sc, workdir, timeout=timeout)
     except ChildFailed as exc:
+        log(f"  {sysobj.name} {sc.key} failed: {exc}")
         return Measurement(None, ok=False, note=str(exc).splitlines()[0][:200])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -11,6 +11,7 @@ Kind = Literal[
     "fanout",  # 1 publisher, `consumers` subscriber processes each get every message; end to end
     "workqueue",  # 1 publisher, `consumers` worker processes share the messages; end to end
     "latency",  # ping process publishes, echo process re-publishes; round trip, one at a time
+    "latency_single",  # the same with work-queue (single) messages both ways
     "match",  # topic matching against `bindings` wildcard bindings; topics matched per second
     "append",  # append records to a log (raw file, fsbus Streams, Redis list)
     "append_durable",  # the same, flushed to stable storage every batch
@@ -54,6 +55,7 @@ class Scenario:
             "fanout": f"fan-out to {self.consumers} sub",
             "workqueue": f"work queue, {self.consumers} worker{'s' if self.consumers > 1 else ''}",
             "latency": "round trip",
+            "latency_single": "round trip, work queue",
             "match": f"match, {self.bindings:,} bindings",
             "append": "append",
             "append_durable": "append, durable",
@@ -64,7 +66,7 @@ class Scenario:
     @property
     def unit(self) -> str:
         """What the figure counts."""
-        if self.kind == "latency":
+        if self.kind in ("latency", "latency_single"):
             return "ms"
         if self.kind == "match":
             return "topics/s"
@@ -108,6 +110,7 @@ def _core(n: int, sizes: tuple[int, ...], latency_n: int) -> list[Scenario]:
             Scenario("read", n * 10, size),
         ]
     out.append(Scenario("latency", latency_n, 100))
+    out.append(Scenario("latency_single", latency_n, 100))
     return out
 
 
@@ -126,6 +129,7 @@ QUICK = Plan(
         Scenario("workqueue", 2000, 100, consumers=4),
         Scenario("append", 20_000, 100),
         Scenario("latency", 100, 100),
+        Scenario("latency_single", 50, 100),
         Scenario("match", 20_000, bindings=10_000),
     ),
     rounds=2,

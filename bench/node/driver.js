@@ -91,7 +91,7 @@ const roles = {
     fsq.on('start', () => {
       fsq.subscribe('bench.ping', (data, info, done) => {
         const recv = now().toString().padStart(TS_WIDTH, '0');
-        fsq.publish('bench.pong', Buffer.concat([Buffer.from(recv, 'latin1'), data]));
+        fsq.publish('bench.pong', Buffer.concat([Buffer.from(recv, 'latin1'), data]), { single: !!p.single });
         if (done) done();
       }, () => emit('READY'));
     });
@@ -102,7 +102,7 @@ const roles = {
     const fsq = open();
     const rtt = [], oneway = [];
     let i = 0;
-    const send = () => fsq.publish('bench.ping', ping(i, p.size));
+    const send = () => fsq.publish('bench.ping', ping(i, p.size), { single: !!p.single });
     fsq.on('start', () => {
       fsq.subscribe('bench.pong', (data, info, done) => {
         const t = now();

@@ -105,7 +105,10 @@ class System:
                 note=", ".join(notes),
                 extra={"publisher_rate": sc.count / max(flow.publish_seconds, 1e-9)},
             )
-        if kind == "latency":
+        if kind in ("latency", "latency_single"):
+            base["single"] = kind == "latency_single"
+            if self.latency_probes is not None:
+                base["n"] = min(sc.count, self.latency_probes)
             res = run_pair(self.command("echo", base), self.command("ping", base), timeout=timeout)
             rtt = sorted(float(x) / 1e6 for x in res["rtt_ns"])
             one = sorted(float(x) / 1e6 for x in res["oneway_ns"])

@@ -25,7 +25,7 @@ class FsBus(System):
     label: ClassVar[str] = "fsbus Bus"
     module: ClassVar[str] = "fsbus_bus"
     kinds: ClassVar[frozenset[Kind]] = frozenset(
-        {"publish", "publish_durable", "fanout", "workqueue", "latency", "match"}
+        {"publish", "publish_durable", "fanout", "workqueue", "latency", "latency_single", "match"}
     )
     extra_params: ClassVar[dict[str, Any]] = {"polling": False}
 
@@ -50,7 +50,9 @@ class FsBus(System):
 class FsBusPolling(FsBus):
     name: ClassVar[str] = "fsbus-poll"
     label: ClassVar[str] = "fsbus Bus, polling only"
-    kinds: ClassVar[frozenset[Kind]] = frozenset({"fanout", "workqueue", "latency"})
+    kinds: ClassVar[frozenset[Kind]] = frozenset(
+        {"fanout", "workqueue", "latency", "latency_single"}
+    )
     extra_params: ClassVar[dict[str, Any]] = {"polling": True}
     latency_probes: ClassVar[int | None] = 20
 
@@ -116,13 +118,14 @@ def _echo(p: dict[str, Any]) -> None:
     import fsbus
 
     tally = Tally(None)  # for STOP only
+    single = bool(p.get("single"))
 
     async def main() -> None:
         async with fsbus.Bus(p["dir"], config=_config(p)) as bus:
 
             async def handler(msg: fsbus.Message) -> None:
                 now = b"%020d" % time.monotonic_ns()
-                await bus.publish("bench.pong", now + msg.payload)
+                await bus.publish("bench.pong", now + msg.payload, single=single)
 
             await bus.subscribe("bench.ping", handler)
             ready()
@@ -138,6 +141,7 @@ def _ping(p: dict[str, Any]) -> None:
 
     rtt: list[int] = []
     oneway: list[int] = []
+    single = bool(p.get("single"))
 
     async def main() -> None:
         got: anyio.Event = anyio.Event()
@@ -153,7 +157,7 @@ def _ping(p: dict[str, Any]) -> None:
             await bus.subscribe("bench.pong", handler)
             for i in range(int(p["n"])):
                 got = anyio.Event()
-                await bus.publish("bench.ping", make_ping(i, int(p["size"])))
+                await bus.publish("bench.ping", make_ping(i, int(p["size"])), single=single)
                 with anyio.fail_after(30):
                     await got.wait()
 

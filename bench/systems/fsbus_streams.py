@@ -1,8 +1,9 @@
 """fsbus Streams (append-only segmented logs), through the public API only.
 
 ``append`` writes records with ``Stream.append_batch`` in batches of 1000 (one lock hold
-each, the counterpart of Redis pipelines and the raw buffered loop); ``append_durable`` asks
-the stream for durability per batch; ``read`` reads them all back with ``Stream.read``.
+each, the counterpart of Redis pipelines and the raw buffered loop) with durability
+``none``; ``append_durable`` uses durability ``batch`` (fdatasync per batch, like the raw
+loop's durable variant); ``read`` reads them all back with ``Stream.read``.
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ class FsBusStreams(System):
 def _open(p: dict[str, Any], durable: bool) -> Any:
     import fsbus
 
-    config = None
-    if durable:
-        config = fsbus.StreamConfig(durability="batch")
+    config = fsbus.StreamConfig(durability="batch" if durable else "none")
     return fsbus.Stream.open(p["dir"], NAME, config=config)
 
 

@@ -43,7 +43,7 @@ class QlobberFsq(System):
     label: ClassVar[str] = "qlobber-fsq 14 (Node)"
     module: ClassVar[str] = "qlobber"
     kinds: ClassVar[frozenset[Kind]] = frozenset(
-        {"publish", "fanout", "workqueue", "latency", "match"}
+        {"publish", "fanout", "workqueue", "latency", "latency_single", "match"}
     )
 
     def prepare(self) -> str | None:
