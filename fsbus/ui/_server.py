@@ -119,13 +119,13 @@ class UiServer:
     def start(self) -> None:
         """Serve from a background thread (stopped by :meth:`close`)."""
         self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="fsbus-ui", daemon=True
+            target=self.httpd.serve_forever, args=(0.1,), name="fsbus-ui", daemon=True
         )
         self._thread.start()
 
     def serve_forever(self) -> None:
         """Serve from the calling thread until :meth:`close` is called from another one."""
-        self.httpd.serve_forever()
+        self.httpd.serve_forever(0.1)
 
     def close(self) -> None:
         """Stop serving and close the bus."""

@@ -334,10 +334,12 @@ class Dashboard:
         if preview.purged:
             with self.bus.messages(pattern, existing=True) as it:
                 while time.monotonic() < deadline:
+                    if purged >= preview.purged and not self._waiting(pattern):
+                        break
                     try:
                         msg = it.get(timeout=min(1.0, max(0.05, deadline - time.monotonic())))
                     except TimeoutError:
-                        if not any(i.single and not i.locked for i in self.bus.browse(pattern)):
+                        if not self._waiting(pattern):
                             break
                         continue
                     if msg.single:
@@ -347,6 +349,9 @@ class Dashboard:
         with self._lock:
             self._cached = None
         return PurgeResult(pattern, purged, after.locked, preview.multi)
+
+    def _waiting(self, pattern: str) -> bool:
+        return any(i.single and not i.locked for i in self.bus.browse(pattern))
 
     # ------------------------------------------------------------------ streams
     def streams(self) -> list[StreamRow]:
