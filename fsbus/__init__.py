@@ -32,6 +32,8 @@ from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._stream import SegmentInfo, Stream, StreamInfo, list_streams
 from ._stream_config import StreamConfig
 from ._stream_format import Record, RecordIn
+from ._stream_groups import ConsumerGroup, GroupInfo
+from ._stream_maint import CompactionReport, RetentionReport
 from ._stream_writer import RecoveryInfo
 from ._sync import BlockingBus, BlockingMessages
 
@@ -44,11 +46,14 @@ __all__ = (
     "BusConfig",
     "BusStatistics",
     "ClosedError",
+    "CompactionReport",
+    "ConsumerGroup",
     "CorruptDataError",
     "DiskFull",
     "DoctorCheck",
     "DoctorReport",
     "FsBusError",
+    "GroupInfo",
     "Handler",
     "InvalidConfig",
     "InvalidHeader",
@@ -64,6 +69,7 @@ __all__ = (
     "Record",
     "RecordIn",
     "RecoveryInfo",
+    "RetentionReport",
     "SegmentInfo",
     "StorageError",
     "StoragePermissionError",

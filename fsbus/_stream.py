@@ -35,6 +35,7 @@ from ._stream_writer import RecoveryInfo, Writer
 
 if TYPE_CHECKING:
     from ._stream_groups import ConsumerGroup
+    from ._stream_maint import CompactionReport, RetentionReport
 
 __all__ = ["SegmentInfo", "Stream", "StreamInfo", "list_streams", "stream_dir"]
 
@@ -249,7 +250,9 @@ class Stream:
             item = prepare_parts(
                 value, key=key, headers=headers, timestamp=timestamp, max_record_bytes=max_bytes
             )
-        return writer.append([item], now_us=self._now_us).start
+        offset = writer.append([item], now_us=self._now_us).start
+        self._after_append(writer)
+        return offset
 
     def append_batch(self, records: Iterable[bytes | str | RecordIn]) -> range:
         """Append many records under one hold of the append lock; return their offsets.
@@ -275,7 +278,9 @@ class Stream:
             if biggest > max_bytes:
                 raise _too_large(biggest, max_bytes)
         writer = self._get_writer()
-        return writer.append(batch, now_us=self._now_us)
+        offsets = writer.append(batch, now_us=self._now_us)
+        self._after_append(writer)
+        return offsets
 
     def recover(self) -> tuple[RecoveryInfo, ...]:
         """Validate the tail now (as the first append would) and cut a torn record.
@@ -354,6 +359,27 @@ class Stream:
             groups=groups,
         )
 
+    # --- maintenance -------------------------------------------------------------------
+
+    def enforce_retention(self) -> RetentionReport:
+        """Delete the oldest closed segments the retention settings allow (see
+        :class:`~fsbus.StreamConfig`: ``retention_bytes``, ``retention_seconds``,
+        ``delete_consumed``). Also runs by itself whenever this handle rolls a segment."""
+        from ._stream_maint import enforce_retention
+
+        self._check_open()
+        return enforce_retention(self)
+
+    def compact(self) -> CompactionReport:
+        """Rewrite the closed segments keeping only the newest record of each key.
+
+        Records without a key stay. Offsets never change. Runs only when asked.
+        """
+        from ._stream_maint import compact
+
+        self._check_open()
+        return compact(self)
+
     # --- consumer groups -------------------------------------------------------------
 
     def group(
@@ -384,6 +410,13 @@ class Stream:
         if self._writer is None:
             self._writer = Writer(self._dir, self._config, self._ops)
         return self._writer
+
+    def _after_append(self, writer: Writer) -> None:
+        if writer.rolled:
+            writer.rolled = False
+            cfg = self._config
+            if cfg.retention_bytes or cfg.retention_seconds or cfg.delete_consumed:
+                self.enforce_retention()
 
     def _now_us(self) -> int:
         return round(self._ops.now() * 1_000_000)
