@@ -21,6 +21,11 @@ $(NODE_PEER): tests/interop/package.json
 demo: $(STAMP)
 	$(PY) -m fsbus.demo
 
+## spark-demo: services publish events, a Spark streaming job aggregates them into Parquet and publishes alerts a subscriber receives (needs Java 17)
+spark-demo: $(STAMP)
+	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed: apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	$(PY) docs/examples/spark_pipeline.py
+
 ## test: lint, type-check, then the whole suite (unit, multi-process, interop, stress smoke, Spark)
 test: $(STAMP) $(NODE_PEER)
 	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed for the Spark tests: apt-get install -y openjdk-17-jre-headless"; exit 1; }
