@@ -185,5 +185,13 @@ class FailingOps(Ops):
         self._maybe_fail("fdatasync", self.paths.get(fd, ""))
         super().fdatasync(fd)
 
+    def copy_range(self, src_fd: int, dst_fd: int, count: int) -> int:
+        self._maybe_fail("write", self.paths.get(dst_fd, ""))
+        return super().copy_range(src_fd, dst_fd, count)
+
+    def mkdir(self, path: str, mode: int = 0o777) -> None:
+        self._maybe_fail("mkdir", path)
+        super().mkdir(path, mode)
+
 
 ERRNO_NAMES = {errno.EACCES: "EACCES", errno.EROFS: "EROFS", errno.ENOSPC: "ENOSPC"}
