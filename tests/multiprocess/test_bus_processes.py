@@ -1,0 +1,333 @@
+"""The bus across real OS processes: fan-out, a worker pool, a killed consumer, shutdown.
+
+Every child is tests/multiprocess/bus_child.py (a fresh Python process using the public
+fsbus API) and reports each handler call as a JSON line; the tests count every message
+per subscriber. Payloads are message ids, topics come from fixed seeds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import signal
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pytest
+from mp_helpers import TIMEOUT, Event, JsonLinesPeer
+
+pytestmark = pytest.mark.slow
+
+Spawn = Callable[..., JsonLinesPeer]
+
+WORDS = ("orders", "users", "eu", "us", "created", "paid")
+
+
+def make_topics(seed: int, n: int) -> list[str]:
+    """``n`` topics of 1-4 words drawn from WORDS, the same for the same seed."""
+    rng = random.Random(seed)
+    return [".".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) for _ in range(n)]
+
+
+def matches(pattern: str, topic: str) -> bool:
+    """A tiny AMQP matcher (``*`` one word, ``#`` zero or more) to compute expectations."""
+    p, t = pattern.split("."), topic.split(".")
+
+    def m(i: int, j: int) -> bool:
+        if i == len(p):
+            return j == len(t)
+        if p[i] == "#":
+            return m(i + 1, j) or (j < len(t) and m(i, j + 1))
+        if j == len(t):
+            return False
+        return (p[i] == t[j] or (p[i] == "*" and t[j] != "")) and m(i + 1, j + 1)
+
+    return m(0, 0)
+
+
+def wait_until(check: Callable[[], bool], *, what: str, timeout: float = TIMEOUT) -> None:
+    """Wait until ``check()`` holds, looking every 20 ms (for conditions that are files)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+
+
+def singles_on_disk(root: Path) -> list[str]:
+    """Work-queue message files still in the buckets."""
+    out: list[str] = []
+    for bucket in (root / "messages").iterdir():
+        out += [n for n in os.listdir(bucket) if "+s+" in n]
+    return out
+
+
+def locked_files(root: Path) -> set[str]:
+    """Every file under ``root`` on which some process holds a flock (probed, released)."""
+    out = set()
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                out.add(path)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+    return out
+
+
+def open_files_under(pid: int, root: Path) -> set[str]:
+    """Files under ``root`` that process ``pid`` has open."""
+    out = set()
+    prefix = f"{root}/"
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix):
+            out.add(target)
+    return out
+
+
+def message_path(root: Path, event: Event) -> str:
+    return str(root / "messages" / str(event["bucket"]) / str(event["name"]))
+
+
+def publish(spawn: Spawn, messages: list[tuple[str, str]], **params: object) -> None:
+    """Publish from a child process and wait until it is done."""
+    pub = spawn("pub", messages=messages, **params)
+    pub.wait_count("published", 1)
+    assert pub.wait_exit() == 0, pub.describe()
+
+
+def counts(peers: list[JsonLinesPeer], kind: str) -> Counter[str]:
+    """How often each message id appears in events of ``kind`` across ``peers``."""
+    return Counter(str(e["id"]) for p in peers for e in p.of(kind))
+
+
+# --------------------------------------------------------------------------- fan-out
+def received_at_least(n: int, events: list[Event]) -> bool:
+    """Whether ``n`` messages other than the fence arrived."""
+    return sum(e.get("event") == "message" and str(e["id"]) != "fence" for e in events) >= n
+
+
+SUBSCRIBERS = [
+    [("all", "#"), ("orders", "orders.#"), ("eu-middle", "*.eu.*")],
+    # One handler on two overlapping patterns: called once per message matching either.
+    [("either", "orders.*.paid"), ("either", "orders.eu.#"), ("users", "users.#")],
+    [("created", "#.created"), ("two-words", "*.*"), ("paid", "#.paid.#")],
+]
+
+
+def test_every_multi_message_reaches_every_matching_subscriber_exactly_once(
+    spawn: Spawn,
+) -> None:
+    subs = [
+        spawn("sub", name=f"subscriber {i}", subscriptions=[*s, ("fence", "fence")])
+        for i, s in enumerate(SUBSCRIBERS)
+    ]
+    for s in subs:
+        s.wait_count("ready", 1)
+
+    per_publisher = 300
+    sent: dict[str, str] = {}
+    pubs = []
+    for k, face in enumerate(("blocking", "async")):
+        msgs = [(t, f"p{k}-{i:04d}") for i, t in enumerate(make_topics(k, per_publisher))]
+        sent.update((ident, topic) for topic, ident in msgs)
+        pubs.append(spawn("pub", name=f"publisher {k}", messages=msgs, face=face))
+    for p in pubs:  # both publish at the same time
+        p.wait_count("published", 1)
+        assert p.wait_exit() == 0, p.describe()
+
+    expected: dict[tuple[int, str], Counter[str]] = {}
+    for i, patterns in enumerate(SUBSCRIBERS):
+        by_handler: dict[str, list[str]] = defaultdict(list)
+        for handler, pattern in patterns:
+            by_handler[handler].append(pattern)
+        for handler, pats in by_handler.items():
+            expected[(i, handler)] = Counter(
+                ident for ident, topic in sent.items() if any(matches(p, topic) for p in pats)
+            )
+    assert all(expected.values()), "every handler has something to get"
+
+    for i, s in enumerate(subs):
+        want = sum(c.total() for (j, _), c in expected.items() if j == i)
+        s.wait_for(partial(received_at_least, want), what=f"{want} messages")
+    # A fence published after everything: once each subscriber has it, a duplicate of an
+    # earlier message (seen as new twice) would have shown up. Its own handler "fence"
+    # aside, the catch-all patterns get it too; it is left out of the counts.
+    publish(spawn, [("fence", "fence")])
+    for s in subs:
+        s.wait_for(
+            lambda evs: any(e.get("handler") == "fence" for e in evs), what="the fence message"
+        )
+        assert s.stop() == 0, s.describe()
+
+    for i, s in enumerate(subs):
+        got: dict[str, Counter[str]] = defaultdict(Counter)
+        for e in s.of("message"):
+            if e["id"] == "fence":
+                continue
+            assert e["topic"] == sent[str(e["id"])], e
+            got[str(e["handler"])][str(e["id"])] += 1
+        for (j, handler), want_ids in expected.items():
+            if j != i:
+                continue
+            extra = got[handler] - want_ids
+            missing = want_ids - got[handler]
+            assert not extra, f"subscriber {i} {handler}: duplicates or strays {extra}"
+            assert not missing, f"subscriber {i} {handler}: lost {missing}"
+        assert set(got) <= {h for (j, h) in expected if j == i}
+
+
+# --------------------------------------------------------------------------- worker pool
+def test_every_single_message_is_handled_exactly_once_by_a_pool_of_workers(
+    spawn: Spawn, bus_root: Path
+) -> None:
+    workers = [spawn("worker", name=f"worker {i}", pattern="jobs.#") for i in range(3)]
+    for w in workers:
+        w.wait_count("ready", 1)
+
+    per_publisher = 300
+    ids: set[str] = set()
+    pubs = []
+    for k, face in enumerate(("blocking", "async")):
+        rng = random.Random(100 + k)
+        msgs = [(f"jobs.{rng.choice(WORDS)}", f"p{k}-{i:04d}") for i in range(per_publisher)]
+        ids.update(i for _, i in msgs)
+        pubs.append(spawn("pub", messages=msgs, single=True, face=face))
+    for p in pubs:
+        p.wait_count("published", 1)
+        assert p.wait_exit() == 0, p.describe()
+
+    wait_until(lambda: counts(workers, "done").total() >= len(ids), what=f"{len(ids)} jobs")
+    wait_until(lambda: not singles_on_disk(bus_root), what="every job acknowledged")
+    for w in workers:
+        assert w.stop() == 0, w.describe()
+
+    done, started = counts(workers, "done"), counts(workers, "start")
+    assert set(done) == ids
+    assert [i for i, n in done.items() if n != 1] == [], "a job was handled twice"
+    assert started == done, "nobody failed or died, so nothing was delivered twice"
+
+
+# --------------------------------------------------------------------------- SIGKILL
+def test_messages_of_a_consumer_killed_mid_handling_are_redelivered(
+    spawn: Spawn, bus_root: Path
+) -> None:
+    holding = 3
+    # The victim's handlers never return: it claims `holding` jobs and sits on them.
+    victim = spawn(
+        "worker",
+        name="victim",
+        pattern="jobs.#",
+        hold=True,
+        config={"handler_concurrency": holding},
+    )
+    victim.wait_count("ready", 1)
+    rng = random.Random(7)
+    msgs = [(f"jobs.{rng.choice(WORDS)}", f"job-{i:04d}") for i in range(200)]
+    publish(spawn, msgs, single=True)
+    held = {str(e["id"]): message_path(bus_root, e) for e in victim.wait_count("start", holding)}
+
+    survivors = [spawn("worker", name=f"survivor {i}", pattern="jobs.#") for i in range(2)]
+    for s in survivors:
+        s.wait_count("ready", 1)
+    rest = len(msgs) - holding
+    wait_until(lambda: counts(survivors, "done").total() >= rest, what=f"{rest} jobs")
+    held_names = {os.path.basename(p) for p in held.values()}
+    wait_until(lambda: set(singles_on_disk(bus_root)) == held_names, what="the rest acked")
+    # While the victim lives, its jobs are locked and nobody else touches them.
+    assert victim.count("start") == holding
+    assert not set(held) & set(counts(survivors, "start"))
+    assert locked_files(bus_root) == set(held.values())
+
+    victim.proc.send_signal(signal.SIGKILL)
+    assert victim.wait_exit() == -signal.SIGKILL
+
+    wait_until(lambda: counts(survivors, "done").total() >= len(msgs), what="redelivery")
+    wait_until(lambda: not singles_on_disk(bus_root), what="every job acknowledged")
+    for s in survivors:
+        assert s.stop() == 0, s.describe()
+
+    done = counts(survivors, "done")
+    assert set(done) == {i for _, i in msgs}
+    assert [i for i, n in done.items() if n != 1] == []
+    redelivered = set(counts([victim], "start")) & set(counts(survivors, "start"))
+    assert redelivered == set(held)
+    assert len(redelivered) == holding
+
+
+# --------------------------------------------------------------------------- shutdown
+def test_no_lock_is_left_after_a_clean_shutdown_and_nothing_is_lost(
+    spawn: Spawn, bus_root: Path
+) -> None:
+    rng = random.Random(11)
+    msgs = [(f"jobs.{rng.choice(WORDS)}", f"job-{i:03d}") for i in range(40)]
+    publish(spawn, msgs, single=True)
+
+    # Workers that claim jobs and never finish them: two async Buses and a BlockingBus.
+    holders = {
+        "async, 4 at once": (
+            spawn("worker", pattern="jobs.#", hold=True, config={"handler_concurrency": 4}),
+            4,
+        ),
+        "async, 2 at once": (
+            spawn("worker", pattern="jobs.#", hold=True, config={"handler_concurrency": 2}),
+            2,
+        ),
+        "blocking": (
+            spawn(
+                "worker",
+                pattern="jobs.#",
+                hold=True,
+                face="blocking",
+                config={"handler_concurrency": 1},
+            ),
+            1,
+        ),
+    }
+    held: set[str] = set()
+    for w, n in holders.values():
+        w.wait_count("ready", 1)
+        held |= {message_path(bus_root, e) for e in w.wait_count("start", n)}
+    assert len(held) == 7
+    # The probe sees the locks that are there, and each holder has its files open.
+    assert locked_files(bus_root) == held
+    for w, _ in holders.values():
+        assert open_files_under(w.proc.pid, bus_root) & held
+
+    for w, _ in holders.values():
+        w.send("STOP")
+    for label, (w, n) in holders.items():
+        w.wait_count("closed", 1)
+        # Still alive, Bus closed: no lock and no open file is left behind.
+        assert w.proc.poll() is None
+        assert open_files_under(w.proc.pid, bus_root) == set(), label
+        assert w.count("start") == n, label
+    assert locked_files(bus_root) == set()
+    for label, (w, _) in holders.items():
+        assert w.stop() == 0, f"{label}: {w.describe()}"
+
+    # Nothing was lost: every job is still there and a fresh worker gets each once.
+    assert len(singles_on_disk(bus_root)) == len(msgs)
+    fresh = spawn("worker", name="fresh worker", pattern="jobs.#")
+    fresh.wait_count("done", len(msgs))
+    wait_until(lambda: not singles_on_disk(bus_root), what="every job acknowledged")
+    assert fresh.stop() == 0, fresh.describe()
+    done = counts([fresh], "done")
+    assert set(done) == {i for _, i in msgs}
+    assert max(done.values()) == 1
