@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._stream import SegmentInfo, Stream, StreamInfo, list_streams
+from ._stream_async import AsyncConsumerGroup, AsyncStream
 from ._stream_config import StreamConfig
 from ._stream_format import Record, RecordIn
 from ._stream_groups import ConsumerGroup, GroupInfo
@@ -40,6 +41,8 @@ from ._sync import BlockingBus, BlockingMessages
 __version__ = "0.1.0"
 
 __all__ = (
+    "AsyncConsumerGroup",
+    "AsyncStream",
     "BlockingBus",
     "BlockingMessages",
     "Bus",

@@ -1,0 +1,310 @@
+"""AsyncStream: the async face of a stream, with follow mode (tail).
+
+Built on the blocking :class:`~fsbus.Stream` (one implementation): every call that
+touches the disk runs in a worker thread through ``anyio.to_thread``, and reads move
+records in batches so the thread hop is paid once per batch, not per record.
+
+Follow mode wakes on appends through inotify (watchdog) on the stream directory, and
+polls every ``poll_interval`` as well, because on network filesystems inotify sees
+only the appends made on this host. ``force_polling`` (``FSBUS_FORCE_POLLING=1``)
+turns inotify off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+from typing import Self
+
+import anyio
+import anyio.to_thread
+
+from ._errors import ClosedError, UsageError
+from ._stream import Stream, StreamInfo
+from ._stream_config import StreamConfig
+from ._stream_format import Record, RecordIn
+from ._stream_groups import ConsumerGroup
+from ._stream_maint import CompactionReport, RetentionReport
+from ._watch import Waker
+
+__all__ = ["AsyncConsumerGroup", "AsyncStream"]
+
+READ_BATCH = 10_000
+
+
+class AsyncStream:
+    """A stream for async code (anyio on asyncio or trio).
+
+    Open with ``await AsyncStream.open(root, name)`` or ``async with
+    AsyncStream(root, name) as s``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        name: str,
+        *,
+        config: StreamConfig | None = None,
+        create: bool = True,
+    ) -> None:
+        self._args = (root, name, config, create)
+        self._stream: Stream | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        root: str | os.PathLike[str],
+        name: str,
+        *,
+        config: StreamConfig | None = None,
+        create: bool = True,
+    ) -> AsyncStream:
+        """Open stream ``name`` under ``root`` (see :meth:`Stream.open <fsbus.Stream.open>`)."""
+        self = cls(root, name, config=config, create=create)
+        await self._ensure()
+        return self
+
+    async def _ensure(self) -> Stream:
+        if self._stream is None:
+            root, name, config, create = self._args
+            self._stream = await anyio.to_thread.run_sync(
+                lambda: Stream.open(root, name, config=config, create=create)
+            )
+        return self._stream
+
+    @property
+    def stream(self) -> Stream:
+        """The blocking :class:`~fsbus.Stream` underneath."""
+        if self._stream is None:
+            raise UsageError("the AsyncStream is not open yet: await open() or use async with")
+        return self._stream
+
+    @property
+    def name(self) -> str:
+        """The stream's name."""
+        return str(self._args[1])
+
+    async def __aenter__(self) -> Self:
+        await self._ensure()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the handle (idempotent)."""
+        if self._stream is not None:
+            self._stream.close()
+
+    # --- appending -----------------------------------------------------------------------
+
+    async def append(
+        self,
+        value: bytes | str,
+        *,
+        key: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timestamp: float | None = None,
+    ) -> int:
+        """Append one record; return its offset."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(
+            lambda: s.append(value, key=key, headers=headers, timestamp=timestamp)
+        )
+
+    async def append_batch(self, records: Iterable[bytes | str | RecordIn]) -> range:
+        """Append many records under one hold of the append lock."""
+        s = await self._ensure()
+        items = list(records)
+        return await anyio.to_thread.run_sync(s.append_batch, items)
+
+    # --- offsets -------------------------------------------------------------------------
+
+    async def start_offset(self) -> int:
+        """The oldest offset kept."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(lambda: s.start_offset)
+
+    async def end_offset(self) -> int:
+        """The next offset to be written."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(lambda: s.end_offset)
+
+    async def offset_for_time(self, ts: float) -> int:
+        """The first offset whose timestamp is >= ``ts``."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(s.offset_for_time, ts)
+
+    async def info(self) -> StreamInfo:
+        """Segments, sizes and offsets."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(s.info)
+
+    async def enforce_retention(self) -> RetentionReport:
+        """See :meth:`Stream.enforce_retention <fsbus.Stream.enforce_retention>`."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(s.enforce_retention)
+
+    async def compact(self) -> CompactionReport:
+        """See :meth:`Stream.compact <fsbus.Stream.compact>`."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(s.compact)
+
+    # --- reading -------------------------------------------------------------------------
+
+    async def _fetch(self, start: int, stop: int | None, limit: int) -> list[Record]:
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(lambda: list(s.read(start, stop, max_records=limit)))
+
+    async def read(
+        self, start: int = 0, stop: int | None = None, *, max_records: int | None = None
+    ) -> AsyncIterator[Record]:
+        """Records in [start, stop) up to the current end of the stream."""
+        left = max_records
+        off = start
+        while left is None or left > 0:
+            batch = await self._fetch(
+                off, stop, READ_BATCH if left is None else min(left, READ_BATCH)
+            )
+            if not batch:
+                return
+            for r in batch:
+                yield r
+            off = batch[-1].offset + 1
+            if left is not None:
+                left -= len(batch)
+
+    def follow(self, start: int | None = None, *, stop: int | None = None) -> Follower:
+        """Records from ``start`` (default: the end at entry) on, waiting for new ones::
+
+            async with stream.follow(start=0) as records:
+                async for record in records:
+                    ...
+
+        Iteration ends only at ``stop`` (if given); leaving the block stops the watch.
+        """
+        return Follower(self, start, stop)
+
+    # --- groups --------------------------------------------------------------------------
+
+    async def group(
+        self, name: str, *, consumer: str | None = None, start: str | int = "earliest"
+    ) -> AsyncConsumerGroup:
+        """Join consumer group ``name`` (see :meth:`Stream.group <fsbus.Stream.group>`)."""
+        s = await self._ensure()
+        g = await anyio.to_thread.run_sync(lambda: s.group(name, consumer=consumer, start=start))
+        return AsyncConsumerGroup(g)
+
+
+class Follower:
+    """The async iterator of :meth:`AsyncStream.follow`; an async context manager."""
+
+    def __init__(self, stream: AsyncStream, start: int | None, stop: int | None) -> None:
+        self._astream = stream
+        self._off = start
+        self._stop = stop
+        self._waker: Waker | None = None
+        self._batch: list[Record] = []
+        self._i = 0
+
+    @property
+    def position(self) -> int | None:
+        """The offset of the next record this follower yields."""
+        return self._off
+
+    async def __aenter__(self) -> Self:
+        s = await self._astream._ensure()
+        if self._off is None:
+            self._off = await self._astream.end_offset()
+        self._waker = Waker(str(s.path), use_inotify=not s.config.force_polling)
+        self._waker.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        waker, self._waker = self._waker, None
+        if waker is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(waker.stop)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Record:
+        if self._waker is None or self._off is None:
+            raise UsageError("use the follower inside `async with stream.follow(...) as it`")
+        s = self._astream.stream
+        while self._i >= len(self._batch):
+            if self._stop is not None and self._off >= self._stop:
+                raise StopAsyncIteration
+            if s.closed:
+                raise ClosedError(f"stream {s.name!r} handle is closed")
+            self._batch = await self._astream._fetch(self._off, self._stop, READ_BATCH)
+            self._i = 0
+            if not self._batch:
+                await self._waker.wait(s.config.poll_interval)
+        r = self._batch[self._i]
+        self._i += 1
+        self._off = r.offset + 1
+        return r
+
+
+class AsyncConsumerGroup:
+    """One consumer of a consumer group, for async code."""
+
+    def __init__(self, group: ConsumerGroup) -> None:
+        self._group = group
+        self._waker: Waker | None = None
+
+    @property
+    def group(self) -> ConsumerGroup:
+        """The blocking :class:`~fsbus.ConsumerGroup` underneath."""
+        return self._group
+
+    async def poll(self, *, max_records: int = 500, timeout: float = 0.0) -> list[Record]:  # noqa: ASYNC109
+        """Up to ``max_records`` records of this consumer's partitions; waits up to
+        ``timeout`` seconds for some, woken by appends."""
+        g = self._group
+        cfg = g._stream.config
+        with anyio.move_on_after(timeout):
+            while True:
+                recs = await anyio.to_thread.run_sync(lambda: g.poll(max_records=max_records))
+                if recs:
+                    return recs
+                if self._waker is None:
+                    self._waker = Waker(str(g._stream.path), use_inotify=not cfg.force_polling)
+                    self._waker.start()
+                await self._waker.wait(cfg.poll_interval)
+        return []
+
+    async def commit(self) -> dict[int, int]:
+        """Commit every record polled so far."""
+        return await anyio.to_thread.run_sync(self._group.commit)
+
+    async def aclose(self) -> None:
+        """Leave the group (uncommitted records will be delivered again)."""
+        if self._waker is not None:
+            await anyio.to_thread.run_sync(self._waker.stop)
+            self._waker = None
+        await anyio.to_thread.run_sync(self._group.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
