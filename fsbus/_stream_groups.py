@@ -109,6 +109,8 @@ class _GroupFiles:
         self.owners_path = self.dir / "owners"
         self.meta_path = self.dir / "group.json"
         self.members_dir = self.dir / "members"
+        self.locks_dir = self.dir / "locks"
+        self.held: dict[str, int] = {}
         self._lock_fd: int | None = None
 
     # locking
@@ -195,29 +197,74 @@ class _GroupFiles:
         )
 
     def live_members(self, now: float) -> dict[str, float]:
+        """Consumers whose heartbeat has not expired, with their expiry.
+
+        A consumer on this host whose liveness lock is free has died (the kernel dropped
+        its flock), so it is dead at once, without waiting for its heartbeat to expire.
+        """
         out: dict[str, float] = {}
+        me = self.ops.hostname()
         for m in self.ops.listdir(self.members_dir):
             if m.startswith("."):
                 continue
             raw = self.ops.read_file(self.members_dir / m)
             try:
-                expires = float(json.loads(raw or b"")["expires"])
+                info = json.loads(raw or b"")
+                expires = float(info["expires"])
+                host = str(info.get("host", ""))
             except (ValueError, KeyError, TypeError):
                 continue
-            if expires > now:
+            if expires > now and not (host == me and m not in self.held and self._dead(m)):
                 out[m] = expires
             else:
                 self.ops.remove(self.members_dir / m)  # a dead consumer's heartbeat
+                self.ops.remove(self.locks_dir / m)
         return out
 
+    def _dead(self, member: str) -> bool:
+        """Whether a consumer of this host has died (its liveness lock is free)."""
+        try:
+            fd = self.ops.open_rw(self.locks_dir / member, create=False)
+        except OSError:
+            return False  # no lock file: judge by the heartbeat alone
+        try:
+            if self.ops.try_lock(fd):
+                self.ops.unlock(fd)
+                return True
+            return False
+        finally:
+            self.ops.close(fd)
+
+    def hold(self, member: str) -> None:
+        """Take this consumer's liveness lock, held until :meth:`leave`."""
+        if member in self.held:
+            return
+        try:
+            self.ops.makedirs(self.locks_dir)
+            fd = self.ops.open_rw(self.locks_dir / member)
+            if not self.ops.try_lock(fd):
+                self.ops.close(fd)
+                raise UsageError(
+                    f"consumer id {member!r} is already in use in group {self.name!r} on "
+                    "this host; give each consumer its own id"
+                )
+        except OSError as exc:
+            raise storage_error("take a consumer's liveness lock", exc, self.locks_dir) from exc
+        self.held[member] = fd
+
     def heartbeat(self, member: str, expires: float) -> None:
+        self.hold(member)
         data = json.dumps(
             {"expires": expires, "host": self.ops.hostname(), "pid": self.ops.pid()}
         ).encode()
         self.write(self.members_dir / member, data, False)
 
     def leave(self, member: str) -> None:
-        self.ops.remove(self.members_dir / member)
+        fd = self.held.pop(member, None)
+        if fd is not None:  # only the holder of the id removes its files
+            self.ops.remove(self.members_dir / member)
+            self.ops.remove(self.locks_dir / member)
+            self.ops.close(fd)
 
     def write(self, path: Path, data: bytes, durable: bool) -> None:
         try:
@@ -311,8 +358,9 @@ class ConsumerGroup:
                 min(self._config.poll_interval, max(deadline - self._ops.monotonic(), 0))
             )
 
-    def commit(self) -> dict[int, int]:
-        """Commit every record polled so far; return the committed offset per partition.
+    def commit(self, *, through: int | None = None) -> dict[int, int]:
+        """Commit every record polled so far (or, with ``through``, every polled record
+        up to that offset); return the committed offset per partition.
 
         Then gives up partitions that now belong to other live consumers. Partitions this
         consumer lost (it was silent past ``session_timeout``) are not committed.
@@ -332,7 +380,9 @@ class ConsumerGroup:
                         p,
                     )
                     del self._owned[p]
-            offsets.update(self._owned)
+            for p, pos in self._owned.items():
+                upto = pos if through is None else min(pos, through + 1)
+                offsets[p] = max(offsets.get(p, 0), upto)
             files.write_offsets(offsets, self._config.durability != "none")
             self._rebalance_locked(release=True, owners=owners)
             return {p: offsets[p] for p in sorted(offsets)}
@@ -557,13 +607,14 @@ def delete_group(stream: Stream, name: str) -> None:
     """Remove a group's files (its consumers should be stopped)."""
     files = _GroupFiles(stream.path, stream.name, name, stream._ops)
     ops = stream._ops
-    for m in ops.listdir(files.members_dir):
-        ops.remove(files.members_dir / m)
+    for sub in (files.members_dir, files.locks_dir):
+        for m in ops.listdir(sub):
+            ops.remove(sub / m)
     for n in ops.listdir(files.dir):
         p = files.dir / n
         if not ops.is_dir(p):
             ops.remove(p)
-    for d in (files.members_dir, files.dir):
+    for d in (files.members_dir, files.locks_dir, files.dir):
         try:
             ops.rmdir(d)
         except OSError:

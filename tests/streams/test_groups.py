@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import Worker
 
-from fsbus import CorruptDataError, RecordIn, Stream, StreamConfig
+from fsbus import CorruptDataError, RecordIn, Stream, StreamConfig, UsageError
 from fsbus._stream_groups import group_info, list_groups, reset_group
 
 
@@ -172,3 +172,22 @@ def test_processes_share_a_group_and_take_over_a_killed_one(tmp_path: Path) -> N
     dups = {o for o, c in counts.items() if c > 1}
     # only what the killed consumer received but had not committed may come twice
     assert all(o > last_commit.get(0, -1) and o in got[0] for o in dups)
+
+
+def test_commit_through_an_offset(stream: Stream) -> None:
+    stream.append_batch([b"x"] * 10)
+    with stream.group("g") as g:
+        assert len(g.poll()) == 10
+        assert set(g.commit(through=3).values()) == {4}
+    with stream.group("g") as g:
+        assert [r.offset for r in g.poll()] == list(range(4, 10))
+
+
+def test_consumer_ids_are_exclusive(stream: Stream) -> None:
+    with stream.group("g", consumer="same") as a:
+        a.poll()
+        b = stream.group("g", consumer="same")
+        with pytest.raises(UsageError, match="already in use"):
+            b.poll()
+        b.close()
+        assert (stream.path / "groups" / "g" / "members" / "same").exists()
