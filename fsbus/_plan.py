@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from ._config import BusConfig
 from ._errors import InvalidHeader, UsageError
 from ._layout import Layout
-from ._names import FLAG_META, FsbusFields, bucket_for, encode_fields, encode_topic, make_name
+from ._names import (
+    FLAG_META,
+    MAX_EXPIRES_MS,
+    FsbusFields,
+    bucket_for,
+    encode_fields,
+    encode_topic,
+    make_name,
+)
 from ._topics import validate_topic
 
 __all__ = ["MAX_HEADER_BYTES", "PublishPlan", "plan_publish", "validate_headers"]
@@ -105,7 +113,8 @@ def plan_publish(
     fields = FsbusFields(
         flags=FLAG_META if meta else 0, priority=priority, published_ms=now_ms, host=host
     )
-    expires_ms = now_ms + round(ttl * 1000)
+    # ttl=inf (or any huge ttl) means "as late as a name can say": clamp before rounding.
+    expires_ms = now_ms + round(min(ttl * 1000, MAX_EXPIRES_MS))
     name, spill = make_name(
         encode_topic(t),
         split_at=config.split_topic_at,
