@@ -35,6 +35,7 @@ from ._stream_config import StreamConfig
 from ._stream_format import Record, RecordIn
 from ._stream_groups import ConsumerGroup, GroupInfo
 from ._stream_maint import CompactionReport, RetentionReport
+from ._stream_queue import QueueEmpty, StreamQueue
 from ._stream_writer import RecoveryInfo
 from ._sync import BlockingBus, BlockingMessages
 
@@ -69,6 +70,7 @@ __all__ = (
     "OffsetOutOfRange",
     "PayloadTooLarge",
     "PublishInfo",
+    "QueueEmpty",
     "Record",
     "RecordIn",
     "RecoveryInfo",
@@ -81,6 +83,7 @@ __all__ = (
     "StreamError",
     "StreamInfo",
     "StreamNotFound",
+    "StreamQueue",
     "Subscription",
     "UsageError",
     "WouldBlock",

@@ -333,6 +333,11 @@ class ConsumerGroup:
         return self._partitions
 
     @property
+    def positions(self) -> dict[int, int]:
+        """Next offset to deliver, per partition held."""
+        return dict(self._owned)
+
+    @property
     def assignment(self) -> frozenset[int]:
         """The partitions this consumer holds now."""
         return frozenset(self._owned)
@@ -358,12 +363,13 @@ class ConsumerGroup:
                 min(self._config.poll_interval, max(deadline - self._ops.monotonic(), 0))
             )
 
-    def commit(self, *, through: int | None = None) -> dict[int, int]:
+    def commit(self, *, through: int | None = None, release: bool = True) -> dict[int, int]:
         """Commit every record polled so far (or, with ``through``, every polled record
         up to that offset); return the committed offset per partition.
 
-        Then gives up partitions that now belong to other live consumers. Partitions this
-        consumer lost (it was silent past ``session_timeout``) are not committed.
+        Then (unless ``release`` is false) gives up partitions that now belong to other
+        live consumers. Partitions this consumer lost (it was silent past
+        ``session_timeout``) are not committed.
         """
         self._check_open()
         files = self._files
@@ -384,7 +390,7 @@ class ConsumerGroup:
                 upto = pos if through is None else min(pos, through + 1)
                 offsets[p] = max(offsets.get(p, 0), upto)
             files.write_offsets(offsets, self._config.durability != "none")
-            self._rebalance_locked(release=True, owners=owners)
+            self._rebalance_locked(release=release, owners=owners)
             return {p: offsets[p] for p in sorted(offsets)}
         finally:
             files.unlock()
