@@ -404,7 +404,11 @@ class Bus:
         :meth:`MessageIterator.release`. Leaving the block releases what is not acked.
         """
         it = MessageIterator(buffer)
-        sub = await self.subscribe(pattern, it._handle, existing=existing)
+        try:
+            sub = await self.subscribe(pattern, it._handle, existing=existing)
+        except BaseException:
+            it._close()  # a bad pattern or a closed bus: do not leak the streams
+            raise
         try:
             yield it
         finally:
