@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from interop_helpers import JsonLinesPeer
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "qlobber_peer.js"
 MODULES = HERE / "node_modules"
+FSBUS_CHILD = HERE.parent / "multiprocess" / "bus_child.py"
 
 
 @pytest.fixture
@@ -52,6 +55,33 @@ def qlobber(node: str, tmp_path: Path, bus_root: Path) -> Iterator[Callable[...,
             [node, str(SCRIPT), role, str(params_file)],
             name=f"qlobber-fsq {role} #{len(started)}",
             cwd=HERE,
+        )
+        started.append(peer)
+        return peer
+
+    yield start
+    for peer in started:
+        peer.kill()
+
+
+@pytest.fixture
+def fsbus_child(tmp_path: Path, bus_root: Path) -> Iterator[Callable[..., JsonLinesPeer]]:
+    """``fsbus_child("worker", pattern=...)`` runs an fsbus peer in its own Python process.
+
+    It is tests/multiprocess/bus_child.py (see there for roles and events).
+    """
+    started: list[JsonLinesPeer] = []
+    repo = str(HERE.parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+
+    def start(role: str, **params: Any) -> JsonLinesPeer:
+        params_file = tmp_path / f"fsbus-{role}-{len(started)}.json"
+        params_file.write_text(json.dumps({"root": str(bus_root), **params}))
+        peer = JsonLinesPeer(
+            [sys.executable, str(FSBUS_CHILD), role, str(params_file)],
+            name=f"fsbus {role} #{len(started)}",
+            cwd=HERE,
+            env=env,
         )
         started.append(peer)
         return peer

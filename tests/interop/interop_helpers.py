@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
@@ -15,6 +17,35 @@ TIMEOUT = 60.0
 """Generous upper bound for any single wait; a healthy run needs a few seconds."""
 
 
+def locked_files(root: Path) -> set[str]:
+    """Every file under ``root`` on which some process holds a flock (probed, released)."""
+    out = set()
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                out.add(path)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+    return out
+
+
+def singles_on_disk(root: Path) -> set[str]:
+    """Names of the work-queue message files still in the buckets."""
+    out: set[str] = set()
+    for bucket in (root / "messages").iterdir():
+        out.update(n for n in os.listdir(bucket) if "+s+" in n)
+    return out
+
+
 class JsonLinesPeer:
     """A process whose stdout is one JSON object per line (``{"event": ...}``).
 
@@ -22,11 +53,19 @@ class JsonLinesPeer:
     kept for failure messages. Lines that are not JSON are kept as ``{"event": "raw"}``.
     """
 
-    def __init__(self, argv: Sequence[str], *, name: str, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -83,14 +83,15 @@ function pub() {
   });
 }
 
-// Subscribe params.subscriptions ([{id, pattern}]), one handler function per entry so that
-// qlobber-fsq's per-handler dedup keeps them apart. Single messages are acknowledged by
-// calling done() once the line is written.
+// Subscribe params.subscriptions ([{id, pattern, hold}]), one handler function per entry so
+// that qlobber-fsq's per-handler dedup keeps them apart. Single messages are acknowledged by
+// calling done() once the line is written, unless the subscription says hold: then the
+// handler never finishes and qlobber-fsq keeps the message locked until the process dies.
 function sub() {
   const fsq = open();
   const subs = params.subscriptions;
   let pending = subs.length;
-  const handlerFor = (id) => (data, info, done) => {
+  const handlerFor = (id, hold) => (data, info, done) => {
     emit({
       event: 'message',
       sub: id,
@@ -101,11 +102,11 @@ function sub() {
       expires: info.expires,
       payload: data.toString('base64'),
     });
-    if (done) done();
+    if (done && !hold) done();
   };
   fsq.on('start', () => {
     for (const s of subs) {
-      fsq.subscribe(s.pattern, handlerFor(s.id), () => {
+      fsq.subscribe(s.pattern, handlerFor(s.id, !!s.hold), () => {
         pending -= 1;
         if (pending === 0) emit({ event: 'ready' });
       });
