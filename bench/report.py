@@ -20,7 +20,7 @@ def speed_ratio(row: dict[str, Any], ref: dict[str, Any] | None) -> float | None
     """How many times faster ``row`` is than ``ref`` (None when either is missing)."""
     if ref is None or row["median"] is None or ref["median"] is None:
         return None
-    if row["kind"] == "latency":
+    if row["unit"] == "ms":
         return float(ref["median"]) / float(row["median"]) if row["median"] else None
     return float(row["median"]) / float(ref["median"]) if ref["median"] else None
 

@@ -95,41 +95,40 @@ class Plan:
     """Shown under the table."""
 
 
-def _core(n: int, sizes: tuple[int, ...], latency_n: int) -> list[Scenario]:
-    out: list[Scenario] = []
-    for size in sizes:
-        out += [
-            Scenario("publish", n, size),
-            Scenario("publish_durable", max(200, n // 10), size),
-            Scenario("fanout", n, size, consumers=1),
-            Scenario("fanout", n, size, consumers=4),
-            Scenario("workqueue", n, size, consumers=1),
-            Scenario("workqueue", n, size, consumers=4),
-            Scenario("append", n * 10, size),
-            Scenario("append_durable", n * 10, size),
-            Scenario("read", n * 10, size),
-        ]
-    out.append(Scenario("latency", latency_n, 100))
-    out.append(Scenario("latency_single", latency_n, 100))
-    return out
-
-
 FULL = Plan(
     "full",
-    (*_core(10_000, (100, 10_000), 500), Scenario("match", 100_000, bindings=10_000)),
+    (
+        Scenario("publish", 10_000, 100),
+        Scenario("publish_durable", 1_000, 100),
+        Scenario("fanout", 10_000, 100, consumers=1),
+        Scenario("fanout", 10_000, 100, consumers=4),
+        Scenario("workqueue", 10_000, 100, consumers=1),
+        Scenario("workqueue", 10_000, 100, consumers=4),
+        Scenario("latency", 300, 100),
+        Scenario("latency_single", 300, 100),
+        Scenario("append", 100_000, 100),
+        Scenario("append_durable", 100_000, 100),
+        Scenario("read", 100_000, 100),
+        Scenario("publish", 5_000, 10_000),
+        Scenario("fanout", 5_000, 10_000, consumers=1),
+        Scenario("workqueue", 5_000, 10_000, consumers=4),
+        Scenario("append", 20_000, 10_000),
+        Scenario("read", 20_000, 10_000),
+        Scenario("match", 100_000, bindings=10_000),
+    ),
     rounds=3,
 )
 QUICK = Plan(
     "quick",
     (
         Scenario("publish", 2000, 100),
-        Scenario("fanout", 2000, 100, consumers=1),
-        Scenario("fanout", 2000, 100, consumers=4),
-        Scenario("workqueue", 2000, 100, consumers=1),
-        Scenario("workqueue", 2000, 100, consumers=4),
+        Scenario("fanout", 1000, 100, consumers=1),
+        Scenario("fanout", 1000, 100, consumers=4),
+        Scenario("workqueue", 1000, 100, consumers=1),
+        Scenario("workqueue", 1000, 100, consumers=4),
         Scenario("append", 20_000, 100),
-        Scenario("latency", 100, 100),
-        Scenario("latency_single", 50, 100),
+        Scenario("latency", 50, 100),
+        Scenario("latency_single", 30, 100),
         Scenario("match", 20_000, bindings=10_000),
     ),
     rounds=2,

@@ -54,7 +54,7 @@ class FsBusPolling(FsBus):
         {"fanout", "workqueue", "latency", "latency_single"}
     )
     extra_params: ClassVar[dict[str, Any]] = {"polling": True}
-    latency_probes: ClassVar[int | None] = 20
+    latency_probes: ClassVar[int | None] = 10
 
 
 def _config(p: dict[str, Any]) -> Any:

@@ -1,0 +1,216 @@
+"""Spark connector throughput against Spark's own file sources, side by side in one run.
+
+    .venv/bin/python -m bench.bench_spark [--records 1000000] [--size 100] [--rounds 3]
+
+Measures, on a local[2] Spark, records per second for
+
+* reading: a Stream through ``format("fsbus")`` (batch read, and a streaming query with
+  Trigger.AvailableNow) into the ``noop`` sink, against Spark's text and JSON sources
+  reading the same records from files (batch, and a streaming file source);
+* writing: a DataFrame of the same records into a Stream through ``format("fsbus")``,
+  against Spark writing them as text and JSON files.
+
+Rounds are interleaved (A B C A B C ...) and the median is reported, with the ratio of
+fsbus to each file source measured in the same run. Absolute figures depend on the
+machine; the ratios are the result. Scratch data goes under ``--scratch`` (default
+bench/scratch/spark, git-ignored) and is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fsbus import Stream
+
+HERE = Path(__file__).resolve().parent
+
+
+def spark_session(scratch: Path) -> Any:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    from pyspark.sql import SparkSession
+
+    import fsbus.spark
+
+    (scratch / "local").mkdir(parents=True, exist_ok=True)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("fsbus-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.local.dir", str(scratch / "local"))
+        .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch}")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    fsbus.spark.register(spark)
+    return spark
+
+
+def value_of(i: int, size: int) -> str:
+    head = f"{i:012d} "
+    return head + "x" * (size - len(head))
+
+
+def prepare(root: Path, files: Path, n: int, size: int) -> None:
+    """The same records as a Stream, as text files and as JSON-lines files (two of each)."""
+    with Stream.open(root, "bench") as stream:
+        chunk = 50_000
+        for lo in range(0, n, chunk):
+            stream.append_batch([value_of(i, size).encode() for i in range(lo, min(n, lo + chunk))])
+    for kind in ("text", "json"):
+        (files / kind).mkdir(parents=True)
+    for part in range(2):
+        lo, hi = part * n // 2, (part + 1) * n // 2
+        with open(files / "text" / f"part-{part}.txt", "w") as f:
+            f.writelines(value_of(i, size) + "\n" for i in range(lo, hi))
+        with open(files / "json" / f"part-{part}.json", "w") as f:
+            f.writelines(json.dumps({"value": value_of(i, size)}) + "\n" for i in range(lo, hi))
+
+
+def timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    scratch = args.scratch / f"run-{os.getpid()}"
+    root, files, out = scratch / "bus", scratch / "files", scratch / "out"
+    root.mkdir(parents=True)
+    t = timed(lambda: prepare(root, files, args.records, args.size))
+    print(f"prepared {args.records} records of {args.size} B in {t:.1f} s", file=sys.stderr)
+    spark = spark_session(scratch)
+    n, size = args.records, args.size
+    counter = iter(range(1_000_000))
+
+    def noop(df: Any) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    def stream_to_noop(df: Any) -> None:
+        ckpt = scratch / "ckpt" / str(next(counter))
+        q = (
+            df.writeStream.format("noop")
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        rows = sum(p["numInputRows"] for p in q.recentProgress)
+        assert rows == n, f"the streaming query read {rows} rows, not {n}"
+
+    fsbus_opts = {"path": str(root), "stream": "bench"}
+    readers: dict[str, Callable[[], None]] = {
+        "read fsbus (batch)": lambda: noop(spark.read.format("fsbus").options(**fsbus_opts).load()),
+        "read text files (batch)": lambda: noop(spark.read.text(str(files / "text"))),
+        "read json files (batch)": lambda: noop(
+            spark.read.schema("value string").json(str(files / "json"))
+        ),
+        "read fsbus (streaming)": lambda: stream_to_noop(
+            spark.readStream.format("fsbus").options(**fsbus_opts).load()
+        ),
+        "read text files (streaming)": lambda: stream_to_noop(
+            spark.readStream.text(str(files / "text"))
+        ),
+        "read json files (streaming)": lambda: stream_to_noop(
+            spark.readStream.schema("value string").json(str(files / "json"))
+        ),
+    }
+    data = (
+        spark.range(n, numPartitions=2)
+        .selectExpr(
+            f"concat(lpad(CAST(id AS STRING), 12, '0'), ' ', repeat('x', {size - 13})) AS value"
+        )
+        .cache()
+    )
+    assert data.count() == n
+
+    def write_fsbus() -> None:
+        name = f"w{next(counter)}"
+        data.write.format("fsbus").mode("append").options(path=str(root), stream=name).save()
+        with Stream.open(root, name, create=False) as s:
+            assert s.end_offset == n
+
+    writers: dict[str, Callable[[], None]] = {
+        "write fsbus": write_fsbus,
+        "write text files": lambda: data.write.mode("overwrite").text(str(out / "text")),
+        "write json files": lambda: data.write.mode("overwrite").json(str(out / "json")),
+    }
+    # Warm-up (JIT, Python workers), not timed.
+    noop(spark.read.format("fsbus").options(**fsbus_opts, endingOffsets="1000").load())
+    noop(spark.read.text(str(files / "text")).limit(1000))
+
+    times: dict[str, list[float]] = {name: [] for name in (*readers, *writers)}
+    for r in range(args.rounds):
+        for name, fn in (*readers.items(), *writers.items()):
+            times[name].append(timed(fn))
+            print(f"round {r + 1}: {name}: {times[name][-1]:.2f} s", file=sys.stderr)
+    spark.stop()
+    shutil.rmtree(scratch, ignore_errors=True)
+    rates = {name: n / statistics.median(ts) for name, ts in times.items()}
+    return {"records": n, "size": size, "rounds": args.rounds, "rates": rates, "times": times}
+
+
+def report(result: dict[str, Any]) -> str:
+    rates = result["rates"]
+    lines = [
+        f"Spark connector, {result['records']:,} records x {result['size']} B, local[2], "
+        f"median of {result['rounds']} interleaved rounds",
+        "",
+        "| operation | records/s | fsbus / text | fsbus / json |",
+        "|---|---:|---:|---:|",
+    ]
+    groups = [
+        ("read", "(batch)"),
+        ("read", "(streaming)"),
+        ("write", ""),
+    ]
+    for verb, mode in groups:
+        suffix = f" {mode}" if mode else ""
+        ours = rates[f"{verb} fsbus{suffix}"]
+        for what in ("fsbus", "text files", "json files"):
+            rate = rates[f"{verb} {what}{suffix}"]
+            ratio = ""
+            if what == "fsbus":
+                text = ours / rates[f"{verb} text files{suffix}"]
+                js = ours / rates[f"{verb} json files{suffix}"]
+                ratio = f"| {text:.2f} | {js:.2f} |"
+            else:
+                ratio = "| | |"
+            lines.append(f"| {verb} {what}{suffix} | {rate:,.0f} {ratio}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="bytes per record value")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scratch", type=Path, default=HERE / "scratch" / "spark")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.size < 20:
+        parser.error("--size must be at least 20 bytes")
+    result = run(args)
+    text = report(result)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
