@@ -72,11 +72,16 @@ def _default(name: str, field: FieldInfo) -> str:
     value = field.default
     if isinstance(value, enum.Enum):
         value = value.value
+    return f"`{value!r}`{_in_units(value)}"
+
+
+def _in_units(value: object) -> str:
+    """ " (64 MiB)" for a whole number of MiB, GiB or TiB; else nothing."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 20:
-        for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
             if value % size == 0:
-                return f"`{value}` ({value // size} {unit})"
-    return f"`{value!r}`"
+                return f" ({value // size} {unit})"
+    return ""
 
 
 _BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "length ≥"))
@@ -88,7 +93,7 @@ def _limits(field: FieldInfo) -> str:
         for attr, sign in _BOUNDS:
             bound = getattr(meta, attr, None)
             if bound is not None:
-                shown = oct(bound) if bound == 0o7777 else repr(bound)
+                shown = oct(bound) if bound == 0o7777 else repr(bound) + _in_units(bound)
                 parts.append(f"{sign} {shown}")
     return ", ".join(parts) if parts else "—"
 

@@ -9,7 +9,7 @@ from urllib.parse import urlencode
 
 from fsbus import MessageInfo
 
-from ._snapshot import PurgeResult, Snapshot
+from ._snapshot import GroupRow, PurgeResult, Snapshot
 
 __all__ = [
     "error_page",
@@ -299,18 +299,17 @@ def _segments(segments: Sequence[tuple[int, int, int]]) -> str:
     )
 
 
-def _groups(groups: Sequence[object]) -> str:
+def _groups(groups: Sequence[GroupRow]) -> str:
     if not groups:
         return '<span class="muted">none</span>'
     parts = []
     for g in groups:
-        name = escape(str(getattr(g, "name", "")))
-        lag = getattr(g, "lag", None)
-        committed = getattr(g, "committed", None)
-        if lag is None:
-            parts.append(f"<code>{name}</code>")
-        else:
-            parts.append(f"<code>{name}</code>: lag {lag} (at {committed})")
+        members = f"{len(g.members)} consumer{'s' if len(g.members) != 1 else ''}"
+        parts.append(
+            f"<code>{escape(g.name)}</code>: lag <b>{g.lag}</b> "
+            f'<span class="muted">(committed {g.committed}, {g.partitions} partitions, '
+            f"{members})</span>"
+        )
     return "<br>".join(parts)
 
 

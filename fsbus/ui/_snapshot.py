@@ -94,10 +94,14 @@ class GroupRow:
 
     name: str
     """Group name."""
-    committed: int | None
-    """Next offset the group will read (None when unknown)."""
-    lag: int | None
-    """Records between the group's position and the stream's end."""
+    partitions: int
+    """Partitions its records are spread over."""
+    committed: int
+    """Lowest committed offset over its partitions: everything below is done."""
+    lag: int
+    """Records between that offset and the stream's end (an upper bound on what is left)."""
+    members: tuple[str, ...]
+    """Live consumers."""
 
 
 @dataclass(frozen=True)
@@ -355,17 +359,13 @@ class Dashboard:
 
     # ------------------------------------------------------------------ streams
     def streams(self) -> list[StreamRow]:
-        """Every stream under the root (empty until the streams API is available)."""
-        list_streams = getattr(fsbus, "list_streams", None)
-        stream_cls = getattr(fsbus, "Stream", None)
-        if list_streams is None or stream_cls is None:
-            return []
+        """Every stream under the root, with its segments and consumer groups."""
         rows = []
-        for name in list_streams(self.root):
+        for name in fsbus.list_streams(self.root):
             try:
-                with stream_cls.open(self.root, name, create=False) as stream:
+                with fsbus.Stream.open(self.root, name, create=False) as stream:
                     info = stream.info()
-                    groups = tuple(self._groups(stream, info))
+                    groups = tuple(_group_row(stream.group_info(g)) for g in stream.groups())
             except fsbus.FsBusError as exc:
                 rows.append(StreamRow(name, 0, 0, 0, (), (), error=str(exc)))
                 continue
@@ -383,26 +383,7 @@ class Dashboard:
             )
         return rows
 
-    def _groups(self, stream: object, info: object) -> list[GroupRow]:
-        names: tuple[str, ...] = tuple(getattr(info, "groups", ()) or ())
-        end = int(getattr(info, "end_offset", 0))
-        group_cls = getattr(fsbus, "ConsumerGroup", None)
-        rows = []
-        for name in names:
-            committed: int | None = None
-            if group_cls is not None:
-                committed = _committed(group_cls, stream, name)
-            lag = max(0, end - committed) if committed is not None else None
-            rows.append(GroupRow(name, committed, lag))
-        return rows
 
-
-def _committed(group_cls: object, stream: object, name: str) -> int | None:
-    """A group's committed position, through the public ConsumerGroup API."""
-    try:
-        group = group_cls(stream, name)  # type: ignore[operator]
-        position = getattr(group, "committed", None)
-        value = position() if callable(position) else position
-    except (fsbus.FsBusError, TypeError, ValueError):
-        return None
-    return int(value) if isinstance(value, int) else None
+def _group_row(info: fsbus.GroupInfo) -> GroupRow:
+    committed = min(info.committed.values()) if info.committed else 0
+    return GroupRow(info.name, info.partitions, committed, info.lag, tuple(info.members))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlencode
 
-from fsbus import BlockingBus
+from fsbus import BlockingBus, Stream, StreamConfig
 from fsbus.ui import UiServer
 
 from .conftest import TOKEN, fetch
@@ -210,3 +210,29 @@ def test_locked_message_shows_its_holder_and_survives_a_purge(ui: UiServer) -> N
     with BlockingBus(ui.bus.root) as bus:
         left = [(i.name, i.locked) for i in bus.browse("jobs.#")]
     assert left == [(held, False)]
+
+
+def test_streams_show_segments_and_group_lag(ui: UiServer) -> None:
+    config = StreamConfig(group_partitions=1)
+    with Stream.open(ui.bus.root, "clicks", config=config) as stream:
+        stream.append_batch([f"click-{i}" for i in range(10)])
+        group = stream.group("reporting")
+        try:
+            assert len(group.poll(max_records=4)) == 4
+            group.commit()
+        finally:
+            group.close()
+    data = fetch(ui.url + "api/overview").json()
+    assert isinstance(data, dict)
+    [row] = data["streams"]
+    assert (row["name"], row["start_offset"], row["end_offset"], row["records"]) == (
+        "clicks",
+        0,
+        10,
+        10,
+    )
+    assert len(row["segments"]) >= 1
+    [g] = row["groups"]
+    assert (g["name"], g["committed"], g["lag"], g["partitions"]) == ("reporting", 4, 6, 1)
+    page = fetch(ui.url)
+    assert "<code>reporting</code>: lag <b>6</b>" in page.body
