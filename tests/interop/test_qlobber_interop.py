@@ -337,3 +337,108 @@ async def test_work_queue_shared_by_a_node_and_a_python_worker(
         assert m.payload == published[m.name]
     for e in node_done:
         assert base64.b64decode(str(e["payload"])) == published[str(e["fname"])]
+
+
+# --------------------------------------------------------------------------- both at once
+@pytest.mark.asyncio
+async def test_node_and_fsbus_publish_and_subscribe_on_one_bus(
+    qlobber: Callable[..., JsonLinesPeer], bus_root: Path
+) -> None:
+    per_side = 50
+    node_sub = qlobber("sub", subscriptions=[{"id": "n", "pattern": "mix.#"}])
+    await in_thread(lambda: node_sub.wait_count("ready", 1))
+    inbox = Inbox()
+    node_msgs = [Out(f"mix.node.k{i % 5}", f"node-{i}".encode()) for i in range(per_side)]
+
+    async with Bus(bus_root) as bus:
+        await bus.subscribe("mix.#", inbox.handler("py"))
+        node_pub = qlobber("pub", messages=wire(node_msgs))  # publishes while we do
+        payload_of = {}
+        for i in range(per_side):
+            info = await bus.publish(f"mix.py.k{i % 5}", f"py-{i}".encode())
+            payload_of[info.name] = f"py-{i}".encode()
+        await in_thread(lambda: node_pub.wait_count("done", 1))
+        for e in node_pub.of("published"):
+            payload_of[str(e["fname"])] = node_msgs[int(e["i"])].payload
+        everything = 2 * per_side
+        await eventually(lambda: inbox.total() >= everything, what="fsbus got everything")
+        await in_thread(lambda: node_sub.wait_count("message", everything))
+        scans = bus.statistics().scans
+        await eventually(lambda: bus.statistics().scans >= scans + 3, what="3 more scans")
+    assert node_sub.stop() == 0
+    assert node_pub.wait_exit() == 0
+
+    want = Counter(set(payload_of))
+    assert Counter(m.name for m in inbox.by_sub["py"]) == want
+    assert Counter(str(e["fname"]) for e in node_sub.of("message")) == want
+    for m in inbox.by_sub["py"]:
+        assert m.payload == payload_of[m.name]
+    for e in node_sub.of("message"):
+        assert base64.b64decode(str(e["payload"])) == payload_of[str(e["fname"])]
+
+
+# --------------------------------------------------------------------------- expiry
+@pytest.mark.asyncio
+async def test_expired_qlobber_messages_are_not_delivered_and_are_removed(
+    qlobber: Callable[..., JsonLinesPeer], bus_root: Path
+) -> None:
+    expired = [
+        Out("old.multi", b"stale"),
+        Out("old.single", b"stale job", single=True),
+        Out(LONG_MULTI.replace("interop", "old"), b"stale and long"),
+    ]
+    inbox = Inbox()
+    async with Bus(bus_root) as bus:
+        await bus.subscribe("#", inbox.handler("all"))
+        # A negative ttl makes qlobber-fsq write an expiry in the past.
+        pub = qlobber(
+            "pub",
+            messages=[
+                *[{**w, "ttl": -60_000} for w in wire(expired)],
+                *wire([Out("fresh.marker", b"after the stale ones")]),
+            ],
+        )
+        await in_thread(lambda: pub.wait_count("done", 1))
+        assert pub.wait_exit() == 0
+        await eventually(lambda: inbox.total() >= 1, what="the fresh marker")
+        await bus.gc()
+        removed = bus.statistics().expired
+
+    assert [m.topic for m in inbox.by_sub["all"]] == ["fresh.marker"]
+    assert removed == len(expired)
+    names = {str(e["fname"]) for e in pub.of("published")}
+    on_disk = set()
+    for sub in ("messages", "topics"):
+        for bucket in (bus_root / sub).iterdir():
+            on_disk.update(os.listdir(bucket))
+    assert on_disk & names == {n for n in names if n.startswith(b"fresh".hex())}
+
+
+# --------------------------------------------------------------------------- dead letters
+@pytest.mark.asyncio
+async def test_a_dead_lettered_qlobber_job_reaches_a_qlobber_subscriber_intact(
+    qlobber: Callable[..., JsonLinesPeer], bus_root: Path
+) -> None:
+    poison = bytes(range(256)) + b"\x00"
+    graveyard = qlobber("sub", subscriptions=[{"id": "dead", "pattern": "dead-letter.#"}])
+    await in_thread(lambda: graveyard.wait_count("ready", 1))
+    attempts: list[int] = []
+
+    async def fragile(msg: Message) -> None:
+        attempts.append(msg.delivery_count)
+        raise RuntimeError("cannot handle this one")
+
+    async with Bus(bus_root, config=BusConfig(max_deliveries=2)) as bus:
+        await bus.subscribe("jobs.#", fragile)
+        pub = qlobber("pub", messages=wire([Out("jobs.poison", poison, single=True)]))
+        await in_thread(lambda: pub.wait_count("done", 1))
+        (event,) = await anyio.to_thread.run_sync(lambda: graveyard.wait_count("message", 1))
+        await eventually(lambda: bus.statistics().dead_lettered == 1, what="dead-lettered")
+    assert graveyard.stop() == 0
+    assert pub.wait_exit() == 0
+
+    assert attempts == [1, 2]
+    assert event["topic"] == "dead-letter.jobs.poison"
+    assert event["single"] is True
+    assert base64.b64decode(str(event["payload"])) == poison
+    assert left_on_disk(bus_root, kind="s") == []
