@@ -70,3 +70,12 @@ def test_every_logger_is_documented() -> None:
     documented = set(re.findall(r"`(fsbus(?:\.[a-z_]+)*)`", page))
     missing = {n for n in _logger_names() if n.startswith("fsbus")} - documented
     assert not missing, f"docs/logging.md does not mention the logger(s) {sorted(missing)}"
+
+
+def test_api_page_covers_every_public_name() -> None:
+    import fsbus
+
+    page = (DOCS / "api.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^::: fsbus\.(\w+)\s*$", page, flags=re.MULTILINE))
+    missing = {n for n in fsbus.__all__ if not n.startswith("__")} - documented
+    assert not missing, f"add `::: fsbus.<name>` to docs/api.md for {sorted(missing)}"
