@@ -34,7 +34,7 @@ from ._stream_segments import (
 from ._stream_writer import RecoveryInfo, Writer
 
 if TYPE_CHECKING:
-    from ._stream_groups import ConsumerGroup
+    from ._stream_groups import ConsumerGroup, GroupInfo
     from ._stream_maint import CompactionReport, RetentionReport
 
 __all__ = ["SegmentInfo", "Stream", "StreamInfo", "list_streams", "stream_dir"]
@@ -398,6 +398,38 @@ class Stream:
 
         self._check_open()
         return ConsumerGroup(self, name, consumer=consumer, start=start)
+
+    def groups(self) -> list[str]:
+        """Names of this stream's consumer groups."""
+        from ._stream_groups import list_groups
+
+        self._check_open()
+        return list_groups(self)
+
+    def group_info(self, name: str) -> GroupInfo:
+        """Committed offsets, lag, live consumers and partition owners of a group."""
+        from ._stream_groups import group_info
+
+        self._check_open()
+        return group_info(self, name)
+
+    def reset_group(self, name: str, to: str | int) -> dict[int, int]:
+        """Set a group's committed offsets to 'earliest', 'latest' or an offset.
+
+        Also repairs a corrupt offsets file. Stop the group's consumers first: a running
+        consumer commits its own positions over the reset.
+        """
+        from ._stream_groups import reset_group
+
+        self._check_open()
+        return reset_group(self, name, to)
+
+    def delete_group(self, name: str) -> None:
+        """Remove a consumer group's files (stop its consumers first)."""
+        from ._stream_groups import delete_group
+
+        self._check_open()
+        delete_group(self, name)
 
     # --- helpers -------------------------------------------------------------------------
 
