@@ -275,17 +275,36 @@ def _prune(root: str, sink_id: str, batch: str) -> None:
 # --- Stream target ---------------------------------------------------------------------
 
 
-def _stream_rows(table: pa.Table | None) -> list[tuple[bytes, bytes | None, dict[str, str]]]:
+@dataclass(frozen=True)
+class _Rows:
+    """A batch's staged rows, column by column (None: the column is absent or all empty)."""
+
+    values: list[bytes]
+    keys: list[bytes | None] | None
+    headers: list[dict[str, str]] | None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def row(self, i: int) -> tuple[bytes, bytes | None, dict[str, str]]:
+        key = self.keys[i] if self.keys is not None else None
+        headers = self.headers[i] if self.headers is not None else {}
+        return self.values[i], key, headers
+
+
+def _stream_rows(table: pa.Table | None) -> _Rows:
     if table is None:
-        return []
-    values = table.column("value").to_pylist()
-    n = len(values)
-    keys = table.column("key").to_pylist() if "key" in table.column_names else [None] * n
-    if "headers" in table.column_names:
-        headers = [dict(h) if h else {} for h in table.column("headers").to_pylist()]
-    else:
-        headers = [{}] * n
-    return list(zip(values, keys, headers, strict=True))
+        return _Rows([], None, None)
+    names = table.column_names
+    keys = None
+    if "key" in names and table.column("key").null_count < table.num_rows:
+        keys = table.column("key").to_pylist()
+    headers = None
+    if "headers" in names:
+        column = table.column("headers")
+        if any(len(chunk.keys) for chunk in column.chunks):
+            headers = [dict(h) if h else {} for h in column.to_pylist()]
+    return _Rows(table.column("value").to_pylist(), keys, headers)
 
 
 def _append_to_stream(
@@ -310,22 +329,27 @@ def _append_to_stream(
     return len(rows)
 
 
-_Row = tuple[bytes, bytes | None, dict[str, str]]
-
-
-def _records(rows: list[_Row], skip: int, mark: str | None) -> Iterator[bytes | RecordIn]:
-    for i in range(skip, len(rows)):
-        value, key, headers = rows[i]
-        if i == skip and mark is not None:
-            yield RecordIn(value=value, key=key, headers={**headers, BATCH_HEADER: mark})
-        elif key is None and not headers:
-            yield value
-        else:
-            yield RecordIn(value=value, key=key, headers=headers)
+def _records(rows: _Rows, skip: int, mark: str | None) -> list[bytes | RecordIn]:
+    """What to append: plain values where possible (the Stream's fast path)."""
+    items: list[bytes | RecordIn]
+    if rows.keys is None and rows.headers is None:
+        items = list(rows.values[skip:])
+    else:
+        items = []
+        for i in range(skip, len(rows)):
+            value, key, headers = rows.row(i)
+            if key is None and not headers:
+                items.append(value)
+            else:
+                items.append(RecordIn(value=value, key=key, headers=headers))
+    if mark is not None and items:
+        value, key, headers = rows.row(skip)
+        items[0] = RecordIn(value=value, key=key, headers={**headers, BATCH_HEADER: mark})
+    return items
 
 
 def _count_appended(
-    stream: Stream, parts: Iterable[Mapping[str, int]], rows: list[_Row], tag: str
+    stream: Stream, parts: Iterable[Mapping[str, int]], rows: _Rows, tag: str
 ) -> int:
     """How many staged rows earlier attempts appended.
 
@@ -348,7 +372,7 @@ def _count_appended(
                 found = True
             if skip + matched >= len(rows):
                 break
-            value, key, headers = rows[skip + matched]
+            value, key, headers = rows.row(skip + matched)
             want = {**headers, BATCH_HEADER: mark} if matched == 0 else headers
             if rec.value != value or rec.key != key or dict(rec.headers) != want:
                 break

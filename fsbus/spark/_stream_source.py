@@ -7,6 +7,7 @@ stream from what travels in its :class:`StreamRangePartition` (root, name, range
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 import pyarrow as pa
@@ -22,7 +23,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from fsbus import OffsetOutOfRange, Record, Stream
+from fsbus import OffsetOutOfRange, Stream
 
 from ._options import OffsetSpec, StreamSourceOptions
 from ._plan import cap_offsets, split_ranges
@@ -74,13 +75,8 @@ def read_range(part: StreamRangePartition) -> Iterator[pa.RecordBatch]:
             start = first
         if start >= part.stop:
             return
-        chunk: list[Record] = []
-        for record in stream.read(start, part.stop):
-            chunk.append(record)
-            if len(chunk) >= ARROW_BATCH_ROWS:
-                yield stream_batch(part.stream, chunk)
-                chunk = []
-        if chunk:
+        records = stream.read(start, part.stop)
+        while chunk := list(islice(records, ARROW_BATCH_ROWS)):
             yield stream_batch(part.stream, chunk)
 
 
