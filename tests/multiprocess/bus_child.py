@@ -20,7 +20,8 @@ reported on stdout as one JSON object per line:
 Roles: ``pub`` (params ``messages``: [[topic, id], ...], ``single``, ``face``: "async" or
 "blocking"), ``sub`` (``subscriptions``: [[handler name, pattern], ...]; a handler name
 used twice is one handler, so the bus calls it once per message), ``worker``
-(``pattern``, ``hold``: never finish a handler, ``face``, ``handler_concurrency``).
+(``pattern``, ``hold``: never finish a handler, ``fail``: ids whose handler raises, ``face``:
+"async" or "blocking"). ``config`` holds BusConfig options for any role.
 Only the public fsbus API is used.
 """
 
@@ -68,6 +69,7 @@ def describe(msg: Message) -> dict[str, Any]:
         "id": msg.payload.decode(),
         "single": msg.single,
         "delivery_count": msg.delivery_count,
+        "headers": dict(msg.headers),
     }
 
 
@@ -128,9 +130,13 @@ def worker(params: dict[str, Any]) -> None:
         blocking_worker(params)
         return
     hold = bool(params.get("hold", False))
+    fail = set(params.get("fail", ()))
 
     async def handle(msg: Message) -> None:
         emit("start", **describe(msg))
+        if msg.payload.decode() in fail:
+            emit("failed", **describe(msg))
+            raise RuntimeError(f"job {msg.payload!r} always fails")
         if hold:
             await anyio.sleep_forever()  # until SIGKILL, or the Bus closes and cancels us
         emit("done", **describe(msg))

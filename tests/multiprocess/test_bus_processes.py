@@ -131,11 +131,18 @@ SUBSCRIBERS = [
 ]
 
 
+@pytest.mark.parametrize("polling", [False, True], ids=["inotify", "polling-only"])
 def test_every_multi_message_reaches_every_matching_subscriber_exactly_once(
-    spawn: Spawn,
+    spawn: Spawn, polling: bool
 ) -> None:
+    # polling-only is how fsbus runs on network filesystems (UPDATE stamps, no inotify).
     subs = [
-        spawn("sub", name=f"subscriber {i}", subscriptions=[*s, ("fence", "fence")])
+        spawn(
+            "sub",
+            name=f"subscriber {i}",
+            subscriptions=[*s, ("fence", "fence")],
+            config={"force_polling": polling},
+        )
         for i, s in enumerate(SUBSCRIBERS)
     ]
     for s in subs:
@@ -197,7 +204,11 @@ def test_every_multi_message_reaches_every_matching_subscriber_exactly_once(
 def test_every_single_message_is_handled_exactly_once_by_a_pool_of_workers(
     spawn: Spawn, bus_root: Path
 ) -> None:
-    workers = [spawn("worker", name=f"worker {i}", pattern="jobs.#") for i in range(3)]
+    # Two async workers and one on the blocking face.
+    workers = [
+        spawn("worker", name=f"worker {i} ({face})", pattern="jobs.#", face=face)
+        for i, face in enumerate(("async", "async", "blocking"))
+    ]
     for w in workers:
         w.wait_count("ready", 1)
 
@@ -269,6 +280,57 @@ def test_messages_of_a_consumer_killed_mid_handling_are_redelivered(
     redelivered = set(counts([victim], "start")) & set(counts(survivors, "start"))
     assert redelivered == set(held)
     assert len(redelivered) == holding
+
+
+# --------------------------------------------------------------------------- dead letters
+def test_failures_are_counted_across_processes_and_dead_lettered_once(
+    spawn: Spawn, bus_root: Path
+) -> None:
+    limit = 3
+    rng = random.Random(23)
+    msgs = [(f"jobs.{rng.choice(WORDS)}", f"job-{i:03d}") for i in range(60)]
+    poison = {"job-007", "job-031", "job-052"}
+    workers = [
+        spawn(
+            "worker",
+            name=f"worker {i}",
+            pattern="jobs.#",
+            fail=sorted(poison),
+            config={"max_deliveries": limit},
+        )
+        for i in range(3)
+    ]
+    graveyard = spawn("worker", name="dead-letter worker", pattern="dead-letter.#")
+    for w in [*workers, graveyard]:
+        w.wait_count("ready", 1)
+    publish(spawn, msgs, single=True)
+
+    good = len(msgs) - len(poison)
+    wait_until(lambda: counts(workers, "done").total() >= good, what=f"{good} good jobs")
+    graveyard.wait_count("done", len(poison))
+    wait_until(lambda: not singles_on_disk(bus_root), what="every job gone")
+    for w in [*workers, graveyard]:
+        assert w.stop() == 0, w.describe()
+
+    done = counts(workers, "done")
+    assert set(done) == {i for _, i in msgs} - poison
+    assert max(done.values()) == 1
+    # Each poison job failed `limit` times in all, whichever process took it, with the
+    # delivery count going up across processes.
+    failures: dict[str, list[int]] = defaultdict(list)
+    for w in workers:
+        for e in w.of("failed"):
+            failures[str(e["id"])].append(int(e["delivery_count"]))
+    assert {k: sorted(v) for k, v in failures.items()} == {
+        p: list(range(1, limit + 1)) for p in poison
+    }
+    dead = graveyard.of("done")
+    assert Counter(str(e["id"]) for e in dead) == Counter(poison)
+    topic_of = {i: t for t, i in msgs}
+    for e in dead:
+        assert e["topic"] == f"dead-letter.{topic_of[str(e['id'])]}"
+        assert e["headers"]["x-original-topic"] == topic_of[str(e["id"])]
+        assert e["headers"]["x-deliveries"] == str(limit)
 
 
 # --------------------------------------------------------------------------- shutdown
