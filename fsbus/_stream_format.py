@@ -41,7 +41,7 @@ import json
 import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -108,8 +108,8 @@ class Record:
     """Optional key: partitions consumer groups and drives compaction."""
     value: bytes
     """The payload."""
-    headers: Mapping[str, str]
-    """Optional string headers (read-only; empty when none were given)."""
+    headers: Mapping[str, str] = field(hash=False)
+    """Optional string headers (read-only; empty when none were given; not hashed)."""
 
 
 @dataclass(slots=True)

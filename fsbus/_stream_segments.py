@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from ._errors import CorruptDataError, OffsetOutOfRange, StreamNotFound, storage_error
@@ -202,7 +203,24 @@ def iter_records(
     max_records: int | None,
     chunk: int,
 ) -> Iterator[Record]:
-    """Records in [start, stop) up to the current end of the stream, in offset order."""
+    """Records in [start, stop) up to the current end of the stream, in offset order.
+
+    The records come a frame at a time from :func:`iter_record_lists`; chaining the
+    lists keeps the per-record cost of iteration in C.
+    """
+    return chain.from_iterable(iter_record_lists(ops, sdir, name, start, stop, max_records, chunk))
+
+
+def iter_record_lists(
+    ops: StreamOps,
+    sdir: Path,
+    name: str,
+    start: int,
+    stop: int | None,
+    max_records: int | None,
+    chunk: int,
+) -> Iterator[list[Record]]:
+    """Lists of records (one per frame) in [start, stop), up to the current end."""
     if not ops.is_dir(sdir):
         raise StreamNotFound(f"stream {name!r} does not exist (looked in {sdir})")
     bases = list_segments(ops, sdir)
@@ -249,11 +267,11 @@ def iter_records(
                         continue
                     recs = decode_frame(data, fr.position - pos, fr, off, stop)
                     if left >= 0 and len(recs) >= left:
-                        yield from recs[:left]
+                        yield recs[:left]
                         return
                     if left >= 0:
                         left -= len(recs)
-                    yield from recs
+                    yield recs
                     off = fr.next_offset
                     if stop is not None and off >= stop:
                         return
