@@ -13,6 +13,8 @@ reported on stdout as one JSON object per line:
     a work-queue handler began / is about to return (so it will be acked);
 ``{"event": "published", "count": n}``
     a publisher wrote all its messages;
+``{"event": "writing"}``
+    ``pub-stuck`` wrote the first chunk of a streamed payload and hangs (to be killed);
 ``{"event": "closed"}``
     the Bus was closed after "STOP" on stdin. The process then stays alive, holding
     nothing, until stdin says "EXIT" or closes, so the parent can probe for leftover locks.
@@ -21,7 +23,8 @@ Roles: ``pub`` (params ``messages``: [[topic, id], ...], ``single``, ``face``: "
 "blocking"), ``sub`` (``subscriptions``: [[handler name, pattern], ...]; a handler name
 used twice is one handler, so the bus calls it once per message), ``worker``
 (``pattern``, ``hold``: never finish a handler, ``fail``: ids whose handler raises, ``face``:
-"async" or "blocking"). ``config`` holds BusConfig options for any role.
+"async" or "blocking"), ``pub-stuck`` (``topic``, ``chunk``: size of the one chunk written).
+``config`` holds BusConfig options for any role.
 Only the public fsbus API is used.
 """
 
@@ -31,7 +34,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -92,6 +95,23 @@ def pub(params: dict[str, Any]) -> None:
 
         anyio.run(main)
     emit("published", count=len(messages))
+
+
+def pub_stuck(params: dict[str, Any]) -> None:
+    """Start publishing a streamed payload, write one chunk, then hang until killed."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"x" * int(params.get("chunk", 1 << 20))
+        emit("writing")
+        await anyio.sleep_forever()
+        yield b""  # never reached
+
+    async def main() -> None:
+        async with Bus(params["root"], config=config(params)) as bus:
+            emit("ready")
+            await bus.publish(params["topic"], chunks())
+
+    anyio.run(main)
 
 
 # ------------------------------------------------------------------ async subscribers
@@ -179,6 +199,7 @@ def blocking_worker(params: dict[str, Any]) -> None:
 
 ROLES: dict[str, Callable[[dict[str, Any]], None]] = {
     "pub": pub,
+    "pub-stuck": pub_stuck,
     "sub": sub,
     "worker": worker,
 }
