@@ -83,10 +83,11 @@ function pub() {
   });
 }
 
-// Subscribe params.subscriptions ([{id, pattern, hold}]), one handler function per entry so
+// Subscribe params.subscriptions ([{id, pattern, hold, existing}]), one handler per entry so
 // that qlobber-fsq's per-handler dedup keeps them apart. Single messages are acknowledged by
 // calling done() once the line is written, unless the subscription says hold: then the
 // handler never finishes and qlobber-fsq keeps the message locked until the process dies.
+// existing: also deliver unexpired messages already there (subscribe_to_existing).
 function sub() {
   const fsq = open();
   const subs = params.subscriptions;
@@ -106,7 +107,8 @@ function sub() {
   };
   fsq.on('start', () => {
     for (const s of subs) {
-      fsq.subscribe(s.pattern, handlerFor(s.id, !!s.hold), () => {
+      const options = { subscribe_to_existing: !!s.existing };
+      fsq.subscribe(s.pattern, handlerFor(s.id, !!s.hold), options, () => {
         pending -= 1;
         if (pending === 0) emit({ event: 'ready' });
       });

@@ -442,3 +442,49 @@ async def test_a_dead_lettered_qlobber_job_reaches_a_qlobber_subscriber_intact(
     assert event["single"] is True
     assert base64.b64decode(str(event["payload"])) == poison
     assert left_on_disk(bus_root, kind="s") == []
+
+
+# --------------------------------------------------------------------------- existing
+@pytest.mark.asyncio
+async def test_messages_already_there_reach_only_subscribers_asking_for_existing_ones(
+    qlobber: Callable[..., JsonLinesPeer], bus_root: Path
+) -> None:
+    early = [Out(f"early.node.{i}", f"node-early-{i}".encode()) for i in range(3)]
+    pub = qlobber("pub", messages=wire(early))
+    await in_thread(lambda: pub.wait_count("done", 1))
+    assert pub.wait_exit() == 0
+    node_early = {str(e["fname"]) for e in pub.of("published")}
+
+    inbox = Inbox()
+    async with Bus(bus_root) as bus:
+        py_early = {
+            (await bus.publish(f"early.py.{i}", f"py-early-{i}".encode())).name for i in range(3)
+        }
+        await bus.subscribe("early.#", inbox.handler("new-only"))
+        await bus.subscribe("early.#", inbox.handler("existing"), existing=True)
+        node_sub = qlobber(
+            "sub",
+            subscriptions=[
+                {"id": "new-only", "pattern": "early.#"},
+                {"id": "existing", "pattern": "early.#", "existing": True},
+            ],
+        )
+        await in_thread(lambda: node_sub.wait_count("ready", 1))
+        late = (await bus.publish("early.late", b"late")).name
+
+        old = node_early | py_early
+        await eventually(lambda: inbox.total() >= len(old) + 2, what="fsbus deliveries")
+        await in_thread(lambda: node_sub.wait_count("message", len(old) + 2))
+        scans = bus.statistics().scans
+        await eventually(lambda: bus.statistics().scans >= scans + 3, what="3 more scans")
+    assert node_sub.stop() == 0
+
+    node_got: dict[str, Counter[str]] = defaultdict(Counter)
+    for e in node_sub.of("message"):
+        node_got[str(e["sub"])][str(e["fname"])] += 1
+    for side, got in (
+        ("fsbus", {k: Counter(m.name for m in v) for k, v in inbox.by_sub.items()}),
+        ("qlobber-fsq", node_got),
+    ):
+        assert got["new-only"] == Counter([late]), side
+        assert got["existing"] == Counter([*old, late]), side
