@@ -274,7 +274,8 @@ def overview_page(snap: Snapshot) -> str:
         f'<h2>Topics <span class="muted">({escape(window)})</span></h2>{topics}'
         f"<h2>Work queue: messages being handled</h2>{locked}"
         f"<h2>Streams</h2>{streams}"
-        f"<h2>Buckets</h2>{buckets}"
+        f"<h2>Buckets</h2><details><summary>{len(snap.buckets)} of the bus's buckets hold "
+        f"messages or saw traffic</summary>{buckets}</details>"
         f"<footer>Snapshot taken {_when(now)}.</footer>"
         "</div>"
         f"<h2>Purge</h2><p>{purge_form}</p>"
