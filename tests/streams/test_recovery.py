@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import Worker
 
-from fsbus import CorruptDataError, Stream, StreamConfig
+from fsbus import CorruptDataError, DiskFull, Stream, StreamConfig
+from fsbus._stream_io import StreamOps
 
 FAST = StreamConfig(durability="none", segment_bytes=64 << 10, index_interval_bytes=1024)
 
@@ -144,3 +146,34 @@ def test_stale_index_is_ignored(tmp_path: Path) -> None:
         assert [r.value for r in s.read(25, 28)] == [b"25", b"26", b"27"]
         assert s.append(b"50") == 50
         assert [r.offset for r in s.read(40)] == list(range(40, 51))
+
+
+class _FullDisk(StreamOps):
+    """Writes part of a big write, then fails with ENOSPC (a filesystem filling up)."""
+
+    full = False
+
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, pos: int) -> None:
+        if self.full and len(data) > 100:
+            super().pwrite(fd, memoryview(data)[:50], pos)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().pwrite(fd, data, pos)
+
+
+def test_disk_full_leaves_no_partial_frame(tmp_path: Path) -> None:
+    ops = _FullDisk()
+    s = Stream._open(tmp_path, "s", config=FAST, create=True, ops=ops)
+    try:
+        s.append_batch([b"kept"] * 3)
+        ops.full = True
+        with pytest.raises(DiskFull, match="free space") as err:
+            s.append_batch([b"x" * 100] * 3)
+        assert isinstance(err.value.__cause__, OSError)
+        assert err.value.path is not None
+        assert err.value.path.endswith(".log")
+        ops.full = False
+        assert s.recover() == ()  # the failed append cut its own partial frame
+        assert s.append(b"after") == 3
+        assert [r.value for r in s.read()] == [b"kept"] * 3 + [b"after"]
+    finally:
+        s.close()
