@@ -1,0 +1,134 @@
+"""A full disk: publish fails with DiskFull, nothing published is lost, the bus recovers.
+
+On a real 8 MiB / 200-inode tmpfs (root only) and, everywhere, through the I/O seam.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from fsbus import Bus, BusConfig, DiskFull
+from fsbus._ops import Ops
+
+from .conftest import Inbox, until
+
+pytestmark = pytest.mark.asyncio
+
+SMALL = BusConfig(bucket_num_chars=1, poll_interval=0.05, retry_interval=0.05)
+"""16 buckets: the layout fits in a 200-inode filesystem."""
+
+
+async def _fill(bus: Bus, size: int, count: int) -> tuple[dict[str, bytes], DiskFull]:
+    """Publish until the disk is full; returns what went in and the error."""
+    published: dict[str, bytes] = {}
+    for i in range(count):
+        data = os.urandom(size) if size else b"x" * (i % 7)
+        try:
+            info = await bus.publish(f"fill.{i}", data, single=bool(size))
+        except DiskFull as exc:
+            return published, exc
+        published[info.name] = data
+    raise AssertionError(f"{count} messages fitted: the disk never filled")
+
+
+def _contents(root: Path) -> dict[str, bytes]:
+    out = {}
+    for bucket in (root / "messages").iterdir():
+        for f in bucket.iterdir():
+            out[f.name] = f.read_bytes()
+    return out
+
+
+@pytest.mark.root
+async def test_out_of_bytes_publish_fails_clearly_nothing_lost_then_recovers(
+    small_fs: Path,
+) -> None:
+    root = small_fs / "bus"
+    inbox = Inbox()
+    async with Bus(root, config=SMALL) as bus:
+        published, err = await _fill(bus, 512 * 1024, 100)
+        assert "full" in str(err)
+        assert err.path is not None
+        assert isinstance(err.__cause__, OSError)
+        assert err.__cause__.errno == errno.ENOSPC
+        assert 5 < len(published) < 16
+        # Nothing half-written stays behind, and every earlier message is intact.
+        assert os.listdir(root / "staging") == []
+        assert _contents(root) == {n: b"\x00" + d for n, d in published.items()}
+        # Consumers free space; publishing works again.
+        await bus.subscribe("fill.#", inbox)
+        await inbox.wait(len(published))
+        assert {m.name: m.payload for m in inbox.messages} == published
+        await until(lambda: not _contents(root))
+        info = await bus.publish("after.full", os.urandom(512 * 1024), single=True)
+        assert (root / "messages" / info.bucket / info.name).exists()
+
+
+@pytest.mark.root
+async def test_out_of_inodes_publish_fails_clearly_and_recovers(small_fs: Path) -> None:
+    root = small_fs / "bus"
+    async with Bus(root, config=SMALL) as bus:
+        published, err = await _fill(bus, 0, 400)
+        assert "full" in str(err)
+        assert 20 < len(published) < 200
+        assert os.listdir(root / "staging") == []
+        assert _contents(root) == {n: b"\x00" + d for n, d in published.items()}
+        names = list(published)
+        # Long topics need a second file: that fails cleanly too, leaving no sidecar.
+        with pytest.raises(DiskFull):
+            await bus.publish("long." + "y" * 300, b"z")
+        assert not any((root / "topics").rglob("*@l+*"))
+        # Free a few inodes; a long topic now fits again.
+        for n in names[:5]:
+            next((root / "messages").glob(f"*/{n}")).unlink()
+        info = await bus.publish("long." + "y" * 300, b"z")
+        assert (root / "topics" / info.bucket / info.name).exists()
+
+
+@pytest.mark.root
+async def test_bus_that_cannot_create_its_layout_says_disk_full(small_fs: Path) -> None:
+    # The default layout needs 1 000+ directories; 200 inodes cannot hold it.
+    with pytest.raises(DiskFull, match="creating the bus directory"):
+        async with Bus(small_fs / "bus"):
+            pass
+
+
+class FullDisk(Ops):
+    """A disk that is full while ``full`` is set: writes and creates fail with ENOSPC."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def _check(self) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        if flags & os.O_CREAT and "/staging/" in path:
+            self._check()
+        return super().open(path, flags, mode)
+
+    def writev(self, fd: int, buffers: object) -> int:  # type: ignore[override]
+        self._check()
+        return super().writev(fd, buffers)  # type: ignore[arg-type]
+
+
+async def test_injected_full_disk_recovers_and_subscribers_keep_going(tmp_path: Path) -> None:
+    ops = FullDisk()
+    inbox = Inbox()
+    async with Bus(tmp_path / "bus", config=SMALL, ops=ops) as bus:
+        await bus.subscribe("#", inbox)
+        await bus.publish("before", b"1")
+        ops.full = True
+        for _ in range(3):
+            with pytest.raises(DiskFull, match="free space"):
+                await bus.publish("during", b"2")
+        ops.full = False
+        await bus.publish("after", b"3")
+        await inbox.wait(2)
+        assert sorted(inbox.topics) == ["after", "before"]
+        assert os.listdir(tmp_path / "bus" / "staging") == []
