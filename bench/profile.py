@@ -1,0 +1,122 @@
+"""Where fsbus spends its time: ``python -m bench.profile [publish|fanout|workqueue] ...``.
+
+Runs one fsbus scenario with py-spy sampling the interesting process (the publisher for
+``publish``, the subscriber or worker for the delivery paths; every thread, native frames
+off) and prints a function-level table: inclusive and self share of the samples, with the
+idle waits (selectors, condition variables) and start-up imports left out, so the shares
+add up to the work done (for ``publish``: to the time inside ``BlockingBus.publish``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.filesystems import scratch
+from bench.procs import Child, python_cmd
+
+IDLE = ("Condition.wait", "EpollSelector.select", "_check_inotify_fd", "Event.wait", "Queue.get")
+FRAME = re.compile(r"\s*\((?:.*/)?([^/]+\.py):\d+\)|\s*\(<[^>]*>:\d+\)")
+
+
+def _name(frame: str) -> str:
+    return FRAME.sub(lambda m: f" ({m.group(1)})" if m.group(1) else "", frame).strip()
+
+
+def summarise(raw: Path, top: int, focus: str | None = None) -> str:
+    """Aggregate py-spy's raw stacks; ``focus``: keep only stacks through that function."""
+    incl: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [_name(f) for f in stack.split(";") if f]
+        if not frames or any(i in frames[-1] for i in IDLE):
+            continue
+        if focus is not None and not any(f.startswith(focus) for f in frames):
+            continue
+        if any(f.startswith("_find_and_load") for f in frames):
+            continue  # importing modules at start-up
+        n = int(count)
+        total += n
+        for f in set(frames):
+            incl[f] += n
+        own[frames[-1]] += n
+    out = [f"{total} busy samples", "", "inclusive  function"]
+    out += [f"{100 * v / total:8.1f}%  {k}" for k, v in incl.most_common(top) if total]
+    out += ["", "self       function"]
+    out += [f"{100 * v / total:8.1f}%  {k}" for k, v in own.most_common(top // 2) if total]
+    return "\n".join(out)
+
+
+def _pyspy() -> str:
+    exe = Path(sys.executable).parent / "py-spy"
+    found = str(exe) if exe.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("py-spy is needed: pip install -r bench/requirements.txt")
+    return found
+
+
+def profile(scenario: str, fs: str, n: int, size: int, rate: int, top: int) -> str:
+    spy = _pyspy()
+    out = Path(tempfile.mkdtemp(prefix="fsbus-profile-")) / "profile.raw"
+    with scratch(fs) as place:
+        base = {"dir": str(place.path / "bus"), "n": n, "size": size}
+        (place.path / "bus").mkdir()
+        if scenario == "publish":
+            subprocess.run(
+                [spy, "record", "-r", str(rate), "-f", "raw", "-o", str(out), "--",
+                 *python_cmd("fsbus_bus", "pub", base)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        else:
+            shared = scenario == "workqueue"
+            role = "worker" if shared else "sub"
+            cons = Child(python_cmd("fsbus_bus", role, {**base, "expect": None if shared else n}))
+            try:
+                cons.wait_line("READY", time.monotonic() + 60)
+                spy_proc = subprocess.Popen(
+                    [spy, "record", "-r", str(rate), "-f", "raw", "-o", str(out),
+                     "--pid", str(cons.proc.pid)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                time.sleep(0.5)  # py-spy attaching; nothing is measured here
+                pub = Child(python_cmd("fsbus_bus", "pub", {**base, "single": shared}))
+                pub.wait_result(time.monotonic() + 300)
+                deadline = time.monotonic() + 300
+                while cons.count < n and time.monotonic() < deadline:
+                    cons.poll(0.1)
+                cons.stop()
+                cons.wait_result(time.monotonic() + 30)
+                spy_proc.wait(timeout=60)
+            finally:
+                cons.close()
+    text = summarise(out, top, "BlockingBus.publish" if scenario == "publish" else None)
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    ap.add_argument("scenario", choices=("publish", "fanout", "workqueue"))
+    ap.add_argument("--fs", default="tmpfs", help="disk, ext4loop or tmpfs (default tmpfs)")
+    ap.add_argument("-n", type=int, default=20_000, help="messages (default 20000)")
+    ap.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
+    ap.add_argument("--rate", type=int, default=1000, help="samples per second")
+    ap.add_argument("--top", type=int, default=40, help="rows to show")
+    args = ap.parse_args(argv)
+    print(profile(args.scenario, args.fs, args.n, args.size, args.rate, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
