@@ -7,6 +7,7 @@ to pickle the arguments needed to reopen one on a Spark executor.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -14,7 +15,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from ._errors import ClosedError, PayloadTooLarge, StreamNotFound, UsageError, storage_error
+from ._errors import (
+    ClosedError,
+    FsBusError,
+    PayloadTooLarge,
+    StreamNotFound,
+    UsageError,
+    storage_error,
+)
 from ._stream_config import StreamConfig
 from ._stream_format import (
     Record,
@@ -177,6 +185,10 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"<Stream {self._name!r} at {self._dir}{' closed' if self._closed else ''}>"
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickles as "open this stream again" (e.g. to ship it to a Spark executor).
+        return (_reopen, (str(self._root), self._name, self._config))
 
     # --- properties ----------------------------------------------------------------------
 
@@ -448,13 +460,22 @@ class Stream:
             writer.rolled = False
             cfg = self._config
             if cfg.retention_bytes or cfg.retention_seconds or cfg.delete_consumed:
-                self.enforce_retention()
+                try:
+                    self.enforce_retention()
+                except FsBusError as exc:
+                    # The append itself succeeded: report, do not make the caller retry it.
+                    log.warning("stream %s: retention after a roll failed: %s", self._name, exc)
 
     def _now_us(self) -> int:
         return round(self._ops.now() * 1_000_000)
 
 
 _TOKEN = object()
+log = logging.getLogger("fsbus.stream")
+
+
+def _reopen(root: str, name: str, config: StreamConfig) -> Stream:
+    return Stream.open(root, name, config=config, create=False)
 
 
 def _too_large(size: int, limit: int) -> PayloadTooLarge:

@@ -190,3 +190,17 @@ def test_big_batch_rolls_between_frames(tmp_path: Path) -> None:
         assert len(segs) > 5
         assert all(seg.size_bytes <= 4096 + 1024 for seg in segs)
         assert [r.offset for r in s.read()] == list(range(400))
+
+
+def test_pickles_as_reopen(stream: Stream) -> None:
+    import pickle
+
+    stream.append(b"x")
+    again = pickle.loads(pickle.dumps(stream))
+    try:
+        assert again is not stream
+        assert again.name == stream.name
+        assert again.config == stream.config
+        assert [r.value for r in again.read()] == [b"x"]
+    finally:
+        again.close()
