@@ -9,6 +9,8 @@ publishes are batched into worker-thread hops the same way.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import socket
@@ -48,6 +50,19 @@ R = TypeVar("R")
 _READ_BATCH = 256
 _READ_BATCH_BYTES = 64 << 20
 _DEFAULT_BUFFER = 64
+
+
+_SEQ = itertools.count(int.from_bytes(os.urandom(3), "big"))
+
+
+def next_unique() -> str:
+    """12 hex digits unique on this host right now: pid, then a process-wide sequence.
+
+    With the host id and publish time in the same name, two publishers never produce the
+    same name (a rename would silently replace a message), and names from one process
+    sort in publish order.
+    """
+    return f"{os.getpid() & 0xFFFFFF:06x}{next(_SEQ) & 0xFFFFFF:06x}"
 
 
 class Subscription:
@@ -157,10 +172,14 @@ class Bus:
         self._last_refresh = 0.0
         self._retry_at: dict[tuple[int, str], float] = {}
         self._in_flight: set[tuple[int, str]] = set()
-        self._backlog: set[int] = set()
+        self._ready: list[tuple[tuple[int, int, str], int, Entry]] = []
+        self._ready_keys: set[tuple[int, str]] = set()
+        self._ready_seq = 0
+        self._force_full = False
         self._tg: anyio.abc.TaskGroup | None = None
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
-        self._limiter = anyio.Semaphore(self.config.handler_concurrency)
+        self._free = self.config.handler_concurrency
+        self._freed = anyio.Event()
         self._scanning = False
         self._open = False
         self._closed = False
@@ -312,7 +331,7 @@ class Bus:
             priority=priority,
             now_ms=int(time.time() * 1000),
             host=self._host,
-            random_hex=os.urandom(6).hex(),
+            random_hex=next_unique(),
         )
 
     def _check_size(self, size: int) -> None:
@@ -380,6 +399,7 @@ class Bus:
                 raise
             tg.start_soon(self._scan_loop)
         else:
+            self._force_full = True  # work items already present reach it promptly
             self._waker.wake()
         return sub
 
@@ -423,6 +443,8 @@ class Bus:
             try:
                 await self._scan(baseline=baseline)
                 baseline = False
+            except ClosedError:
+                return
             except (FsBusError, OSError) as exc:
                 # The directory failed under us (unmounted, permissions changed...): say so
                 # and keep trying; publishing and closing still work.
@@ -432,21 +454,18 @@ class Bus:
             if self._retry_at:
                 soonest = min(self._retry_at.values()) - time.monotonic()
                 timeout = max(0.0, min(timeout, soonest))
-            if self._backlog and self._limiter.value > 0:
-                timeout = 0.0
             await self._waker.wait(timeout)
 
     async def _scan(self, *, baseline: bool) -> None:
         now = time.monotonic()
         full = (
             baseline
+            or self._force_full
             or bool(self._existing_pending)
             or (now - self._last_refresh >= self.config.refresh_ttl)
         )
+        self._force_full = False
         retry = {bi for (bi, _), at in self._retry_at.items() if at <= now}
-        if self._backlog and self._limiter.value > 0:
-            retry |= self._backlog
-            self._backlog = set()
         update, listings, spills = await anyio.to_thread.run_sync(self._list, full, retry)
         if full:
             self._last_refresh = now
@@ -455,10 +474,9 @@ class Bus:
         existing_subs = self._existing_pending
         self._existing_pending = []
         decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
-        for bi in listings:
-            for key in [k for k in self._retry_at if k[0] == bi]:
-                if self._retry_at[key] <= now:
-                    del self._retry_at[key]
+        for key, at in list(self._retry_at.items()):
+            if at <= now and key[0] in listings:
+                del self._retry_at[key]
         if decision.expired or decision.foreign:
             await self._housekeep(decision.expired, decision.foreign)
         multis = decision.new_multi
@@ -476,8 +494,13 @@ class Bus:
                         extra[e.key] = [*self._targets(e), *hits]
         if multis:
             await self._deliver_multi(multis, extra)
-        if decision.singles:
-            await self._claim_singles(decision.singles)
+        for e in decision.singles:
+            if e.key not in self._ready_keys:
+                self._ready_keys.add(e.key)
+                self._ready_seq += 1
+                heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
+        if self._ready and self._free > 0:
+            await self._claim_ready()
 
     def _trie_test(self, entry: Entry, sub: Subscription) -> bool:
         assert entry.topic is not None
@@ -550,9 +573,20 @@ class Bus:
                 for sub in targets:
                     if sub.closed:
                         continue
-                    await self._limiter.acquire()
+                    await self._take_slot()
                     self._counts["delivered"] += 1
                     self._check_open().start_soon(self._run_multi, sub, msg)
+
+    async def _take_slot(self) -> None:
+        """Wait for a free handler slot (the backpressure point) and take it."""
+        while self._free <= 0:
+            await self._freed.wait()
+        self._free -= 1
+
+    def _give_slot(self) -> None:
+        self._free += 1
+        self._freed.set()
+        self._freed = anyio.Event()
 
     def _read_many(self, entries: list[Entry]) -> list[ReadResult]:
         buckets = self.layout.buckets
@@ -568,59 +602,66 @@ class Bus:
             self._counts["failed"] += 1
             log.exception("handler for %r failed on multi message %s", sub.pattern, msg.name)
         finally:
-            self._limiter.release()
+            self._give_slot()
 
-    async def _claim_singles(self, entries: list[Entry]) -> None:
+    async def _claim_ready(self) -> None:
+        """Claim work-queue messages from the ready heap, best priority first.
+
+        The heap holds singles seen in listings; an entry is dropped when it is gone from
+        its bucket's latest listing, in flight here, or backing off after a busy claim
+        (the retry re-lists its bucket and pushes it again).
+        """
         now = time.monotonic()
-        candidates: list[tuple[Entry, Subscription]] = []
-        for e in entries:
-            if e.key in self._in_flight or self._retry_at.get(e.key, 0) > now:
+        now_ms = int(time.time() * 1000)
+        capacity = self._free
+        picked: list[tuple[Entry, Subscription]] = []
+        while self._ready and len(picked) < capacity * 2:
+            _, _, e = heapq.heappop(self._ready)
+            self._ready_keys.discard(e.key)
+            if (
+                e.key in self._in_flight
+                or self._retry_at.get(e.key, 0) > now
+                or e.name not in self._state.seen.get(e.bucket_index, ())
+                or e.parsed.expires_ms <= now_ms
+            ):
                 continue
-            subs = self._targets(e)
-            subs = [s for s in subs if not s.closed]
+            subs = [s for s in self._targets(e) if not s.closed]
             if subs:
-                candidates.append((e, subs[hash(e.name) % len(subs)]))
-        if not candidates:
+                picked.append((e, subs[hash(e.name) % len(subs)]))
+        if not picked:
             return
-        lay = self.layout
-        capacity = int(self._limiter.value)
-        if capacity <= 0:
-            # Everything is busy: list these buckets again once a handler finishes,
-            # rather than claim what we cannot run.
-            self._backlog.update(e.bucket_index for e, _ in candidates)
-            return
+        buckets = self.layout.buckets
 
         def claim_some() -> list[tuple[Entry, Subscription, Claim | None]]:
             got = []
             taken = 0
-            for e, sub in candidates:
+            for e, sub in picked:
                 if taken >= capacity:
                     break
-                c = self._fs.claim(
-                    lay.buckets[e.bucket_index],
-                    e.name,
-                    has_meta=_has_meta(e),
-                )
+                c = self._fs.claim(buckets[e.bucket_index], e.name, has_meta=_has_meta(e))
                 got.append((e, sub, c))
                 if c is not None:
                     taken += 1
             return got
 
         results = await anyio.to_thread.run_sync(claim_some)
+        for e, _ in picked[len(results) :]:
+            # Not tried this round: back on the heap.
+            if e.key not in self._ready_keys:
+                self._ready_keys.add(e.key)
+                self._ready_seq += 1
+                heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
         tg = self._check_open()
         for e, sub, claim in results:
             if claim is None:
-                # Locked by another consumer (or gone): look again after retry_interval.
+                # Locked by another consumer, or gone: look again after retry_interval.
                 self._retry_at[e.key] = now + self.config.retry_interval
                 continue
             self._in_flight.add(e.key)
             msg = self._message(e, claim.payload, claim.meta, claim.attempts)
-            await self._limiter.acquire()
+            self._free -= 1  # capacity was checked above: no wait here
             self._counts["delivered"] += 1
             tg.start_soon(self._run_single, sub, msg, claim, e.key)
-        if len(results) < len(candidates):
-            # More work than capacity: list these buckets again once a handler finishes.
-            self._backlog.update(e.bucket_index for e, _ in candidates[len(results) :])
 
     async def _run_single(
         self, sub: Subscription, msg: Message, claim: Claim, key: tuple[int, str]
@@ -656,7 +697,7 @@ class Bus:
                     await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))
                 self._counts["released"] += 1
             self._in_flight.discard(key)
-            self._limiter.release()
+            self._give_slot()
             if not self._closed:
                 self._waker.wake()
 

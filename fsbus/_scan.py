@@ -34,12 +34,16 @@ class Entry:
         """(bucket index, name): unique on the bus."""
         return (self.bucket_index, self.parsed.name)
 
-    def order(self) -> tuple[int, int, int]:
-        """Sort key: priority, then publish time (or expiry for foreign names)."""
+    def order(self) -> tuple[int, int, str]:
+        """Sort key: priority, publish time, then the publisher's sequence (FIFO).
+
+        Names from qlobber-fsq peers carry no priority or publish time: they sort by
+        expiry at the default priority.
+        """
         f = self.parsed.fields
         if f is None:
-            return (-1, self.parsed.expires_ms, 0)
-        return (f.priority, f.published_ms, self.parsed.expires_ms)
+            return (50, self.parsed.expires_ms, self.parsed.unique)
+        return (f.priority, f.published_ms, self.parsed.unique[-12:])
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import IO, Self
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._bus import Bus, MessageIterator, browse_messages, collect_garbage
+from ._bus import Bus, MessageIterator, browse_messages, collect_garbage, next_unique
 from ._config import BusConfig, make_config
 from ._errors import ClosedError, PayloadTooLarge, UsageError
 from ._fs import BusFS
@@ -177,7 +177,7 @@ class BlockingBus:
             priority=priority,
             now_ms=int(time.time() * 1000),
             host=self._host,
-            random_hex=os.urandom(6).hex(),
+            random_hex=next_unique(),
         )
 
     def _check_size(self, size: int) -> None:
