@@ -21,6 +21,7 @@ from fsbus import (
     UsageError,
     list_streams,
 )
+from fsbus._stream_io import StreamOps
 
 
 def test_empty_stream(stream: Stream) -> None:
@@ -204,3 +205,44 @@ def test_pickles_as_reopen(stream: Stream) -> None:
         assert [r.value for r in again.read()] == [b"x"]
     finally:
         again.close()
+
+
+class _CountingOps(StreamOps):
+    """Remembers where segment data was read from."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int]] = []
+
+    def pread(self, fd: int, n: int, pos: int) -> bytes:
+        data = super().pread(fd, n, pos)
+        if n > 64:  # frame data, not a header probe
+            self.reads.append((pos, len(data)))
+        return data
+
+
+def test_seeks_use_the_index_not_a_scan(tmp_path: Path) -> None:
+    cfg = StreamConfig(
+        durability="none", segment_bytes=1 << 30, index_interval_bytes=4096, read_chunk_bytes=8192
+    )
+    ops = _CountingOps()
+    s = Stream._open(tmp_path, "big", config=cfg, create=True, ops=ops)
+    try:
+        for i in range(0, 20_000, 100):
+            s.append_batch(
+                [
+                    RecordIn(f"{j}".encode().ljust(100), timestamp=float(j))
+                    for j in range(i, i + 100)
+                ]
+            )
+        assert len(s.info().segments) == 1
+        size = s.info().size_bytes
+        ops.reads.clear()
+        assert next(s.read(15_000)).offset == 15_000
+        first_pos, _ = ops.reads[0]
+        assert first_pos > size // 2  # started near the record, not at byte 0
+        assert sum(n for _, n in ops.reads) < size // 20  # a few frames, not the segment
+        ops.reads.clear()
+        assert s.offset_for_time(12_345.0) == 12_345
+        assert sum(n for _, n in ops.reads) < size // 20
+    finally:
+        s.close()
