@@ -66,6 +66,9 @@ def write_staged(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch
     except OSError as exc:
         remove_file(tmp)
         raise _fail("staging rows for Spark", exc, path) from exc
+    except BaseException:  # the task failed or was killed while producing rows
+        remove_file(tmp)
+        raise
     return rows
 
 

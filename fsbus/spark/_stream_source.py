@@ -6,6 +6,7 @@ stream from what travels in its :class:`StreamRangePartition` (root, name, range
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
@@ -178,7 +179,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         """Nothing to do: the stream keeps its records; retention is the stream's business."""
 
     def _start_of(self, name: str) -> int:
-        single = StreamSourceOptions(**{**self.opts.__dict__, "streams": (name,)})
+        single = dataclasses.replace(self.opts, streams=(name,))
         return resolve_offsets(single, ending=False)[name]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,33 @@ def test_bad_sink_options_stop_the_query_before_any_batch(
     assert query.recentProgress == []
     assert spark.streams.active == []
     assert not (root / "streams" / "out").exists()
+
+
+def test_several_streams_share_the_read_limit(spark: Any, root: Path, tmp_path: Path) -> None:
+    fill(root, "a", range(100))
+    fill(root, "b", range(1000, 1030))
+    query = (
+        spark.readStream.format("fsbus")
+        .option("path", str(root))
+        .option("stream", "a,b")
+        .option("maxRecordsPerTrigger", "50")
+        .load()
+        .selectExpr("concat(stream, ':', CAST(value AS STRING)) AS value")
+        .writeStream.format("fsbus")
+        .option("path", str(root))
+        .option("stream", "out")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(90)
+    assert query.exception() is None
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes == [50, 50, 30]
+    assert Counter(values_of(root, "out")) == Counter(
+        [f"a:v{i}" for i in range(100)] + [f"b:v{i}" for i in range(1000, 1030)]
+    )
+    offsets = json.loads(
+        sorted((tmp_path / "ckpt" / "offsets").glob("[0-9]*"))[-1].read_text().splitlines()[-1]
+    )
+    assert offsets == {"a": 100, "b": 30}
