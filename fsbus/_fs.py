@@ -115,6 +115,15 @@ class BusFS:
         except OSError as exc:
             raise storage_error("opening the UPDATE file", exc, path) from exc
         self._update_fd = fd
+        if self._file_mode is not None:
+            # Created by us (or an earlier run of ours): give it the configured mode, as
+            # every other file gets, so other users sharing the bus can stamp it.
+            st = self.ops.fstat(fd)
+            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != self._file_mode:
+                try:
+                    self.ops.fchmod(fd, self._file_mode)
+                except OSError as exc:
+                    raise storage_error("setting the UPDATE file's mode", exc, path) from exc
         if reset or self.ops.fstat(fd).st_size < size:
             try:
                 self.ops.pwrite(fd, os.urandom(size), 0)
