@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
-from ._cli import main
+try:
+    from ._cli import main
+except KeyboardInterrupt:  # Ctrl-C while starting up: nothing to clean, no traceback
+    raise SystemExit(130) from None
 
 raise SystemExit(main())

@@ -20,6 +20,7 @@ from ._cli_completion import add_completion_command
 from ._cli_maintenance import add_maintenance_commands
 from ._cli_publish import add_publish_command
 from ._cli_runtime import ENV_ROOT, CliError
+from ._cli_stream import add_stream_commands
 from ._cli_subscribe import add_subscribe_command
 from ._cli_top import add_top_command
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_browse_commands(subparsers, common)
     add_maintenance_commands(subparsers, common)
     add_top_command(subparsers, common)
+    add_stream_commands(subparsers, common)
     add_completion_command(subparsers, parser)
     return parser
 

@@ -12,8 +12,7 @@ from typing import Any
 
 import anyio
 
-import fsbus
-from fsbus import Bus, BusConfig, MessageInfo, StreamNotFound
+from fsbus import Bus, BusConfig, MessageInfo, Stream, StreamInfo, StreamNotFound, list_streams
 
 from ._cli_output import emit, emit_json, format_age, format_size, format_table
 from ._cli_runtime import bus_config, resolve_root, run_async
@@ -33,18 +32,11 @@ class Snapshot:
     """Streams under the root."""
 
 
-StreamInfo = Any  # fsbus.StreamInfo once streams are exported
-
-
 def _stream_infos(root: Path) -> tuple[StreamInfo, ...]:
-    list_streams = getattr(fsbus, "list_streams", None)
-    stream_cls = getattr(fsbus, "Stream", None)
-    if list_streams is None or stream_cls is None:
-        return ()
     infos = []
     for name in list_streams(root):
         try:
-            with stream_cls.open(root, name, create=False) as stream:
+            with Stream.open(root, name, create=False) as stream:
                 infos.append(stream.info())
         except StreamNotFound:
             continue  # deleted while we looked

@@ -72,6 +72,15 @@ def _options(parser: argparse.ArgumentParser) -> tuple[_Option, ...]:
     return tuple(out)
 
 
+def _nested_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += [sub, *_nested_parsers(sub)]
+    return out
+
+
 def _commands(parser: argparse.ArgumentParser) -> tuple[_Command, ...]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -80,7 +89,11 @@ def _commands(parser: argparse.ArgumentParser) -> tuple[_Command, ...]:
             for name, sub in action.choices.items():
                 positional = [a for a in sub._actions if not a.option_strings and a.choices]
                 choices = tuple(str(c) for c in positional[0].choices or ()) if positional else ()
-                commands.append(_Command(name, helps.get(name, ""), _options(sub), choices))
+                options = list(_options(sub))
+                for nested in _nested_parsers(sub):  # `stream append ...`: offer theirs too
+                    known = {f for o in options for f in o.flags}
+                    options += [o for o in _options(nested) if not set(o.flags) & known]
+                commands.append(_Command(name, helps.get(name, ""), tuple(options), choices))
             return tuple(commands)
     return ()
 
