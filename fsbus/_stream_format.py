@@ -524,12 +524,19 @@ def decode_frame(
         if first:
             p += sum(lens[:first])
         off = base + first
+        new = object.__new__
+        empty = EMPTY_HEADERS
         for n in lens[first:last]:
-            e = p + n
-            r = draft(off, ts, None, buf[p:e], EMPTY_HEADERS)
+            # inlined construction: no __init__ frame (the hot loop of every read)
+            r = new(draft)
+            r.offset = off
+            r.timestamp = ts
+            r.key = None
+            r.value = buf[p : p + n]
+            r.headers = empty
             r.__class__ = rec  # type: ignore[assignment]
             append(r)
-            p = e
+            p += n
             off += 1
         return out
     if flags & FLAG_GAPS:
