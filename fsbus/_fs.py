@@ -32,6 +32,7 @@ _READ = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
 _CLAIM = os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW
 _LEADING = b"\x00"
 _MISSING = (errno.ENOENT, errno.ESTALE)
+_SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM)  # files a reader passes over
 _CHUNK = 1 << 20
 
 
@@ -369,7 +370,7 @@ class BusFS:
         try:
             fd = self.ops.open(path, _READ)
         except OSError as exc:
-            if exc.errno in _MISSING or exc.errno == errno.ELOOP:
+            if exc.errno in _MISSING or exc.errno in _SKIP:
                 return None
             raise storage_error("reading a sidecar file", exc, path) from exc
         try:
@@ -386,7 +387,9 @@ class BusFS:
         try:
             fd = self.ops.open(path, _READ)
         except OSError as exc:
-            if exc.errno in _MISSING or exc.errno == errno.ELOOP:
+            if exc.errno in _MISSING or exc.errno in _SKIP:
+                # Gone, a planted symlink, or another user's file we may not read:
+                # skip it rather than stop delivering everything else.
                 return ReadResult(None, None)
             raise storage_error("reading a message", exc, path) from exc
         try:
