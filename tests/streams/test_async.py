@@ -84,3 +84,22 @@ async def test_async_group(tmp_path: Path) -> None:
                 recs = await g.poll(timeout=20)
             assert [r.value for r in recs] == [b"a", b"b"]
             assert await g.commit() == dict.fromkeys(range(8), 2)
+
+
+async def test_follow_across_segment_rolls(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", segment_bytes=4096, poll_interval=0.05)
+    async with AsyncStream(tmp_path, "roll", config=cfg) as s:
+        got: list[int] = []
+
+        async def follow() -> None:
+            async with s.follow(start=0, stop=600) as records:
+                async for r in records:
+                    got.append(r.offset)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                for _ in range(12):
+                    await s.append_batch([b"v" * 60] * 50)
+        assert got == list(range(600))
+        assert len((await s.info()).segments) > 5

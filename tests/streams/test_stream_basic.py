@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,34 @@ def test_seeks_use_the_index_not_a_scan(tmp_path: Path) -> None:
         assert sum(n for _, n in ops.reads) < size // 20
     finally:
         s.close()
+
+
+def test_reader_racing_a_writer_sees_every_record_once(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", segment_bytes=4096, max_frame_bytes=512)
+    total = 3000
+    with (
+        Stream.open(tmp_path, "race", config=cfg) as w,
+        Stream.open(tmp_path, "race", config=cfg) as r,
+    ):
+
+        def write() -> None:
+            i = 0
+            while i < total:
+                n = min(1 + i % 37, total - i)
+                w.append_batch([f"{j}".encode() for j in range(i, i + n)])
+                i += n
+
+        t = threading.Thread(target=write)
+        t.start()
+        seen: list[int] = []
+        try:
+            while len(seen) < total:
+                for rec in r.read(len(seen)):
+                    assert rec.offset == len(seen)  # no gap, no repeat
+                    assert rec.value == str(rec.offset).encode()
+                    seen.append(rec.offset)
+                if not t.is_alive() and len(seen) < total and r.end_offset == len(seen):
+                    break
+        finally:
+            t.join()
+        assert len(seen) == total
