@@ -74,23 +74,40 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+_BECOME = """
+import json, os, sys, tempfile, time
+from fsbus import BlockingBus
+# The interpreter lives under root's home; import and warm up everything first (a real
+# subscription, so lazy imports happen), then drop to the other user.
+with tempfile.TemporaryDirectory() as _d, BlockingBus(_d + "/bus") as _b:
+    with _b.messages("#") as _it:
+        try:
+            _it.get(timeout=0.01)
+        except TimeoutError:
+            pass
+os.setgroups([])
+os.setgid({uid})
+os.setuid({uid})
+"""
+
+
 def run_python(
     code: str, *, user: int | None = None, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    """Run a Python snippet in a fresh interpreter (optionally as another user)."""
-    if user is not None and not is_root():
-        pytest.skip("needs root to run a process as another user")
+    """Run a Python snippet in a fresh interpreter, optionally as another user (uid)."""
+    code = textwrap.dedent(code)
+    if user is not None:
+        if not is_root():
+            pytest.skip("needs root to run a process as another user")
+        code = _BECOME.format(uid=user) + code
     repo = str(Path(__file__).resolve().parents[2])
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=timeout,
-        user=user,
-        group=user,
-        extra_groups=[] if user is not None else None,
         cwd="/",
-        env={**os.environ, "PYTHONPATH": repo, "HOME": "/"},
+        env={**os.environ, "PYTHONPATH": repo},
         check=False,
     )
 
