@@ -402,10 +402,12 @@ async def test_expired_qlobber_messages_are_not_delivered_and_are_removed(
         assert pub.wait_exit() == 0
         await eventually(lambda: inbox.total() >= 1, what="the fresh marker")
         await bus.gc()
-        removed = bus.statistics().expired
+        delivered = bus.statistics().delivered
 
     assert [m.topic for m in inbox.by_sub["all"]] == ["fresh.marker"]
-    assert removed == len(expired)
+    assert delivered == 1
+    # Gone from disk, with their topic spills. (Who removed which is not fixed: the
+    # qlobber-fsq publisher deletes expired files it comes across too.)
     names = {str(e["fname"]) for e in pub.of("published")}
     on_disk = set()
     for sub in ("messages", "topics"):
