@@ -56,7 +56,7 @@ class StreamOps:
         """Remove an empty directory."""
         os.rmdir(path)
 
-    def exists(self, path: Path) -> bool:
+    def exists(self, path: Path | str) -> bool:
         """Whether ``path`` exists."""
         return os.path.exists(path)
 

@@ -61,6 +61,7 @@ class Writer:
 
     def __init__(self, sdir: Path, config: StreamConfig, ops: StreamOps) -> None:
         self._dir = sdir
+        self._dir_s = str(sdir)
         self._config = config
         self._ops = ops
         self._tlock = threading.Lock()
@@ -174,7 +175,9 @@ class Writer:
                         continue
                     self._scan_from(self._size, self._next)
                     self._refresh_index()
-                if self._next != self._base and ops.exists(self._dir / segment_name(self._next)):
+                if self._next != self._base and ops.exists(
+                    f"{self._dir_s}/{segment_name(self._next)}"  # str: no Path per append
+                ):
                     self._open_segment(self._next)
                     continue
                 if self._size >= self._config.segment_bytes:
@@ -310,7 +313,6 @@ class Writer:
         if not enc.frames:
             return
         pos = self._size
-        seg_path = self._dir / segment_name(self._base)
         try:
             ops.pwrite(self._seg_fd, enc.data, pos)
         except OSError as exc:
@@ -318,7 +320,9 @@ class Writer:
                 ops.truncate(self._seg_fd, pos)  # leave no partial frame behind
             except OSError:
                 pass  # the next writer cuts it as a torn tail
-            raise storage_error(f"append to stream {self._dir.name!r}", exc, seg_path) from exc
+            raise storage_error(
+                f"append to stream {self._dir.name!r}", exc, self._dir / segment_name(self._base)
+            ) from exc
         entries: list[bytes] = []
         interval = self._config.index_interval_bytes
         max_ts = self._max_ts
@@ -338,7 +342,9 @@ class Writer:
             if sync:
                 ops.fdatasync(self._seg_fd)
         except OSError as exc:
-            raise storage_error(f"append to stream {self._dir.name!r}", exc, seg_path) from exc
+            raise storage_error(
+                f"append to stream {self._dir.name!r}", exc, self._dir / segment_name(self._base)
+            ) from exc
 
 
 def _entry_at(ops: StreamOps, fd: int, pos: int) -> IndexEntry:
