@@ -564,8 +564,10 @@ class BusFS:
     def sweep_debris(self, now: float, max_age: float) -> int:
         """Remove crash debris older than ``max_age`` seconds.
 
-        Staging files of dead publishers, and topic/meta/attempts sidecars whose message
-        is gone. Returns how many files were removed.
+        Staging files of dead publishers, zero-byte messages (a consumer died between
+        truncating and unlinking, or a peer truncated a multi message) with their
+        sidecars, and topic/meta/attempts sidecars whose message is gone. Returns how
+        many files were removed.
         """
         lay = self.layout
         removed = 0
@@ -573,6 +575,9 @@ class BusFS:
             removed += self._remove_if_old(f"{lay.staging}/{name}", now, max_age)
         for bucket in lay.buckets:
             present = set(self._listdir_quiet(f"{lay.messages}/{bucket}"))
+            for name in [n for n in present if self._empty_and_old(bucket, n, now, max_age)]:
+                removed += self.remove([(bucket, name)])
+                present.discard(name)
             for parent in (
                 f"{lay.topics}/{bucket}",
                 f"{lay.private}/meta/{bucket}",
@@ -582,6 +587,13 @@ class BusFS:
                     if name not in present:
                         removed += self._remove_if_old(f"{parent}/{name}", now, max_age)
         return removed
+
+    def _empty_and_old(self, bucket: str, name: str, now: float, max_age: float) -> bool:
+        try:
+            st = self.ops.lstat(self.layout.message_path(bucket, name))
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == 0 and now - st.st_mtime >= max_age
 
     def _remove_if_old(self, path: str, now: float, max_age: float) -> int:
         try:
