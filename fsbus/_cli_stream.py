@@ -48,9 +48,8 @@ def add_stream_commands(
         "to stream NAME, creating it if missing. Prints the offsets written.",
     )
     p.add_argument("name", metavar="NAME", help="stream name")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("value", metavar="VALUE", nargs="?", help="record value; '-' for stdin")
-    src.add_argument("--lines", metavar="FILE", help="one record per line of FILE ('-' for stdin)")
+    p.add_argument("value", metavar="VALUE", nargs="?", help="record value; '-' for stdin")
+    p.add_argument("--lines", metavar="FILE", help="one record per line of FILE ('-' for stdin)")
     p.add_argument("--key", help="record key (partitions groups, drives compaction)")
     p.add_argument(
         "--header",
@@ -72,7 +71,9 @@ def add_stream_commands(
         metavar="N",
         help="records per append_batch with --lines (default 1000)",
     )
-    p.set_defaults(func=_cmd_append)
+    # argparse binds an optional positional before later options; the CLI's main puts a
+    # value left over among the options back into it
+    p.set_defaults(func=_cmd_append, late_positional="value")
 
     p = sub.add_parser(
         "read",
@@ -236,6 +237,8 @@ def _headers(items: list[str]) -> dict[str, str] | None:
 
 
 def _cmd_append(args: argparse.Namespace) -> int:
+    if (args.value is None) == (args.lines is None):
+        raise CliError("stream append needs VALUE or --lines FILE (one of them)")
     headers = _headers(args.header)
     with _open(args, create=True, durability=args.durability) as s:
         if args.lines is not None:

@@ -114,3 +114,18 @@ def test_groups_list_lag_reset_delete(tmp_path: Path, capsys: pytest.CaptureFixt
     capsys.readouterr()
     with pytest.raises(UsageError, match="no consumer group"):
         run(tmp_path, "stream", "groups", "delete", "g", "workers")
+
+
+def test_through_the_main_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fsbus._cli import main
+
+    assert main(["stream", "append", "m", "--root", str(tmp_path), "--key", "k", "v1"]) == 0
+    assert main(["--root", str(tmp_path), "--json", "stream", "append", "m", "v2"]) == 0
+    assert main(["stream", "read", "m", "--root", str(tmp_path)]) == 0
+    out = lines(capsys)
+    assert out[:2] == ["0", '{"stream": "m", "offset": 1}']
+    assert [json.loads(x)["value"] for x in out[2:]] == ["v1", "v2"]
+    assert main(["stream", "append", "m", "--root", str(tmp_path)]) == 2
+    assert "needs VALUE or --lines" in capsys.readouterr().err
+    assert main(["stream", "read", "m", "--from", "9", "--root", str(tmp_path)]) == 1
+    assert "valid offsets are 0 (oldest kept) to 2" in capsys.readouterr().err
