@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +26,23 @@ from fsbus import StorageError
 
 __all__ = [
     "Ledger",
+    "absolute",
     "atomic_write_json",
     "commits_dir",
     "read_json",
     "read_staged",
+    "remove_empty_dir",
     "remove_file",
     "remove_tree",
     "staging_dir",
     "subdirs",
     "write_staged",
 ]
+
+
+def absolute(root: str) -> str:
+    """``root`` as an absolute path (resolved on the driver, used on the executors)."""
+    return os.path.abspath(root)
 
 
 def staging_dir(root: str, sink_id: str, batch: str) -> Path:
@@ -118,6 +125,12 @@ def remove_file(path: Path) -> None:
         path.unlink()
 
 
+def remove_empty_dir(path: Path) -> None:
+    """Remove a directory if it exists and is empty."""
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 def remove_tree(path: Path) -> None:
     """Remove a directory and everything in it, if it exists."""
     shutil.rmtree(path, ignore_errors=True)
@@ -197,11 +210,3 @@ class Ledger:
             self._file = open(self.path, "a", encoding="utf-8")
         except OSError as exc:
             raise _fail("opening a Spark publish ledger", exc, self.path) from exc
-
-
-def iter_nonempty(paths: Iterable[str]) -> Iterator[Path]:
-    """Paths that exist, in the given order."""
-    for p in paths:
-        path = Path(p)
-        if path.exists():
-            yield path

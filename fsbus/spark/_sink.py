@@ -47,6 +47,7 @@ from ._files import (
     marker_names,
     read_json,
     read_staged,
+    remove_empty_dir,
     remove_file,
     remove_tree,
     staging_dir,
@@ -256,6 +257,7 @@ def discard(opts: SinkOptions, sink_id: str, batch: str, messages: Sequence[Any]
     for path in _ordered_files(messages):
         if path not in keep:
             remove_file(Path(path))
+    remove_empty_dir(staging_dir(opts.root, sink_id, batch))
 
 
 def _prune(root: str, sink_id: str, batch: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -18,8 +19,10 @@ from pyspark.sql.datasource import (
 from fsbus import InvalidConfig
 
 from ._bus_source import BusSnapshotReader
+from ._files import absolute
 from ._options import (
     SinkOptions,
+    StreamSourceOptions,
     parse_bus_snapshot_options,
     parse_sink_options,
     parse_stream_source_options,
@@ -50,14 +53,14 @@ class FsBusDataSource(DataSource):
         if reader_kind(self.options) == "bus":
             parse_bus_snapshot_options(self.options)
             return BUS_SCHEMA
-        opts = parse_stream_source_options(self.options)
-        resolve_offsets(opts, ending=False)  # the streams exist, the offsets are in range
+        resolve_offsets(self._stream_options(), ending=False)  # streams exist, offsets fit
         return STREAM_SCHEMA
 
     def reader(self, schema: Any) -> DataSourceReader:
         if reader_kind(self.options) == "bus":
-            return BusSnapshotReader(parse_bus_snapshot_options(self.options))
-        return StreamBatchReader(parse_stream_source_options(self.options))
+            opts = parse_bus_snapshot_options(self.options)
+            return BusSnapshotReader(replace(opts, root=absolute(opts.root)))
+        return StreamBatchReader(self._stream_options())
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         if reader_kind(self.options) == "bus":
@@ -65,9 +68,14 @@ class FsBusDataSource(DataSource):
                 "streaming reads take a Stream (option 'stream'); the Bus's messages can "
                 "only be read as a batch snapshot (spark.read with option 'pattern')"
             )
-        opts = parse_stream_source_options(self.options)
+        opts = self._stream_options()
         resolve_offsets(opts, ending=False)
         return StreamMicroBatchReader(opts)
+
+    def _stream_options(self) -> StreamSourceOptions:
+        # Executors get an absolute root: their working directory may differ.
+        opts = parse_stream_source_options(self.options)
+        return replace(opts, root=absolute(opts.root))
 
     def writer(self, schema: Any, overwrite: bool) -> BatchWriter:
         opts = _sink_options(self.options, overwrite, streaming=False)
@@ -84,7 +92,8 @@ def _sink_options(options: Any, overwrite: bool, *, streaming: bool) -> SinkOpti
             "fsbus streams and the Bus are append-only: use mode('append') (batch) or "
             "outputMode('append'/'update') (streaming), not overwrite/complete"
         )
-    return parse_sink_options(options, streaming=streaming)
+    opts = parse_sink_options(options, streaming=streaming)
+    return replace(opts, root=absolute(opts.root))
 
 
 class BatchWriter(DataSourceArrowWriter):
