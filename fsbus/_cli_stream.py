@@ -1,4 +1,5 @@
-"""``fsbus stream``: append, read (from/to, follow), groups (list, lag, reset, delete), info.
+"""``fsbus stream``: append, read (from/to, follow), info, groups (list, lag, reset, delete),
+compact and retain.
 
 ``read`` prints one JSON object per record::
 
@@ -108,6 +109,31 @@ def add_stream_commands(
     )
     p.add_argument("name", metavar="NAME", nargs="?", help="stream name")
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "compact",
+        parents=parents,
+        help="keep only the newest record of each key in the closed segments",
+        description="Rewrite the closed segments of NAME keeping the newest record of each "
+        "key (records without a key stay; offsets do not change).",
+    )
+    p.add_argument("name", metavar="NAME", help="stream name")
+    p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser(
+        "retain",
+        parents=parents,
+        help="delete old segments by size, age or consumption",
+        description="Delete the oldest closed segments of NAME while the stream is larger "
+        "than --max-bytes, older than --max-age, or (--consumed) committed by every group.",
+    )
+    p.add_argument("name", metavar="NAME", help="stream name")
+    p.add_argument("--max-bytes", type=_positive_int, metavar="N", help="size to keep")
+    p.add_argument("--max-age", type=float, metavar="SECONDS", help="age to keep")
+    p.add_argument(
+        "--consumed", action="store_true", help="delete segments every group has consumed"
+    )
+    p.set_defaults(func=_cmd_retain)
 
     g = sub.add_parser(
         "groups",
@@ -395,6 +421,54 @@ def _cmd_info(args: argparse.Namespace) -> int:
             for seg in info.segments
         ],
     )
+    return 0
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    with _open(args, create=False) as s:
+        report = s.compact()
+    if getattr(args, "json", False):
+        emit_json(
+            {
+                "stream": args.name,
+                "segments": list(report.segments),
+                "removed_records": report.removed_records,
+                "freed_bytes": report.freed_bytes,
+            }
+        )
+    else:
+        emit(
+            f"compacted {len(report.segments)} segments: {report.removed_records} records "
+            f"removed, {format_size(report.freed_bytes)} freed"
+        )
+    return 0
+
+
+def _cmd_retain(args: argparse.Namespace) -> int:
+    if args.max_bytes is None and args.max_age is None and not args.consumed:
+        raise CliError("stream retain needs --max-bytes, --max-age or --consumed")
+    with _open(
+        args,
+        create=False,
+        retention_bytes=args.max_bytes,
+        retention_seconds=args.max_age,
+        delete_consumed=args.consumed,
+    ) as s:
+        report = s.enforce_retention()
+    if getattr(args, "json", False):
+        emit_json(
+            {
+                "stream": args.name,
+                "deleted": list(report.deleted),
+                "freed_bytes": report.freed_bytes,
+                "start_offset": report.start_offset,
+            }
+        )
+    else:
+        emit(
+            f"deleted {len(report.deleted)} segments, {format_size(report.freed_bytes)} "
+            f"freed; the stream starts at offset {report.start_offset}"
+        )
     return 0
 
 

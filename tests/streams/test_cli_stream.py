@@ -129,3 +129,20 @@ def test_through_the_main_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "needs VALUE or --lines" in capsys.readouterr().err
     assert main(["stream", "read", "m", "--from", "9", "--root", str(tmp_path)]) == 1
     assert "valid offsets are 0 (oldest kept) to 2" in capsys.readouterr().err
+
+
+def test_compact_and_retain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = StreamConfig(durability="none", segment_bytes=4096)
+    with Stream.open(tmp_path, "c", config=cfg) as s:
+        for i in range(300):
+            s.append(b"v" * 60, key=f"k{i % 5}")
+        segments = len(s.info().segments)
+    assert run(tmp_path, "--json", "stream", "compact", "c") == 0
+    report = json.loads(lines(capsys)[0])
+    assert report["removed_records"] > 0
+    assert run(tmp_path, "--json", "stream", "retain", "c", "--max-bytes", "1") == 0
+    report = json.loads(lines(capsys)[0])
+    assert len(report["deleted"]) == segments - 1
+    assert report["start_offset"] > 0
+    with pytest.raises(Exception, match="needs --max-bytes"):
+        run(tmp_path, "stream", "retain", "c")
