@@ -182,6 +182,19 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any], plots: list[st
     return "\n".join(lines) + "\n"
 
 
+FIXED_COLOURS = {
+    # fsbus in reds, its reference points in greys and orange, so the eye finds them
+    "fsbus": "#d62728",
+    "fsbus-poll": "#ff9896",
+    "fsbus-streams": "#8c1c13",
+    "raw": "#7f7f7f",
+    "qlobber-fsq": "#ff7f0e",
+    "redis": "#1f77b4",
+    "redis-pipe": "#aec7e8",
+    "rabbitmq": "#2ca02c",
+}
+
+
 def plot(results: list[dict[str, Any]], out: Path) -> list[str]:
     """Throughput bars per filesystem and a latency chart; returns the file names."""
     import matplotlib
@@ -191,7 +204,8 @@ def plot(results: list[dict[str, Any]], out: Path) -> list[str]:
 
     names: list[str] = []
     systems = _ordered(r["system"] for r in results)
-    colours = {s: plt.get_cmap("tab20")(i % 20) for i, s in enumerate(systems)}
+    others = iter(plt.get_cmap("tab20b")(i) for i in range(0, 20, 2))
+    colours = {s: FIXED_COLOURS.get(s) or next(others, "grey") for s in systems}
     for fs in _ordered(r["fs"] for r in results):
         rows = [r for r in results if r["fs"] == fs and r["unit"] == "msg/s"]
         if not rows:
@@ -257,3 +271,19 @@ def write(out: Path, results: list[dict[str, Any]], meta: dict[str, Any], *, plo
         json.dumps({"meta": meta, "targets": targets(results), "results": results}, indent=1) + "\n"
     )
     (out / "results.md").write_text(markdown(results, meta, pngs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.report DIR``: rebuild results.md and the plots from results.json."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0] if args else "bench/results")
+    data = json.loads((out / "results.json").read_text())
+    write(out, data["results"], data["meta"], plots=True)
+    print(f"rewrote {out}/results.md and plots")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
