@@ -523,11 +523,14 @@ class ConsumerGroup:
             it = self._stream.read(start, max_records=SCAN_LIMIT)
         except OffsetOutOfRange:
             first = self._stream.start_offset
+            if start >= first:
+                return []  # positions past the end (a reset ahead of the writers): wait
             log.warning(
-                "group %s: offsets before %d were deleted by retention before being "
+                "group %s: offsets %d..%d were deleted by retention before being "
                 "consumed; resuming at %d",
                 self._name,
-                first,
+                start,
+                first - 1,
                 first,
             )
             for p in owned:

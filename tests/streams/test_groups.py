@@ -191,3 +191,30 @@ def test_consumer_ids_are_exclusive(stream: Stream) -> None:
             b.poll()
         b.close()
         assert (stream.path / "groups" / "g" / "members" / "same").exists()
+
+
+def test_group_behind_retention_resumes_at_the_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = StreamConfig(durability="none", segment_bytes=4096)
+    with Stream.open(tmp_path, "s", config=cfg) as s, s.group("slow") as g:
+        for _ in range(20):
+            s.append_batch([b"x" * 100] * 10)
+        s.reset_group("slow", 0)
+        kept = cfg.model_copy(update={"retention_bytes": 4096})
+        with Stream.open(tmp_path, "s", config=kept) as t:
+            first = t.enforce_retention().start_offset
+        assert first > 0
+        with caplog.at_level("WARNING", logger="fsbus.stream"):
+            assert g.poll() == []
+        assert "deleted by retention" in caplog.text
+        assert g.poll(max_records=1000)[0].offset == first
+
+
+def test_group_reset_past_the_end_waits(stream: Stream) -> None:
+    stream.append(b"a")
+    stream.reset_group("ahead", 5)
+    with stream.group("ahead") as g:
+        assert g.poll() == []
+        stream.append_batch([b"b"] * 5)
+        assert [r.offset for r in g.poll()] == [5]
