@@ -176,6 +176,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any], plots: list[st
         ]
         if notes:
             lines += ["", "Notes:", *[f"- {n}" for n in notes]]
+    lines += suites_markdown(meta.get("suites", {}))
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{p}]({p})" for p in plots]
@@ -193,6 +194,37 @@ FIXED_COLOURS = {
     "redis-pipe": "#aec7e8",
     "rabbitmq": "#2ca02c",
 }
+
+
+SUITE_TITLES = {
+    "streams": "Streams suite (bench/bench_streams.py: one process, 100 B records)",
+    "spark": "Spark suite (bench/bench_spark.py: local[2], 100 B records)",
+}
+
+
+def suites_markdown(suites: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """Tables for the suites run beside the harness (records per second, ratios)."""
+    from bench.suites import RATIOS
+
+    lines: list[str] = []
+    for name, by_fs in suites.items():
+        figs = {fs: f for fs, f in by_fs.items() if f}
+        if not figs:
+            continue
+        cols = list(figs)
+        lines += ["", f"## {SUITE_TITLES.get(name, name)}", ""]
+        lines.append("| figure, records/s | " + " | ".join(cols) + " |")
+        lines.append("|---|" + "---|" * len(cols))
+        for key in _ordered(k for f in figs.values() for k in f):
+            vals = [_fmt(figs[c].get(key), "rec/s") for c in cols]
+            lines.append(f"| {key} | " + " | ".join(vals) + " |")
+        for a, b in RATIOS.get(name, []):
+            vals = [
+                _ratio(figs[c][a] / figs[c][b]) if figs[c].get(a) and figs[c].get(b) else "—"
+                for c in cols
+            ]
+            lines.append(f"| *{a} / {b}* | " + " | ".join(vals) + " |")
+    return lines
 
 
 def plot(results: list[dict[str, Any]], out: Path) -> list[str]:

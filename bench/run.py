@@ -14,7 +14,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,9 @@ from bench import report
 from bench.filesystems import scratch, unavailable
 from bench.procs import ChildFailed
 from bench.scenarios import PLANS, Plan, Scenario, match_data
+from bench.suites import Suite
+from bench.suites import run as run_suite
+from bench.suites import unavailable as suite_unavailable
 from bench.systems import DEFAULT, Measurement, System, load
 
 
@@ -86,8 +89,14 @@ def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Meas
 
 
 def run_plan(
-    plan: Plan, systems: list[System], filesystems: list[str], *, timeout: float
+    plan: Plan,
+    systems: list[System],
+    filesystems: list[str],
+    *,
+    timeout: float,
+    suites: dict[str, dict[str, dict[str, float]]],
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every scenario on every filesystem; suites' figures go into ``suites``."""
     rows: list[Row] = []
     fs_desc: dict[str, str] = {}
     done_fs_free: set[tuple[str, str]] = set()
@@ -120,6 +129,23 @@ def run_plan(
                             f"  ({time.monotonic() - t:.1f}s){'  ' + m.note if m.note else ''}"
                         )
                 rows += cur.values()
+            for name, records, rounds in plan.suites:
+                suite = Suite(name, records, rounds, per_fs=name != "spark")
+                if not suite.per_fs and name in suites:
+                    continue
+                why = suite_unavailable(suite)
+                if why:
+                    log(f"  suite {name}: skipped, {why}")
+                    suites.setdefault(name, {})["skipped"] = {}
+                    continue
+                t = time.monotonic()
+                try:
+                    figures = run_suite(suite, place.path, timeout=1800)
+                except ChildFailed as exc:
+                    log(f"  suite {name} failed: {exc}")
+                    continue
+                suites.setdefault(name, {})[fs if suite.per_fs else "once"] = figures
+                log(f"  suite {name}: {len(figures)} figures ({time.monotonic() - t:.1f}s)")
     return [r.summary() for r in rows], fs_desc
 
 
@@ -138,17 +164,23 @@ def main(argv: list[str] | None = None) -> int:
         "bench/scratch/tiny for --tiny)",
     )
     ap.add_argument("--no-plots", action="store_true", help="tables only")
+    ap.add_argument(
+        "--suites-only",
+        action="store_true",
+        help="run only the suites and add their figures to the results already in --out",
+    )
+    ap.add_argument(
+        "--no-suites",
+        action="store_true",
+        help="skip bench_streams.py / bench_spark.py (also skipped with --systems/--scenarios)",
+    )
     args = ap.parse_args(argv)
 
     plan = PLANS["quick" if args.quick else "tiny" if args.tiny else "full"]
     if args.scenarios:
         keep = set(args.scenarios.split(","))
-        plan = Plan(
-            plan.name,
-            tuple(s for s in plan.scenarios if s.kind in keep or s.key in keep),
-            plan.rounds,
-            plan.filesystems,
-            plan.timeout,
+        plan = replace(
+            plan, scenarios=tuple(s for s in plan.scenarios if s.kind in keep or s.key in keep)
         )
     rounds = args.rounds or plan.rounds
     filesystems = args.fs.split(",") if args.fs else list(plan.filesystems)
@@ -176,11 +208,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 systems.append(s)
         t0 = time.monotonic()
+        suites: dict[str, dict[str, dict[str, float]]] = {}
+        if args.suites_only:
+            plan = replace(plan, scenarios=())
+        elif args.scenarios or args.systems or args.no_suites:
+            plan = replace(plan, suites=())
         results, fs_desc = run_plan(
-            Plan(plan.name, plan.scenarios, rounds, plan.filesystems, plan.timeout),
-            systems,
-            filesystems,
-            timeout=plan.timeout,
+            replace(plan, rounds=rounds), systems, filesystems, timeout=plan.timeout, suites=suites
         )
         elapsed = time.monotonic() - t0
     finally:
@@ -193,12 +227,16 @@ def main(argv: list[str] | None = None) -> int:
         "systems": {s.name: s.label for s in systems},
         "skipped": skipped,
         "seconds": round(elapsed, 1),
+        "suites": suites,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {_cores()} cores, Linux {platform.release()}",
         "python": platform.python_version(),
         "command": "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     out = Path(args.out or DEFAULT_OUT[plan.name])
+    if args.suites_only and (out / "results.json").exists():
+        old = json.loads((out / "results.json").read_text())
+        results, meta = old["results"], {**old["meta"], "suites": suites}
     report.write(out, results, meta, plots=not args.no_plots)
     log(f"wrote {out}/results.md, results.json{'' if args.no_plots else ' and plots'}")
     return 0

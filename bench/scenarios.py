@@ -93,6 +93,8 @@ class Plan:
     """Seconds one measurement may take before it is recorded as failed."""
     notes: tuple[str, ...] = field(default=())
     """Shown under the table."""
+    suites: tuple[tuple[str, int, int], ...] = field(default=())
+    """Suites beside the harness (bench/bench_<name>.py): (name, records, rounds)."""
 
 
 FULL = Plan(
@@ -117,6 +119,7 @@ FULL = Plan(
         Scenario("match", 100_000, bindings=10_000),
     ),
     rounds=3,
+    suites=(("streams", 200_000, 3), ("spark", 200_000, 2)),
 )
 QUICK = Plan(
     "quick",

@@ -1,0 +1,103 @@
+"""Suites written beside the harness, run by it as scenarios: Streams and Spark.
+
+``bench/bench_streams.py`` exposes ``bench_fs(base, n, n_peer, rounds)`` (Streams beside raw
+appends of the same frames, persist-queue and queuelib, in one process) and
+``bench/bench_spark.py`` exposes ``run(args)`` (the Spark connector beside Spark's text and
+JSON file sources). The harness runs each in a child process
+(``python -m bench.suites NAME PARAMS_JSON``, answering one ``RESULT`` line) on each
+filesystem (Streams) or once (Spark, which keeps its scratch under bench/scratch/), and puts
+their figures in the same results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.child import result
+from bench.procs import REPO, run_single
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A suite and how big to run it."""
+
+    name: str
+    """streams or spark."""
+    records: int
+    """Records per figure."""
+    rounds: int
+    """The suite's own rounds (it takes the median itself)."""
+    per_fs: bool
+    """Run on every filesystem (True) or once (False)."""
+
+
+RATIOS = {
+    # suite: (figure, reference figure) pairs worth a ratio column
+    "streams": [
+        ("append", "raw append"),
+        ("append+fsync", "raw append+fsync"),
+        ("read", "raw read"),
+        ("append 1-by-1", "persist-queue put"),
+        ("append 1-by-1", "queuelib push"),
+    ],
+    "spark": [
+        ("read fsbus (batch)", "read text files (batch)"),
+        ("read fsbus (streaming)", "read text files (streaming)"),
+        ("write fsbus", "write text files"),
+        ("write fsbus", "write json files"),
+    ],
+}
+
+
+def unavailable(suite: Suite) -> str | None:
+    """Why the suite cannot run here, or None."""
+    module = REPO / "bench" / f"bench_{suite.name}.py"
+    if not module.exists():
+        return f"{module.name} is not there"
+    if suite.name == "spark" and shutil.which("java") is None:
+        return "Java 17 is needed for Spark (apt-get install -y openjdk-17-jre-headless)"
+    return None
+
+
+def run(suite: Suite, place: Path, *, timeout: float) -> dict[str, float]:
+    """Run ``suite`` in a child process with its scratch under ``place``; its figures."""
+    params = {"dir": str(place), "records": suite.records, "rounds": suite.rounds}
+    cmd = [sys.executable, "-m", "bench.suites", suite.name, json.dumps(params)]
+    res = run_single(cmd, timeout=timeout)
+    return {k: float(v) for k, v in res["rates"].items()}
+
+
+def _streams(p: dict[str, Any]) -> None:
+    from bench.bench_streams import bench_fs
+
+    rates = bench_fs(Path(p["dir"]), int(p["records"]), min(20_000, int(p["records"])),
+                     int(p["rounds"]))  # fmt: skip
+    result(rates={k: v for k, v in rates.items() if not k.endswith(" [cpu]")})
+
+
+def _spark(p: dict[str, Any]) -> None:
+    from bench import bench_spark
+
+    scratch = Path(tempfile.mkdtemp(prefix="spark-", dir=p["dir"]))
+    try:
+        t0 = time.monotonic()
+        out = bench_spark.run(
+            argparse.Namespace(
+                records=int(p["records"]), size=100, rounds=int(p["rounds"]), scratch=scratch
+            )
+        )
+        result(rates=out["rates"], seconds=time.monotonic() - t0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    {"streams": _streams, "spark": _spark}[sys.argv[1]](json.loads(sys.argv[2]))
