@@ -12,14 +12,16 @@ import argparse
 import json
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import anyio
 
 from fsbus import BusConfig
 
-__all__ = ["CliError", "bus_config", "resolve_root", "run_async"]
+__all__ = ["CliError", "bus_config", "interruptible", "resolve_root", "run_async"]
 
 ENV_ROOT = "FSBUS_ROOT"
 
@@ -54,18 +56,58 @@ def bus_config(args: argparse.Namespace) -> BusConfig:
     return BusConfig(**options)
 
 
+class _Interrupts:
+    """The cancel scopes a signal should end first (see :func:`interruptible`)."""
+
+    def __init__(self) -> None:
+        self.scopes: list[anyio.CancelScope] = []
+
+
+_interrupts: ContextVar[_Interrupts | None] = ContextVar("fsbus_cli_interrupts", default=None)
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Mark the waiting part of a command: SIGINT/SIGTERM ends this block only.
+
+    The code after the block runs normally, so a command leaves its ``async with
+    Bus(...)`` blocks the usual way (acknowledgements already made are completed,
+    work-queue messages not yet acknowledged are released). A second signal cancels
+    everything.
+    """
+    registry = _interrupts.get()
+    with anyio.CancelScope() as scope:
+        if registry is not None:
+            registry.scopes.append(scope)
+        try:
+            yield
+        finally:
+            if registry is not None:
+                registry.scopes.remove(scope)
+
+
 def run_async(command: Callable[[], Awaitable[int]]) -> int:
-    """Run ``command`` on asyncio; SIGINT/SIGTERM cancel it cleanly (exit 128 + signum)."""
+    """Run ``command`` on asyncio; SIGINT/SIGTERM stop it cleanly (exit 128 + signum).
+
+    A signal cancels the blocks marked with :func:`interruptible` if any are active,
+    else (or on a second signal) the whole command.
+    """
     received: list[int] = []
 
     async def main() -> int:
         result = 0
+        registry = _Interrupts()
+        _interrupts.set(registry)
         async with anyio.create_task_group() as tg:
 
             async def watch_signals() -> None:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
                         received.append(int(signum))
+                        if registry.scopes and len(received) == 1:
+                            for scope in registry.scopes:
+                                scope.cancel()
+                            continue
                         tg.cancel_scope.cancel()
                         return
 

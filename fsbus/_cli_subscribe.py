@@ -11,7 +11,7 @@ import anyio
 from fsbus import Bus, BusConfig, Message
 
 from ._cli_output import emit_json, payload_fields
-from ._cli_runtime import bus_config, resolve_root, run_async
+from ._cli_runtime import bus_config, interruptible, resolve_root, run_async
 
 __all__ = ["add_subscribe_command", "message_json", "observer_config"]
 
@@ -132,7 +132,7 @@ def run_subscribe(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
-                with anyio.move_on_after(args.timeout):
+                with interruptible(), anyio.move_on_after(args.timeout):
                     async for msg in it:
                         if msg.single and not args.single:
                             await it.release(msg)

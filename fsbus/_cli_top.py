@@ -22,7 +22,7 @@ from fsbus import Bus, BusConfig
 
 from ._cli_browse import Snapshot, take_snapshot
 from ._cli_output import emit, emit_json, format_size, format_table
-from ._cli_runtime import bus_config, resolve_root, run_async
+from ._cli_runtime import bus_config, interruptible, resolve_root, run_async
 
 __all__ = ["add_top_command", "frame_json", "frame_lines"]
 
@@ -197,13 +197,15 @@ def run_top(args: argparse.Namespace) -> int:
     async def command() -> int:
         async with Bus(root, config=config) as bus:
             prev = await take_snapshot(bus, root)
-            while True:
-                await anyio.sleep(interval)
-                cur = await take_snapshot(bus, root)
-                show(frame_json(prev, cur, config))
-                if args.once:
-                    return 0
-                prev = cur
+            with interruptible():
+                while True:
+                    await anyio.sleep(interval)
+                    cur = await take_snapshot(bus, root)
+                    show(frame_json(prev, cur, config))
+                    if args.once:
+                        break
+                    prev = cur
+        return 0
 
     code = run_async(command)
     return 0 if code == 130 else code
