@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from fsbus import FsBusError, UsageError, __version__
+from fsbus.ui import add_ui_command
 
 from ._cli_browse import add_browse_commands
 from ._cli_completion import add_completion_command
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_maintenance_commands(subparsers, common)
     add_top_command(subparsers, common)
     add_stream_commands(subparsers, common)
+    add_ui_command(subparsers, common)
     add_completion_command(subparsers, parser)
     return parser
 

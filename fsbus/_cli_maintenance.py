@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import anyio
 
@@ -40,6 +41,12 @@ def add_maintenance_commands(
         "two open file descriptions, inotify seeing a write within 2 s, clock skew against "
         "a fresh file's mtime, free space and inodes. Each check says ok, warn or fail and "
         "what to fix. Exit status 1 when a check fails. The directory is not created.",
+    )
+    d.add_argument(
+        "dir",
+        metavar="DIR",
+        nargs="?",
+        help="directory to check (default: --root / $FSBUS_ROOT)",
     )
     d.set_defaults(func=run_doctor)
 
@@ -116,7 +123,7 @@ def doctor_lines(report: DoctorReport) -> list[str]:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus doctor``."""
-    root = resolve_root(args)
+    root = Path(args.dir) if args.dir else resolve_root(args)
     report = check_directory(root)
     if args.json:
         emit_json(doctor_json(report))
