@@ -28,11 +28,14 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
 _REWRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | _O_NOFOLLOW
-_READ = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
+# O_NONBLOCK: a FIFO planted under a message name must not block the reader
+# (it changes nothing for regular files).
+_READ = os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC | _O_NOFOLLOW
 _CLAIM = os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW
 _LEADING = b"\x00"
 _MISSING = (errno.ENOENT, errno.ESTALE)
-_SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM)  # files a reader passes over
+# Files a reader passes over: links, unreadable files, directories, sockets.
+_SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO)
 _CHUNK = 1 << 20
 
 
@@ -426,7 +429,7 @@ class BusFS:
         try:
             fd = self.ops.open(path, _CLAIM)
         except OSError as exc:
-            if exc.errno in _MISSING or exc.errno in (errno.ELOOP, errno.EACCES, errno.EPERM):
+            if exc.errno in _MISSING or exc.errno in _SKIP:
                 return None
             raise storage_error("opening a work-queue message", exc, path) from exc
         try:
