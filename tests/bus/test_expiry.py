@@ -1,0 +1,75 @@
+"""TTL: expired messages are never delivered and are removed by a scan or by gc."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import Bus, BusConfig
+
+from .conftest import Inbox, files_under, message_files, wait_until
+
+
+async def wait_past(expires: float) -> None:
+    """Wait until the wall clock is past an expiry."""
+    await wait_until(lambda: time.time() > expires)
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.asyncio
+async def test_expired_message_is_not_delivered_and_the_scan_removes_it(
+    root: Path, single: bool
+) -> None:
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        info = await bus.publish("ttl.short", b"stale", single=single, ttl=0.05, headers={"a": "b"})
+        await wait_past(info.expires)
+        await bus.subscribe("ttl.#", inbox, existing=True)
+        await bus.publish("ttl.barrier", b"fresh", single=single)
+        await inbox.wait_topic("ttl.barrier")
+        await wait_until(lambda: not Path(info.path).exists())
+        stats = bus.statistics()
+    assert inbox.topics == ["ttl.barrier"]
+    assert stats.expired == 1
+    assert not (root / "fsbus" / "meta" / info.bucket / info.name).exists()
+
+
+@pytest.mark.asyncio
+async def test_gc_removes_expired_messages_without_a_subscriber(root: Path) -> None:
+    async with Bus(root) as bus:
+        long_topic = "ttl." + "q" * 200
+        short = await bus.publish(long_topic, b"x", ttl=0.05)
+        short_single = await bus.publish("ttl.s", b"x", ttl=0.05, single=True)
+        keep = await bus.publish("ttl.keep", b"y", ttl=3600)
+        await wait_past(max(short.expires, short_single.expires))
+        removed = await bus.gc()
+        assert removed == 2
+        assert bus.statistics().expired == 2
+    assert message_files(root) == [f"{keep.bucket}/{keep.name}"]
+    assert files_under(root / "topics") == []
+
+
+@pytest.mark.asyncio
+async def test_expiry_is_publish_time_plus_ttl(root: Path) -> None:
+    cfg = BusConfig(multi_ttl=30, single_ttl=90)
+    async with Bus(root, config=cfg) as bus:
+        before = time.time()
+        multi = await bus.publish("t", b"x")
+        single = await bus.publish("t", b"x", single=True)
+        custom = await bus.publish("t", b"x", ttl=5.5)
+        after = time.time()
+    assert before + 30 - 0.002 <= multi.expires <= after + 30 + 0.002
+    assert before + 90 - 0.002 <= single.expires <= after + 90 + 0.002
+    assert before + 5.5 - 0.002 <= custom.expires <= after + 5.5 + 0.002
+
+
+@pytest.mark.asyncio
+async def test_gc_loop_runs_on_its_own(root: Path) -> None:
+    cfg = BusConfig(gc_interval=0.05)
+    async with Bus(root, config=cfg) as bus:
+        info = await bus.publish("t", b"x", ttl=0.05)
+        await wait_until(lambda: bus.statistics().expired == 1)
+        assert not await anyio.Path(info.path).exists()

@@ -1,0 +1,242 @@
+"""Strangers' files in the bus directory: quarantined or ignored, never fatal, never followed."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import BlockingBus, Bus, BusConfig, StorageError
+from fsbus._names import encode_topic, make_name
+
+from .conftest import Inbox, files_under, message_files, wait_until
+
+
+def peer_name(topic: str, *, single: bool, ttl: float = 3600) -> str:
+    """A qlobber-fsq style name for ``topic`` that expires in ``ttl`` seconds."""
+    name, spill = make_name(
+        encode_topic(topic),
+        split_at=200,
+        expires_ms=int((time.time() + ttl) * 1000),
+        kind="s" if single else "m",
+        unique=os.urandom(16).hex(),
+    )
+    assert spill is None
+    return name
+
+
+def prepare(root: Path) -> None:
+    """Create the bus layout (as a first Bus would)."""
+    with BlockingBus(root):
+        pass
+
+
+@pytest.mark.asyncio
+async def test_foreign_files_are_quarantined_and_counted(root: Path) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    (root / "messages" / "00" / "README").write_text("not a message")
+    (root / "messages" / "7f" / "zz@s+ff+m+junk").write_text("bad hex topic")
+    (root / "messages" / "a0" / "x@s+1+m").write_text("three fields")
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.subscribe("#", inbox)
+        await wait_until(lambda: bus.statistics().quarantined == 3)
+        await bus.publish("still.works", b"yes")
+        await inbox.wait_for(1)
+    assert inbox.topics == ["still.works"]
+    assert len(message_files(root)) == 1
+    moved = files_under(root / "fsbus" / "quarantine")
+    assert len(moved) == 3
+    assert any(m.endswith("-00-README") for m in moved)
+    assert {(root / "fsbus" / "quarantine" / m).read_text() for m in moved} == {
+        "not a message",
+        "bad hex topic",
+        "three fields",
+    }
+
+
+@pytest.mark.asyncio
+async def test_foreign_file_dropped_while_running_is_quarantined(root: Path) -> None:
+    inbox = Inbox()
+    async with Bus(root, config=BusConfig(refresh_ttl=0.1, poll_interval=0.05)) as bus:
+        await bus.subscribe("#", inbox)
+        await anyio.Path(root / "messages" / "3c" / "editor-backup~").write_text("x")
+        await wait_until(lambda: bus.statistics().quarantined == 1)
+        await bus.publish("after", b"1")
+        await inbox.wait_for(1)
+    assert message_files(root) != []
+
+
+@pytest.mark.asyncio
+async def test_gc_quarantines_foreign_files_too(root: Path) -> None:
+    async with Bus(root) as bus:
+        await anyio.Path(root / "messages" / "11" / "stray.txt").write_text("x")
+        assert await bus.gc() == 1
+        assert bus.statistics().quarantined == 1
+    assert message_files(root) == []
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.asyncio
+async def test_a_planted_symlink_is_never_followed(
+    root: Path, tmp_path: Path, single: bool
+) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"\x00do not read or truncate me")
+    link = root / "messages" / "42" / peer_name("steal.this", single=single)
+    link.symlink_to(secret)
+    inbox = Inbox()
+    async with Bus(root, config=BusConfig(retry_interval=0.05)) as bus:
+        await bus.subscribe("#", inbox, existing=True)
+        await bus.publish("barrier", b"b", single=single)
+        await inbox.wait_topic("barrier")
+        # Give singles a few retry rounds at the link; it must stay untouched.
+        scans = bus.statistics().scans
+        await wait_until(lambda: bus.statistics().scans >= scans + 3)
+    assert inbox.topics == ["barrier"]
+    assert secret.read_bytes() == b"\x00do not read or truncate me"
+    assert link.is_symlink()
+
+
+@pytest.mark.asyncio
+async def test_an_expired_symlink_is_removed_not_its_target(root: Path, tmp_path: Path) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"\x00keep")
+    link = root / "messages" / "42" / peer_name("old", single=False, ttl=-10)
+    link.symlink_to(secret)
+    async with Bus(root) as bus:
+        assert await bus.gc() == 1
+    assert not link.is_symlink()
+    assert secret.read_bytes() == b"\x00keep"
+
+
+@pytest.mark.asyncio
+async def test_a_symlinked_bucket_directory_is_refused(root: Path, tmp_path: Path) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bucket = root / "messages" / "05"
+    bucket.rmdir()
+    bucket.symlink_to(elsewhere)
+    with pytest.raises(StorageError, match="symbolic link") as caught:
+        async with Bus(root):
+            pass
+    assert caught.value.path == str(bucket)
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.asyncio
+async def test_a_directory_named_like_a_message_does_not_stop_delivery(
+    root: Path, single: bool
+) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    (root / "messages" / "00" / peer_name("a.dir", single=single)).mkdir()
+    inbox = Inbox()
+    async with Bus(root, config=BusConfig(retry_interval=0.05)) as bus:
+        await bus.subscribe("#", inbox, existing=True)
+        await bus.publish("real", b"r", single=single)
+        await inbox.wait_topic("real")
+    assert inbox.topics == ["real"]
+
+
+@pytest.mark.asyncio
+async def test_an_empty_single_leftover_is_removed(root: Path) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    leftover = root / "messages" / "10" / peer_name("job", single=True)
+    leftover.write_bytes(b"")
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.subscribe("job", inbox)
+        await wait_until(lambda: not leftover.exists())
+        await bus.publish("job", b"real", single=True)
+        await inbox.wait_for(1)
+    assert inbox.payloads == [b"real"]
+
+
+@pytest.mark.asyncio
+async def test_an_empty_multi_file_is_not_delivered(root: Path) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    (root / "messages" / "10" / peer_name("m", single=False)).write_bytes(b"")
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.subscribe("m", inbox, existing=True)
+        await bus.publish("m", b"real")
+        await inbox.wait_for(1)
+    assert inbox.payloads == [b"real"]
+
+
+@pytest.mark.asyncio
+async def test_a_corrupt_headers_sidecar_gives_no_headers(root: Path) -> None:
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        info = await bus.publish("h", b"x", single=True, headers={"k": "v"})
+        await anyio.Path(root / "fsbus" / "meta" / info.bucket / info.name).write_bytes(b"{nope")
+        await bus.subscribe("h", inbox)
+        (msg,) = await inbox.wait_for(1)
+    assert msg.payload == b"x"
+    assert msg.headers == {}
+
+
+@pytest.mark.asyncio
+async def test_a_garbage_attempts_file_counts_as_none(root: Path) -> None:
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        info = await bus.publish("a", b"x", single=True)
+        await anyio.Path(root / "fsbus" / "attempts" / info.bucket / info.name).write_text("??")
+        await bus.subscribe("a", inbox)
+        (msg,) = await inbox.wait_for(1)
+    assert msg.delivery_count == 1
+
+
+@pytest.mark.asyncio
+async def test_a_short_update_file_while_running(root: Path) -> None:
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.subscribe("#", inbox)
+        update = anyio.Path(root / "update" / "UPDATE")
+        await update.write_bytes(b"short")
+        for i in range(5):
+            await bus.publish(f"u.{i}", b"x")
+        await inbox.wait_for(5)
+    assert sorted(inbox.topics) == [f"u.{i}" for i in range(5)]
+
+
+@pytest.mark.asyncio
+async def test_a_short_update_file_is_rewritten_on_open(root: Path) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    update = anyio.Path(root / "update" / "UPDATE")
+    await update.write_bytes(b"\x01\x02")
+    async with Bus(root) as bus:
+        assert (await update.stat()).st_size == 256 * 32
+        inbox = Inbox()
+        await bus.subscribe("#", inbox)
+        await bus.publish("x", b"1")
+        await inbox.wait_for(1)
+
+
+@pytest.mark.asyncio
+async def test_a_missing_update_file_while_running(root: Path) -> None:
+    inbox = Inbox()
+    async with Bus(root, config=BusConfig(poll_interval=0.05)) as bus:
+        await bus.subscribe("#", inbox)
+        await anyio.Path(root / "update" / "UPDATE").unlink()
+        await bus.publish("gone.update", b"x")
+        await inbox.wait_for(1)
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.asyncio
+async def test_a_fifo_named_like_a_message_does_not_hang_the_bus(root: Path, single: bool) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    os.mkfifo(root / "messages" / "00" / peer_name("a.fifo", single=single))
+    inbox = Inbox()
+    async with Bus(root, config=BusConfig(retry_interval=0.05)) as bus:
+        await bus.subscribe("#", inbox, existing=True)
+        await bus.publish("real", b"r", single=single)
+        await inbox.wait_topic("real")
+    assert inbox.topics == ["real"]
