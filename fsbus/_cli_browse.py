@@ -161,7 +161,6 @@ def stats_json(snap: Snapshot, config: BusConfig, top: int) -> dict[str, Any]:
         "multi": sum(1 for m in msgs if not m.single),
         "single": sum(1 for m in msgs if m.single),
         "locked": sum(1 for m in msgs if m.locked),
-        "expired": sum(1 for m in msgs if m.expires <= snap.taken),
         "bytes": sum(m.size for m in msgs),
         "topics": len(topics),
         "buckets": config.num_buckets,
@@ -197,7 +196,7 @@ def stats_lines(stats: dict[str, Any], root: Path) -> list[str]:
     lines = [
         f"bus {root}",
         f"  messages  {stats['messages']} (multi {stats['multi']}, single {stats['single']}; "
-        f"{stats['locked']} locked, {stats['expired']} expired)",
+        f"{stats['locked']} locked)",
         f"  bytes     {format_size(stats['bytes'])}",
         f"  topics    {stats['topics']}",
     ]

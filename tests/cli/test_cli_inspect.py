@@ -70,7 +70,7 @@ def test_stats_counts_messages_topics_and_streams(cli: Cli, root: Path) -> None:
     assert audit["name"] == "audit"
     assert audit["records"] == 3
     text = ok(cli("stats")).stdout
-    assert "messages  3 (multi 2, single 1" in text
+    assert "messages  3 (multi 2, single 1; 0 locked)" in text
     assert "audit" in text
 
 
