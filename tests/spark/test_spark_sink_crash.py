@@ -165,18 +165,8 @@ def test_stream_commit_replay_after_a_torn_batch(tmp_path: Path, appended: int) 
     opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
     rows = stream_rows(3000)
     crash(tmp_path, opts, stage_rows(opts, rows, parts=2), "records", 0)  # pending, no rows
+    torn_append(root, rows, 0, appended)
     with Stream.open(root, "out") as stream:
-        # What the dead attempt's first frames left: its first rows, the first one marked.
-        stream.append_batch(
-            RecordIn(
-                value=r["value"],
-                key=r["key"],
-                headers={**r["headers"], BATCH_HEADER: f"{SINK}/{BATCH}:0"}
-                if i == 0
-                else r["headers"],
-            )
-            for i, r in enumerate(rows[:appended])
-        )
         stream.append("foreign")
     assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=3), replayable=True) == 3000
     with Stream.open(root, "out", create=False) as stream:
@@ -184,3 +174,38 @@ def test_stream_commit_replay_after_a_torn_batch(tmp_path: Path, appended: int) 
     assert values == [r["value"] for r in rows[:appended]] + ["foreign"] + [
         r["value"] for r in rows[appended:]
     ]
+
+
+def torn_append(root: Path, rows: list[dict[str, Any]], skip: int, stop: int) -> None:
+    """What a dead attempt's first frames leave: rows[skip:stop], the first one marked."""
+    mark = f"{SINK}/{BATCH}:{skip}"
+    with Stream.open(root, "out") as stream:
+        stream.append_batch(
+            RecordIn(
+                value=r["value"],
+                key=r["key"],
+                headers={**r["headers"], BATCH_HEADER: mark} if i == skip else r["headers"],
+            )
+            for i, r in enumerate(rows[skip:stop], start=skip)
+        )
+
+
+def test_stream_commit_survives_two_crashes_in_a_row(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = stream_rows(3000)
+    crash(tmp_path, opts, stage_rows(opts, rows, parts=2), "records", 0)
+    torn_append(root, rows, 0, 1000)
+    with Stream.open(root, "out") as stream:
+        stream.append("foreign 1")
+    # The replay dies too, after writing the first 500 of the remaining rows.
+    crash(tmp_path, opts, stage_rows(opts, rows, parts=2), "records", 0)
+    torn_append(root, rows, 1000, 1500)
+    with Stream.open(root, "out") as stream:
+        stream.append("foreign 2")
+
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True) == 3000
+    with Stream.open(root, "out", create=False) as stream:
+        values = [r.value.decode() for r in stream.read()]
+    ours = [r["value"] for r in rows]
+    assert values == [*ours[:1000], "foreign 1", *ours[1000:1500], "foreign 2", *ours[1500:]]
