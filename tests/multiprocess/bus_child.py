@@ -22,9 +22,9 @@ reported on stdout as one JSON object per line:
 Roles: ``pub`` (params ``messages``: [[topic, id], ...], ``single``, ``face``: "async" or
 "blocking"), ``sub`` (``subscriptions``: [[handler name, pattern], ...]; a handler name
 used twice is one handler, so the bus calls it once per message), ``worker``
-(``pattern``, ``hold``: never finish a handler, ``fail``: ids whose handler raises, ``face``:
-"async" or "blocking"), ``pub-stuck`` (``topic``, ``chunk``: size of the one chunk written).
-``config`` holds BusConfig options for any role.
+(``pattern``, ``hold``: never finish a handler, ``fail``: ids whose handler raises, ``work``:
+seconds each job takes, ``face``: "async" or "blocking"), ``pub-stuck`` (``topic``,
+``chunk``: size of the one chunk written). ``config`` holds BusConfig options for any role.
 Only the public fsbus API is used.
 """
 
@@ -151,6 +151,7 @@ def worker(params: dict[str, Any]) -> None:
         return
     hold = bool(params.get("hold", False))
     fail = set(params.get("fail", ()))
+    work = float(params.get("work", 0))
 
     async def handle(msg: Message) -> None:
         emit("start", **describe(msg))
@@ -159,6 +160,8 @@ def worker(params: dict[str, Any]) -> None:
             raise RuntimeError(f"job {msg.payload!r} always fails")
         if hold:
             await anyio.sleep_forever()  # until SIGKILL, or the Bus closes and cancels us
+        if work:
+            await anyio.sleep(work)  # stands for the job's own work
         emit("done", **describe(msg))
 
     async def subscribe(bus: Bus) -> None:

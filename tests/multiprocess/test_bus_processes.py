@@ -287,6 +287,52 @@ def test_messages_of_a_consumer_killed_mid_handling_are_redelivered(
     assert len(redelivered) == holding
 
 
+def test_workers_killed_at_arbitrary_points_lose_nothing(spawn: Spawn, bus_root: Path) -> None:
+    # Workers are SIGKILLed while jobs flow (wherever they are: claiming, handling, acking)
+    # and replaced. At-least-once: every job is done; only a killed worker's jobs may be
+    # handled twice.
+    jobs, kill_after = 900, (150, 350, 550)
+
+    def worker(n: int) -> JsonLinesPeer:
+        return spawn("worker", name=f"worker {n}", pattern="jobs.#", work=0.005)
+
+    alive = [worker(n) for n in range(3)]
+    everyone = list(alive)
+    killed: list[JsonLinesPeer] = []
+    for w in alive:
+        w.wait_count("ready", 1)
+    rng = random.Random(31)
+    msgs = [(f"jobs.{rng.choice(WORDS)}", f"job-{i:04d}") for i in range(jobs)]
+    pub = spawn("pub", messages=msgs, single=True)
+
+    for threshold in kill_after:
+        wait_until(lambda t=threshold: counts(everyone, "done").total() >= t, what="progress")
+        victim = alive.pop(0)
+        victim.proc.send_signal(signal.SIGKILL)
+        assert victim.wait_exit() == -signal.SIGKILL
+        killed.append(victim)
+        alive.append(worker(len(everyone)))
+        everyone.append(alive[-1])
+    pub.wait_count("published", 1)
+    assert pub.wait_exit() == 0, pub.describe()
+
+    ids = {i for _, i in msgs}
+    wait_until(lambda: set(counts(everyone, "done")) >= ids, what="every job done")
+    wait_until(lambda: not singles_on_disk(bus_root), what="every job acknowledged")
+    for w in alive:
+        assert w.stop() == 0, w.describe()
+    assert locked_files(bus_root) == set()
+
+    assert set(counts(everyone, "done")) == ids
+    survivors_started = counts(alive, "start")
+    assert [i for i, n in survivors_started.items() if n > 1] == [], "a survivor got a job twice"
+    for w in everyone:
+        assert max(counts([w], "start").values(), default=0) <= 1, w.name
+    by_killed = set(counts(killed, "start"))
+    twice = {i for i, n in counts(everyone, "start").items() if n > 1}
+    assert twice <= by_killed, "only a killed worker's jobs may be handled again"
+
+
 # --------------------------------------------------------------------------- dead letters
 def test_failures_are_counted_across_processes_and_dead_lettered_once(
     spawn: Spawn, bus_root: Path
