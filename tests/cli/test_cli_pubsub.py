@@ -161,3 +161,14 @@ def test_single_consumed_exactly_once_across_two_processes(
     with BlockingBus(root) as bus:
         assert list(bus.browse()) == []  # all acked, no lock or file left behind
     assert os.listdir(root / "staging") == []
+
+
+def test_plain_subscribe_leaves_work_queue_messages_alone(cli: Cli) -> None:
+    ok(cli("publish", "mixed.job", "work", "--single"))
+    ok(cli("publish", "mixed.event", "news"))
+    res = ok(cli("subscribe", "mixed.*", "--existing", "--timeout", "1.5", "-q"))
+    assert [m["payload"] for m in res.json_lines()] == ["news"]
+    [job] = ok(cli("ls", "mixed.job", "--json")).json_lines()
+    assert job["locked"] is False
+    [msg] = ok(cli("subscribe", "mixed.job", "--single", "--count", "1", "-q")).json_lines()
+    assert msg["payload"] == "work"
