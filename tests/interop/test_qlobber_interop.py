@@ -156,10 +156,10 @@ async def in_thread(fn: Callable[[], object]) -> None:
     await anyio.to_thread.run_sync(fn)
 
 
-def left_on_disk(root: Path, *, kind: str) -> list[str]:
-    """Message files of one kind ("s" single, "m" multi) still in the buckets."""
+def left_on_disk(root: Path, *, kind: str, under: str = "messages") -> list[str]:
+    """Files of one kind ("s" single, "m" multi) in the message (or topic) buckets."""
     out = []
-    for bucket in (root / "messages").iterdir():
+    for bucket in (root / under).iterdir():
         out += [n for n in os.listdir(bucket) if f"+{kind}+" in n]
     return out
 
@@ -210,6 +210,8 @@ async def test_qlobber_publisher_reaches_fsbus_subscribers(
             assert msg.delivery_count == 1
     assert set(inbox.by_sub) <= set(SUBSCRIPTIONS)
     assert left_on_disk(bus_root, kind="s") == []
+    assert left_on_disk(bus_root, kind="s", under="topics") == []  # the long one's spill
+    assert len(left_on_disk(bus_root, kind="m", under="topics")) == 1  # multis stay
 
 
 # --------------------------------------------------------------------------- fsbus -> Node
@@ -230,6 +232,9 @@ async def test_fsbus_publisher_reaches_qlobber_subscribers(
     await in_thread(lambda: sub.wait_count("message", total))
     # Singles are acknowledged by the Node peer (done()): their files go away.
     await eventually(lambda: not left_on_disk(bus_root, kind="s"), what="singles consumed")
+    await eventually(
+        lambda: not left_on_disk(bus_root, kind="s", under="topics"), what="long spill removed"
+    )
     assert sub.stop() == 0
 
     by_name = {i.name: (i, m) for i, m in zip(infos, MESSAGES, strict=True)}
