@@ -1,0 +1,82 @@
+"""Bus.statistics(): a frozen snapshot whose counters follow what happened."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import Bus, BusConfig, BusStatistics, Message
+
+from .conftest import Inbox, message_files, wait_until
+
+
+@pytest.mark.asyncio
+async def test_counters_follow_a_session(root: Path) -> None:
+    cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=2)
+    multi, dead = Inbox(), Inbox()
+    fails: list[Message] = []
+
+    async def worker(msg: Message) -> None:
+        if msg.payload == b"bad":
+            fails.append(msg)
+            raise RuntimeError("bad job")
+
+    async with Bus(root, config=cfg) as bus:
+        fresh = bus.statistics()
+        assert fresh == BusStatistics(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, fresh.inotify)
+        await anyio.Path(root / "messages" / "00" / "stray").write_text("x")
+        await bus.subscribe("news.#", multi)
+        await bus.subscribe("jobs.#", worker)
+        await bus.subscribe("dead-letter.#", dead)
+        news = await bus.publish("news.a", b"1")
+        await bus.publish("jobs.ok", b"good", single=True)
+        await bus.publish("jobs.bad", b"bad", single=True)
+        await multi.wait_for(1)
+        await dead.wait_for(1)
+        await wait_until(lambda: message_files(root) == [f"{news.bucket}/{news.name}"])
+        s = bus.statistics()
+    assert s.published == 3  # the dead-letter copy is not a publish of the caller's
+    assert s.quarantined == 1
+    assert s.subscriptions == 3
+    assert s.in_flight == 0
+    assert s.failed == 2  # two deliveries of the bad job
+    assert s.released == 1  # after the first failure
+    assert s.dead_lettered == 1
+    # good job, bad job (dead-lettered), its dead-letter copy
+    assert s.acked == 3
+    # news.a, good, bad twice, dead-letter copy
+    assert s.delivered == 5
+    assert s.scans >= 2
+    assert s.expired == 0
+    assert len(fails) == 2
+
+
+def test_statistics_are_frozen() -> None:
+    s = BusStatistics(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.published = 0  # type: ignore[misc]
+    assert [f.name for f in dataclasses.fields(s)] == [
+        "published",
+        "delivered",
+        "acked",
+        "released",
+        "failed",
+        "dead_lettered",
+        "expired",
+        "quarantined",
+        "scans",
+        "subscriptions",
+        "in_flight",
+        "inotify",
+    ]
+
+
+@pytest.mark.asyncio
+async def test_inotify_is_reported(root: Path) -> None:
+    async with Bus(root, config=BusConfig(force_polling=False)) as bus:
+        assert bus.statistics().inotify
+    async with Bus(root, config=BusConfig(force_polling=True)) as bus:
+        assert not bus.statistics().inotify
