@@ -53,6 +53,10 @@ async def test_jobs_of_a_killed_qlobber_worker_go_to_an_fsbus_worker(
         await anyio.to_thread.run_sync(lambda: node.wait_count("message", jobs))
         assert {str(e["fname"]) for e in node.of("message")} == {i.name for i in infos}
         assert await anyio.to_thread.run_sync(locked_files, bus_root) == {i.path for i in infos}
+        # fsbus's browse sees qlobber-fsq's locks.
+        assert {i.name: i.locked async for i in bus.browse("jobs.#")} == dict.fromkeys(
+            (i.name for i in infos), True
+        )
 
         # subscribe() lists the queue and tries every job at once: all are locked.
         await bus.subscribe("jobs.#", worker)

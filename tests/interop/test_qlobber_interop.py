@@ -20,7 +20,7 @@ import anyio.to_thread
 import pytest
 from interop_helpers import TIMEOUT, JsonLinesPeer
 
-from fsbus import Bus, BusConfig, Message
+from fsbus import BlockingBus, Bus, BusConfig, Message
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 
@@ -495,3 +495,29 @@ async def test_messages_already_there_reach_only_subscribers_asking_for_existing
     ):
         assert got["new-only"] == Counter([late]), side
         assert got["existing"] == Counter([*old, late]), side
+
+
+# --------------------------------------------------------------------------- browse
+def test_browse_shows_qlobber_messages_without_consuming_them(
+    qlobber: Callable[..., JsonLinesPeer], bus_root: Path
+) -> None:
+    pub = qlobber("pub", messages=wire(MESSAGES))
+    pub.wait_count("done", 1)
+    assert pub.wait_exit() == 0
+    sent = {
+        str(e["fname"]): (MESSAGES[int(e["i"])], int(e["expires"])) for e in pub.of("published")
+    }
+
+    with BlockingBus(bus_root) as bus:
+        infos = list(bus.browse("#"))
+        assert {i.name for i in infos} == set(sent)
+        for info in infos:
+            m, expires = sent[info.name]
+            assert (info.topic, info.single, info.size) == (m.topic, m.single, len(m.payload))
+            assert info.expires == expires / 1000
+            assert info.locked is False
+            assert info.headers == {}
+            assert bus.read_payload(info) == m.payload
+        assert len(list(bus.browse("work.#"))) == sum(m.single for m in MESSAGES)
+        # Nothing was consumed.
+        assert {i.name for i in bus.browse()} == set(sent)

@@ -420,6 +420,8 @@ def test_no_lock_is_left_after_a_clean_shutdown_and_nothing_is_lost(
     assert len(held) == 7
     # The probe sees the locks that are there, and each holder has its files open.
     assert locked_files(bus_root) == held
+    with BlockingBus(bus_root) as bus:  # so does browse, from another process
+        assert {i.path for i in bus.browse("jobs.#") if i.locked} == held
     for w, _ in holders.values():
         assert open_files_under(w.proc.pid, bus_root) & held
 
