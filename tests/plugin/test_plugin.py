@@ -59,6 +59,18 @@ def test_config_is_overridden(fsbus_bus, fsbus_blocking_bus):
 async def test_a_timeout_fails_with_a_clear_message(fsbus_bus):
     await fsbus_bus.publish("a.b", "x")
     await wait_for_messages(fsbus_bus, "a.*", 3, timeout=0.2)
+
+
+class TestRootIsAFile:
+    @pytest.fixture
+    def fsbus_root(self, tmp_path):
+        path = tmp_path / "not-a-directory"
+        path.write_text("x")
+        return path
+
+    @pytest.mark.asyncio
+    async def test_opening_fails_at_setup(self, fsbus_bus):
+        raise AssertionError("not reached")
 """
 
 USER_CONFTEST = """
@@ -117,8 +129,12 @@ def test_fixtures_and_helpers_in_a_users_suite(tmp_path: Path) -> None:
         "test_blocking_bus_was_closed": "passed",
         "test_config_is_overridden": "passed",
         "test_a_timeout_fails_with_a_clear_message": "failed",
+        "test_opening_fails_at_setup": "failed",
     }, output
     assert "expected 3 messages on 'a.*' within 0.2 s, got 1: ['a.b' (multi, 1 B: b'x')]" in output
+    assert "ERROR at setup of TestRootIsAFile.test_opening_fails_at_setup" in output
+    assert "StorageError: creating the bus directory failed" in output
+    assert "not reached" not in output
 
 
 def test_plugin_is_listed_with_its_fixtures(tmp_path: Path) -> None:
