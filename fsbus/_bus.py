@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+import typing
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ __all__ = ["Bus", "Handler", "MessageIterator", "Subscription"]
 
 log = logging.getLogger("fsbus.bus")
 
-Handler = Callable[[Message], Awaitable[None]]
+# typing.Callable (not collections.abc) so the alias can carry a docstring.
+Handler = typing.Callable[[Message], Awaitable[None]]
+Handler.__doc__ = "A subscription handler: ``async def handler(message: Message) -> None``."
 T = TypeVar("T")
 R = TypeVar("R")
 
