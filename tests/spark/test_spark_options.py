@@ -124,3 +124,19 @@ def test_split_ranges() -> None:
     assert sum(p.count for p in parts) == 12
     assert len(parts) >= 4
     assert {p.stream for p in parts} == {"a", "b"}
+
+
+def test_public_names() -> None:
+    import fsbus.spark
+
+    assert set(fsbus.spark.__all__) == {
+        "BATCH_HEADER",
+        "BUS_SCHEMA",
+        "ID_HEADER",
+        "STREAM_SCHEMA",
+        "FsBusDataSource",
+        "register",
+        "value_as_json",
+        "value_as_string",
+    }
+    assert fsbus.spark.FsBusDataSource.name() == "fsbus"
