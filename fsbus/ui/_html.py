@@ -314,8 +314,15 @@ def _groups(groups: Sequence[GroupRow]) -> str:
     return "<br>".join(parts)
 
 
-def topic_page(root: str, topic: str, infos: Sequence[MessageInfo], owners: dict[str, str]) -> str:
-    """The messages of one topic."""
+def topic_page(
+    root: str,
+    topic: str,
+    infos: Sequence[MessageInfo],
+    owners: dict[str, str],
+    *,
+    total: int | None = None,
+) -> str:
+    """The messages of one topic (``total``: how many there are, when not all are listed)."""
     now = time.time()
     rows = (
         [
@@ -349,7 +356,12 @@ def topic_page(root: str, topic: str, infos: Sequence[MessageInfo], owners: dict
         else ""
     )
     shown = escape(topic) if topic else "(empty topic)"
-    body = f'<div id="live"><h2>Topic <code>{shown}</code></h2>{table}{purge}</div>'
+    more = (
+        f'<p class="muted">The first {len(infos)} of {total} messages are listed.</p>'
+        if total is not None and total > len(infos)
+        else ""
+    )
+    body = f'<div id="live"><h2>Topic <code>{shown}</code></h2>{table}{more}{purge}</div>'
     return _page(f"Topic {topic}", root, body, refresh=True)
 
 
@@ -359,8 +371,10 @@ def _held_by(owners: dict[str, str], info: MessageInfo) -> str:
     return f'<span class="locked">{escape(owners.get(info.path, "locked"))}</span>'
 
 
-def message_page(root: str, info: MessageInfo, payload: bytes | None, owner: str | None) -> str:
-    """One message: its properties, headers and payload."""
+def message_page(
+    root: str, info: MessageInfo, payload: bytes | str | None, owner: str | None
+) -> str:
+    """One message: its properties, headers and payload (``str``: why it is not shown)."""
     now = time.time()
     props = [
         ("Topic", _topic_link(info.topic)),
@@ -389,9 +403,11 @@ def message_page(root: str, info: MessageInfo, payload: bytes | None, owner: str
     return _page("Message", root, body)
 
 
-def _payload(payload: bytes | None) -> str:
+def _payload(payload: bytes | str | None) -> str:
     if payload is None:
         return '<div class="empty">The message is gone (consumed or expired).</div>'
+    if isinstance(payload, str):
+        return f'<div class="empty">Not shown: {escape(payload)}.</div>'
     shown = payload[:PAYLOAD_SHOWN]
     more = (
         f'<p class="muted">First {PAYLOAD_SHOWN} of {len(payload)} bytes shown.</p>'

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 from fsbus import BlockingBus, BusConfig, FsBusError, UsageError
 
 from . import _html
-from ._snapshot import Dashboard
+from ._snapshot import MAX_TOPIC_ROWS, Dashboard, PayloadTooLargeToShow
 
 __all__ = ["UiServer"]
 
@@ -269,8 +269,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/topic":
             topic = query.get("t", "")
             infos = dash.messages(topic)
+            total = len(infos)
+            infos = infos[:MAX_TOPIC_ROWS]
             owners = {r.info.path: r.owner for r in dash.locked_rows(i for i in infos if i.locked)}
-            self._html(_html.topic_page(dash.root, topic, infos, owners))
+            self._html(_html.topic_page(dash.root, topic, infos, owners, total=total))
         elif path == "/message":
             info = dash.find(query.get("bucket", ""), query.get("name", ""))
             if info is None:
@@ -283,7 +285,11 @@ class _Handler(BaseHTTPRequestHandler):
             owner = None
             if info.locked:
                 owner = dash.locked_rows([info])[0].owner
-            self._html(_html.message_page(dash.root, info, dash.payload(info), owner))
+            try:
+                payload: bytes | str | None = dash.payload(info)
+            except PayloadTooLargeToShow as exc:
+                payload = str(exc)
+            self._html(_html.message_page(dash.root, info, payload, owner))
         elif path == "/purge":
             preview = dash.purge_preview(query.get("pattern", ""))
             token = self._cookie_token()

@@ -24,6 +24,7 @@ __all__ = [
     "Dashboard",
     "GroupRow",
     "LockedRow",
+    "PayloadTooLargeToShow",
     "PurgeResult",
     "RateTracker",
     "Snapshot",
@@ -33,6 +34,23 @@ __all__ = [
 
 RATE_WINDOW = 10.0
 """Seconds of history rates are averaged over."""
+
+MAX_PAYLOAD_READ = 16 * 1024 * 1024
+"""Largest payload the message page reads."""
+
+MAX_TOPIC_ROWS = 500
+"""Messages listed on a topic's page."""
+
+
+class PayloadTooLargeToShow(Exception):
+    """The payload is larger than the page reads."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(
+            f"the payload is {size} bytes; the dashboard shows payloads up to "
+            f"{MAX_PAYLOAD_READ} bytes"
+        )
+        self.size = size
 
 
 @dataclass(frozen=True)
@@ -308,7 +326,13 @@ class Dashboard:
         return None
 
     def payload(self, info: MessageInfo) -> bytes | None:
-        """A message's payload, read without consuming it (None when gone)."""
+        """A message's payload, read without consuming it (None when gone).
+
+        Raises :class:`PayloadTooLargeToShow` above :data:`MAX_PAYLOAD_READ` bytes: the
+        bus reads a payload whole, and the page shows only its beginning anyway.
+        """
+        if info.size > MAX_PAYLOAD_READ:
+            raise PayloadTooLargeToShow(info.size)
         return self.bus.read_payload(info)
 
     # ------------------------------------------------------------------ purge

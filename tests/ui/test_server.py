@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlencode
 
+import pytest
+
 from fsbus import BlockingBus, Stream, StreamConfig
 from fsbus.ui import UiServer
 
@@ -236,3 +238,18 @@ def test_streams_show_segments_and_group_lag(ui: UiServer) -> None:
     assert (g["name"], g["committed"], g["lag"], g["partitions"]) == ("reporting", 4, 6, 1)
     page = fetch(ui.url)
     assert "<code>reporting</code>: lag <b>6</b>" in page.body
+
+
+def test_big_topics_and_payloads_are_cut_short(
+    ui: UiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("fsbus.ui._server.MAX_TOPIC_ROWS", 2)
+    monkeypatch.setattr("fsbus.ui._snapshot.MAX_PAYLOAD_READ", 100)
+    topic = fetch(ui.url + "topic?" + urlencode({"t": "orders.created"}))
+    assert topic.body.count('href="/message?') == 2
+    assert "The first 2 of 5 messages are listed." in topic.body
+    with BlockingBus(ui.bus.root) as bus:
+        blob = next(bus.browse("blobs.raw"))
+    page = fetch(ui.url + "message?" + urlencode({"bucket": blob.bucket, "name": blob.name}))
+    assert page.status == 200
+    assert "Not shown: the payload is 256 bytes" in page.body
