@@ -16,6 +16,10 @@ from ._cli_runtime import CliError, bus_config, resolve_root, run_async
 
 __all__ = ["add_publish_command"]
 
+_BATCH = 256  # messages per publish_many call in a bulk publish
+_BATCH_BYTES = 8 << 20  # ... or this many payload bytes
+_SMALL_FILE = 1 << 20  # --dir files up to this size are batched, bigger ones streamed
+
 
 def add_publish_command(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -134,6 +138,15 @@ def _dir_files(source: str) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.is_file())
 
 
+def _dir_items(files: list[Path]) -> Iterator[bytes | Path]:
+    """Small files as bytes (published in batches), big ones as paths (streamed)."""
+    for f in files:
+        if f.stat().st_size <= _SMALL_FILE:
+            yield f.read_bytes()
+        else:
+            yield f
+
+
 def _info_json(info: PublishInfo) -> dict[str, Any]:
     return {
         "topic": info.topic,
@@ -177,7 +190,7 @@ def run_publish(args: argparse.Namespace) -> int:
         )
     if args.dir is not None:
         files = _dir_files(args.dir)
-        return _publish_many(args, root, config, options, iter(files), len(files))
+        return _publish_many(args, root, config, options, _dir_items(files), len(files))
 
     payload: bytes | str | Path
     if args.file is not None:
@@ -209,7 +222,7 @@ def _publish_many(
     root: Path,
     config: Any,
     options: dict[str, Any],
-    items: Iterator[bytes] | Iterator[Path],
+    items: Iterator[bytes] | Iterator[bytes | Path],
     total: int | None,
 ) -> int:
     done = 0
@@ -219,17 +232,44 @@ def _publish_many(
     async def command() -> int:
         nonlocal done, size
         progress = Progress(f"publish {args.topic}", total)
+        batch: list[bytes] = []
+        batch_bytes = 0
+
+        async def flush(bus: Bus) -> None:
+            nonlocal done, size, batch_bytes
+            if batch:
+                infos = await bus.publish_many([(args.topic, b) for b in batch], **options)
+                done += len(infos)
+                size += sum(info.size for info in infos)
+                batch.clear()
+                batch_bytes = 0
+                progress.update(done)
+
         try:
             async with Bus(root, config=config) as bus:
                 for item in items:
-                    info = await bus.publish(args.topic, item, **options)
-                    done += 1
-                    size += info.size
-                    progress.update(done)
+                    if isinstance(item, Path):  # a big file: streamed on its own
+                        await flush(bus)
+                        info = await bus.publish(args.topic, item, **options)
+                        done += 1
+                        size += info.size
+                        progress.update(done)
+                        continue
+                    batch.append(item)
+                    batch_bytes += len(item)
+                    if len(batch) >= _BATCH or batch_bytes >= _BATCH_BYTES:
+                        await flush(bus)
+                await flush(bus)
         except BaseException as exc:
             progress.close()
             if isinstance(exc, Exception):
-                exc.add_note(f"published {done} message(s) before the error")
+                note = f"published {done} message(s) before the error"
+                if batch:
+                    note += (
+                        f"; of the batch of {len(batch)} being written some may be published "
+                        "too (check with `fsbus ls`)"
+                    )
+                exc.add_note(note)
             raise
         progress.close(done)
         return 0
