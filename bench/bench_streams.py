@@ -230,7 +230,7 @@ def report(all_results: dict[str, dict[str, float]]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=1_000_000, help="records per scenario")
-    ap.add_argument("--peer-records", type=int, default=20_000, help="records for the peers")
+    ap.add_argument("--peer-records", type=int, default=5_000, help="records for the peers")
     ap.add_argument("--rounds", type=int, default=3, help="runs per scenario (median)")
     ap.add_argument("--fs", default="disk,tmpfs", help="disk and/or tmpfs")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")

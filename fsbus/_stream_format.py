@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
@@ -578,6 +578,50 @@ def decode_frame(
             append(r)
         p = e
     return out
+
+
+def iter_frame(
+    buf: bytes,
+    pos: int,
+    header: FrameHeader,
+    lo: int = 0,
+    hi: int | None = None,
+) -> Iterator[Record]:
+    """Like :func:`decode_frame`, one record at a time.
+
+    Handing records out as they are built lets each die before the next is made, so
+    reading millions of them never sets off the cyclic garbage collector (building a
+    list of a frame's records does, and costs a third more).
+    """
+    if header.flags:
+        yield from decode_frame(buf, pos, header, lo, hi)
+        return
+    count = header.count
+    base = header.base_offset
+    p = pos + HEADER_SIZE
+    lens = struct.unpack_from(f"<{count}I", buf, p)
+    p += 4 * count
+    ts = header.first_ts / 1_000_000
+    first = max(lo - base, 0)
+    last = count if hi is None else min(max(hi - base, 0), count)
+    if first:
+        p += sum(lens[:first])
+    off = base + first
+    new = object.__new__
+    draft = _RecordDraft
+    rec = Record
+    empty = EMPTY_HEADERS
+    for n in lens[first:last]:
+        r = new(draft)
+        r.offset = off
+        r.timestamp = ts
+        r.key = None
+        r.value = buf[p : p + n]
+        r.headers = empty
+        r.__class__ = rec  # type: ignore[assignment]
+        yield r  # type: ignore[misc]
+        p += n
+        off += 1
 
 
 def frame_timestamps(buf: bytes, pos: int, header: FrameHeader) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 
 from ._errors import CorruptDataError, OffsetOutOfRange, StreamNotFound, storage_error
@@ -21,9 +21,9 @@ from ._stream_format import (
     VERSION,
     IndexEntry,
     Record,
-    decode_frame,
     frame_timestamps,
     index_name,
+    iter_frame,
     parse_index,
     parse_segment_name,
     scan_frames,
@@ -205,22 +205,22 @@ def iter_records(
 ) -> Iterator[Record]:
     """Records in [start, stop) up to the current end of the stream, in offset order.
 
-    The records come a frame at a time from :func:`iter_record_lists`; chaining the
-    lists keeps the per-record cost of iteration in C.
+    :func:`iter_frames` hands out one iterator per frame; chaining them runs only the
+    frame's own generator per record.
     """
-    return chain.from_iterable(iter_record_lists(ops, sdir, name, start, stop, max_records, chunk))
+    records = chain.from_iterable(iter_frames(ops, sdir, name, start, stop, chunk))
+    return records if max_records is None else islice(records, max_records)
 
 
-def iter_record_lists(
+def iter_frames(
     ops: StreamOps,
     sdir: Path,
     name: str,
     start: int,
     stop: int | None,
-    max_records: int | None,
     chunk: int,
-) -> Iterator[list[Record]]:
-    """Lists of records (one per frame) in [start, stop), up to the current end."""
+) -> Iterator[Iterator[Record]]:
+    """An iterator of records per frame, for [start, stop) up to the current end."""
     if not ops.is_dir(sdir):
         raise StreamNotFound(f"stream {name!r} does not exist (looked in {sdir})")
     bases = list_segments(ops, sdir)
@@ -229,9 +229,6 @@ def iter_record_lists(
         return
     if start < bases[0]:
         find_start(ops, sdir, name, bases, start, bases[0])
-    left = max_records if max_records is not None else -1
-    if left == 0:
-        return
     off = start
     i = max(bisect.bisect_right(bases, off) - 1, 0)
     seek = True
@@ -265,13 +262,7 @@ def iter_record_lists(
                 for fr in sc.frames:
                     if fr.next_offset <= off:
                         continue
-                    recs = decode_frame(data, fr.position - pos, fr, off, stop)
-                    if left >= 0 and len(recs) >= left:
-                        yield recs[:left]
-                        return
-                    if left >= 0:
-                        left -= len(recs)
-                    yield recs
+                    yield iter_frame(data, fr.position - pos, fr, off, stop)
                     off = fr.next_offset
                     if stop is not None and off >= stop:
                         return
