@@ -10,7 +10,7 @@ import base64
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 __all__ = [
@@ -136,8 +136,3 @@ class Progress:
         if self._drawn:
             self._stream.write("\n")
             self._stream.flush()
-
-
-def jsonable_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    """Headers as a plain dict for JSON output."""
-    return dict(headers) if headers else {}
