@@ -557,7 +557,12 @@ class BusFS:
     def quarantine(self, bucket: str, name: str, now_ms: int) -> bool:
         """Move a foreign file out of a bucket so it is seen once and kept for a human."""
         src = self.layout.message_path(bucket, name)
-        dst = f"{self.layout.quarantine}/{now_ms:x}-{bucket}-{name}"[:4000]
+        prefix = f"{now_ms:x}-{bucket}-"
+        raw = os.fsencode(name)
+        room = 255 - len(prefix)  # a long name plus the prefix would be ENAMETOOLONG
+        if len(raw) > room:
+            raw = raw[: room // 2] + raw[len(raw) - (room - room // 2) :]
+        dst = f"{self.layout.quarantine}/{prefix}{os.fsdecode(raw)}"
         try:
             self.ops.rename(src, dst)
             return True
