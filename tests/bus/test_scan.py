@@ -123,12 +123,13 @@ def test_singles_sort_by_priority_then_publish_time() -> None:
     assert topics(d.singles) == ["p0", "p50-early", "p50-late", "p200"]
 
 
-def test_foreign_peer_singles_sort_before_fsbus_ones_by_expiry() -> None:
+def test_foreign_peer_singles_sort_at_the_default_priority_by_expiry() -> None:
     peer_late = "6a@s+" + f"{NOW + 900:x}" + "+s+" + "0" * 32
     peer_soon = "6b@s+" + f"{NOW + 100:x}" + "+s+" + "1" * 32
-    ours = name("c", single=True, priority=0)
-    d = decide(ScanState(), {0: [ours, peer_late, peer_soon]}, {}, NOW)
-    assert topics(d.singles) == ["k", "j", "c"]
+    urgent = name("c", single=True, priority=0)
+    relaxed = name("d", single=True, priority=60)
+    d = decide(ScanState(), {0: [relaxed, peer_late, urgent, peer_soon]}, {}, NOW)
+    assert topics(d.singles) == ["c", "k", "j", "d"]
 
 
 def test_direct_kind_is_neither_multi_nor_single() -> None:
