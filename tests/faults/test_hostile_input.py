@@ -1,0 +1,164 @@
+"""Hostile input: nothing may make fsbus read or write outside its root or crash a reader.
+
+Topics and header values that look like paths, NUL bytes, huge names, file names in
+bucket directories that are not UTF-8 or whose hex is not UTF-8, spill files that are
+symlinks, hard links or garbage. (Planted symlinked messages, FIFOs and directories are
+covered by the bus tests.)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fsbus import Bus, BusConfig, InvalidHeader, InvalidTopic
+from fsbus._names import encode_topic, make_name
+
+from .conftest import Inbox, until
+
+FAST = BusConfig(bucket_num_chars=1, poll_interval=0.05, retry_interval=0.05, refresh_ttl=0.1)
+
+TRAVERSAL = [
+    "../../../../etc/passwd",
+    "/etc/passwd",
+    "a/../../b",
+    "..",
+    ".",
+    "messages/0",
+    "~root",
+    "x" * 1000,
+    "ü.日本.🙂",
+]
+
+
+def _tree(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*")}
+
+
+@pytest.mark.asyncio
+async def test_path_like_topics_and_headers_stay_inside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    outside_before = _tree(tmp_path)
+    inbox = Inbox()
+    async with Bus(root, config=FAST) as bus:
+        await bus.subscribe("#", inbox)
+        for i, topic in enumerate(TRAVERSAL):
+            await bus.publish(
+                topic,
+                b"p",
+                single=i % 2 == 0,
+                headers={"../../x": "../../../etc/shadow", "/abs": "\\..\\.."},
+            )
+        await inbox.wait(len(TRAVERSAL))
+    assert sorted(inbox.topics) == sorted(TRAVERSAL)
+    assert all(
+        m.headers == {"../../x": "../../../etc/shadow", "/abs": "\\..\\.."} for m in inbox.messages
+    )
+    created = _tree(tmp_path) - outside_before
+    assert all(c == "bus" or c.startswith("bus/") for c in created)
+    for p in root.rglob("*"):
+        assert p.resolve().is_relative_to(root.resolve())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("topic", "headers", "error", "words"),
+    [
+        ("a\x00b", None, InvalidTopic, "control character"),
+        ("a" * 1025, None, InvalidTopic, "more than the limit"),
+        (".".join(["w"] * 101), None, InvalidTopic, "words"),
+        ("ok", {"k": "v\x00"}, InvalidHeader, "NUL"),
+        ("ok", {"bad\x00name": "v"}, InvalidHeader, "printable"),
+        ("ok", {"k": "v" * 70_000}, InvalidHeader, "bytes"),
+        ("ok", {"k" * 300: "v"}, InvalidHeader, "1-256"),
+        ("\udcff", None, InvalidTopic, "UTF-8"),
+    ],
+)
+async def test_bad_topics_and_headers_are_refused_before_any_write(
+    tmp_path: Path, topic: str, headers: dict[str, str] | None, error: type, words: str
+) -> None:
+    root = tmp_path / "bus"
+    async with Bus(root, config=FAST) as bus:
+        before = _tree(root)
+        with pytest.raises(error, match=words):
+            await bus.publish(topic, b"x", headers=headers)
+        assert _tree(root) == before
+
+
+def _peer_name(topic_hex: str, *, single: bool = False) -> str:
+    name, _ = make_name(
+        topic_hex, split_at=200, expires_ms=2**42, kind="s" if single else "m", unique="0" * 32
+    )
+    return name
+
+
+@pytest.mark.asyncio
+async def test_names_that_are_not_utf8_are_quarantined_and_delivery_goes_on(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "bus"
+    inbox = Inbox()
+    async with Bus(root, config=FAST) as bus:
+        await bus.subscribe("#", inbox, existing=True)
+        bucket = os.fsencode(root / "messages" / "0")
+        planted = [
+            bucket + b"/\xff\xfe@s+" + b"ffffffffff+m+" + b"0" * 32,  # not UTF-8 at all
+            bucket + b"/" + _peer_name("ff80").encode() + b"",  # hex of invalid UTF-8
+            bucket + b"/" + _peer_name("c0af", single=True).encode(),  # overlong '/'
+            bucket + b"/\xc3\x28",
+        ]
+        for raw in planted:
+            fd = os.open(raw, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b"\x00junk")
+            os.close(fd)
+        await bus.publish("real", b"r")
+        await inbox.wait(1)
+        await until(lambda: bus.statistics().quarantined >= len(planted))
+        assert inbox.topics == ["real"]
+        left = os.listdir(bucket)
+        assert all(os.fsencode(os.path.join(bucket, n)) not in planted for n in left)
+        assert len(os.listdir(root / "fsbus" / "quarantine")) == len(planted)
+
+
+@pytest.mark.asyncio
+async def test_hostile_spill_files_never_make_a_reader_leave_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    secret = tmp_path / "secret"
+    secret.write_text("6f757473696465")  # hex of "outside": would decode to a topic
+    inbox = Inbox()
+    async with Bus(root, config=FAST) as bus:
+        await bus.subscribe("#", inbox)
+        long_hex = encode_topic("long." + "y" * 120)
+        cases = {}
+        for kind in ("symlink", "hardlink", "garbage", "huge"):
+            name, rest = make_name(
+                long_hex, split_at=200, expires_ms=2**42, kind="m", unique=os.urandom(16).hex()
+            )
+            assert rest is not None
+            spill = root / "topics" / "0" / name
+            if kind == "symlink":
+                spill.symlink_to(secret)
+            elif kind == "hardlink":
+                os.link(secret, spill)
+            elif kind == "garbage":
+                spill.write_bytes(b"\xff\x00../..")
+            else:
+                spill.write_text("ab" * 50_000)
+            (root / "staging" / name).write_bytes(b"\x00" + kind.encode())
+            (root / "staging" / name).rename(root / "messages" / "0" / name)
+            cases[kind] = name
+        await bus.publish("real", b"r")
+        # The hard link is just a file in the bus (linking needed write access to the
+        # target): its bytes are read through the bus's own path. A spill that decodes
+        # to invalid UTF-8 is quarantined (its long name once broke the quarantine).
+        # A symlinked or non-ASCII spill counts as missing: that message waits,
+        # unmatched, until it expires.
+        await inbox.wait(2)
+        await until(lambda: bus.statistics().quarantined >= 1)
+        assert (root / "topics" / "0" / cases["symlink"]).is_symlink()
+    outside_topic = "long." + "y" * 95 + "outside"
+    assert sorted(inbox.topics) == sorted(["real", outside_topic])
+    assert {m.topic: m.payload for m in inbox.messages}[outside_topic] == b"hardlink"
+    assert secret.read_text() == "6f757473696465"
