@@ -89,6 +89,10 @@ class Ops:
         """``os.chmod`` (never follows a symlink)."""
         os.chmod(path, mode, follow_symlinks=False)
 
+    def utime(self, path: str) -> None:
+        """``os.utime`` to now (never follows a symlink)."""
+        os.utime(path, follow_symlinks=False)
+
     def flock(self, fd: int, operation: int) -> None:
         """``fcntl.flock``."""
         fcntl.flock(fd, operation)
