@@ -34,7 +34,7 @@ from ._layout import Layout, changed_buckets
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._names import FLAG_META, host_id
 from ._ops import Ops
-from ._plan import PublishPlan, plan_publish
+from ._plan import PublishPlan, TopicForm, plan_publish, topic_form
 from ._scan import Entry, ScanState, decide, long_names
 from ._topics import validate_pattern
 from ._trie import TopicTrie
@@ -56,6 +56,14 @@ _DEFAULT_BUFFER = 64
 
 
 _SEQ = itertools.count(int.from_bytes(os.urandom(3), "big"))
+_PID = [f"{os.getpid() & 0xFFFFFF:06x}"]
+
+
+def _after_fork() -> None:
+    _PID[0] = f"{os.getpid() & 0xFFFFFF:06x}"
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def next_unique() -> str:
@@ -65,7 +73,49 @@ def next_unique() -> str:
     same name (a rename would silently replace a message), and names from one process
     sort in publish order.
     """
-    return f"{os.getpid() & 0xFFFFFF:06x}{next(_SEQ) & 0xFFFFFF:06x}"
+    return f"{_PID[0]}{next(_SEQ) & 0xFFFFFF:06x}"
+
+
+class Namer:
+    """Names messages for one publisher: validated topic forms are cached per topic."""
+
+    _MAX_FORMS = 4096
+
+    def __init__(self, layout: Layout, config: BusConfig, host: str) -> None:
+        self._layout = layout
+        self._config = config
+        self._host = host
+        self._forms: dict[str, TopicForm] = {}
+
+    def plan(
+        self,
+        topic: object,
+        single: bool,
+        ttl: float | None,
+        durable: bool,
+        headers: object,
+        priority: int | None,
+    ) -> PublishPlan:
+        """Validate a publish call and name its file (no I/O)."""
+        form = self._forms.get(topic) if type(topic) is str else None
+        if form is None:
+            form = topic_form(topic, self._config.split_topic_at)
+            if len(self._forms) >= self._MAX_FORMS:
+                self._forms.clear()
+            self._forms[form.topic] = form
+        return plan_publish(
+            self._layout,
+            self._config,
+            form,
+            single=single,
+            ttl=ttl,
+            durable=durable,
+            headers=headers,
+            priority=priority,
+            now_ms=int(time.time() * 1000),
+            host=self._host,
+            random_hex=next_unique(),
+        )
 
 
 class Subscription:
@@ -167,6 +217,7 @@ class Bus:
         self._hostname = socket.gethostname()
         self._host = host_id(self._hostname)
         self._hosts: dict[str, str] = {self._host: self._hostname}
+        self._namer = Namer(self.layout, self.config, self._host)
         self._trie: TopicTrie[Subscription] = TopicTrie()
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
@@ -323,19 +374,7 @@ class Bus:
         priority: int | None,
     ) -> PublishPlan:
         """Validate a publish and name its file (no I/O)."""
-        return plan_publish(
-            self.layout,
-            self.config,
-            topic,
-            single=single,
-            ttl=ttl,
-            durable=durable,
-            headers=headers,
-            priority=priority,
-            now_ms=int(time.time() * 1000),
-            host=self._host,
-            random_hex=next_unique(),
-        )
+        return self._namer.plan(topic, single, ttl, durable, headers, priority)
 
     def _check_size(self, size: int) -> None:
         if size > self.config.max_payload_size:

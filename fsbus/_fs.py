@@ -78,6 +78,15 @@ class BusFS:
         self._dir_mode = config.dir_mode
         self._update_fd: int | None = None
         self._rand = random.Random()
+        self._staging = layout.staging
+        self._messages = layout.messages
+        # The hot path calls the system directly unless a test injected its own Ops.
+        plain = type(self.ops) is Ops
+        self._open = os.open if plain else self.ops.open
+        self._writev = os.writev if plain else self.ops.writev
+        self._close = os.close if plain else self.ops.close
+        self._rename = os.rename if plain else self.ops.rename
+        self._pwrite = os.pwrite if plain else self.ops.pwrite
 
     # ------------------------------------------------------------------ set-up
     def setup(self, *, reset_update: bool = True) -> None:
@@ -156,16 +165,15 @@ class BusFS:
 
     def _publish_bytes(self, plan: PublishPlan, payload: bytes) -> int:
         # The hot path: open, one writev, close, rename, stamp.
-        path = f"{self.layout.staging}/{plan.name}"
-        ops = self.ops
+        path = f"{self._staging}/{plan.name}"
         try:
-            fd = ops.open(path, _CREATE, 0o666)
+            fd = self._open(path, _CREATE, 0o666)
         except OSError as exc:
             raise storage_error("creating a staging file", exc, path) from exc
         try:
             if self._file_mode is not None:
-                ops.fchmod(fd, self._file_mode)
-            n = ops.writev(fd, (_LEADING, payload))
+                self.ops.fchmod(fd, self._file_mode)
+            n = self._writev(fd, (_LEADING, payload))
             if n < len(payload) + 1:
                 self._write_all(fd, memoryview(payload)[n - 1 :] if n else _LEADING + payload)
         except OSError as exc:
@@ -174,7 +182,21 @@ class BusFS:
         except BaseException:
             self._discard(fd, path)
             raise
-        self.commit(plan, fd)
+        if plan.durable or plan.spill is not None or plan.meta is not None:
+            self.commit(plan, fd)
+            return len(payload)
+        # Plain message: close, rename into the bucket, stamp.
+        try:
+            self._close(fd)
+        except OSError as exc:
+            self._unlink_quiet(path)
+            raise storage_error("writing a message", exc, path) from exc
+        try:
+            self._rename(path, f"{self._messages}/{plan.bucket}/{plan.name}")
+        except OSError as exc:
+            self._unlink_quiet(path)
+            raise storage_error("publishing a message", exc, path) from exc
+        self.stamp(plan.bucket_index)
         return len(payload)
 
     def publish_many(self, items: Iterable[tuple[PublishPlan, bytes]]) -> list[int | BaseException]:
@@ -256,7 +278,7 @@ class BusFS:
             return
         size = self.layout.stamp_size
         try:
-            self.ops.pwrite(fd, self._rand.randbytes(size), bucket_index * size)
+            self._pwrite(fd, self._rand.randbytes(size), bucket_index * size)
         except OSError as exc:
             raise storage_error("stamping the UPDATE file", exc, self.layout.update_file) from exc
 

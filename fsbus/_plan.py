@@ -5,30 +5,37 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ._config import BusConfig
 from ._errors import InvalidHeader, UsageError
 from ._layout import Layout
 from ._names import (
-    FLAG_META,
     MAX_EXPIRES_MS,
-    FsbusFields,
     bucket_for,
-    encode_fields,
     encode_topic,
-    make_name,
 )
 from ._topics import validate_topic
 
-__all__ = ["MAX_HEADER_BYTES", "PublishPlan", "plan_publish", "validate_headers"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "PublishPlan",
+    "TopicForm",
+    "plan_publish",
+    "topic_form",
+    "validate_headers",
+]
 
 MAX_HEADER_NAME = 256
 MAX_HEADER_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class PublishPlan:
-    """Everything needed to write one message, decided before any I/O."""
+class PublishPlan(NamedTuple):
+    """Everything needed to write one message, decided before any I/O.
+
+    A named tuple rather than a frozen dataclass: one is built per publish, on the
+    hot path.
+    """
 
     topic: str
     """The validated topic."""
@@ -80,10 +87,30 @@ def validate_headers(headers: object) -> dict[str, str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class TopicForm:
+    """A validated topic, pre-encoded for names (cache it per topic)."""
+
+    topic: str
+    """The topic."""
+    head: str
+    """The hex topic as far as the name holds it, with ``@s+`` or ``@l+``."""
+    spill: str | None
+    """The rest of a long hex topic, or None."""
+
+
+def topic_form(topic: object, split_at: int) -> TopicForm:
+    """Validate ``topic`` and encode it the way names need it."""
+    t = validate_topic(topic)
+    hexed = encode_topic(t)
+    head, rest = hexed[:split_at], hexed[split_at:]
+    return TopicForm(t, f"{head}@{'l' if rest else 's'}+", rest or None)
+
+
 def plan_publish(
     layout: Layout,
     config: BusConfig,
-    topic: object,
+    form: TopicForm,
     *,
     single: bool,
     ttl: float | None,
@@ -95,42 +122,37 @@ def plan_publish(
     random_hex: str,
 ) -> PublishPlan:
     """Validate a publish call and name the message; raises UsageError subclasses."""
-    t = validate_topic(topic)
     if ttl is None:
-        ttl = config.single_ttl if single else config.multi_ttl
+        ttl_ms = round((config.single_ttl if single else config.multi_ttl) * 1000)
     elif not isinstance(ttl, int | float) or isinstance(ttl, bool) or not ttl > 0:
         raise UsageError(f"ttl must be a positive number of seconds, not {ttl!r}")
+    else:
+        ttl_ms = MAX_EXPIRES_MS if ttl >= MAX_EXPIRES_MS / 1000 else round(ttl * 1000)
     if priority is None:
         priority = config.default_priority
     elif not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 255:
         raise UsageError(f"priority must be an int from 0 (first) to 255 (last), not {priority!r}")
-    hdrs = validate_headers(headers)
-    meta = (
-        json.dumps({"headers": hdrs}, separators=(",", ":"), ensure_ascii=False).encode()
-        if hdrs
-        else None
+    meta = None
+    if headers:
+        hdrs = validate_headers(headers)
+        meta = json.dumps({"headers": hdrs}, separators=(",", ":"), ensure_ascii=False).encode()
+    elif headers is not None and not isinstance(headers, Mapping):
+        validate_headers(headers)
+    expires_ms = min(now_ms + ttl_ms, MAX_EXPIRES_MS)
+    name = (
+        f"{form.head}{expires_ms:x}+{'s' if single else 'm'}+f1{1 if meta else 0}"
+        f"{priority:02x}{now_ms & MAX_EXPIRES_MS:011x}{host}{random_hex}"
     )
-    fields = FsbusFields(
-        flags=FLAG_META if meta else 0, priority=priority, published_ms=now_ms, host=host
-    )
-    # ttl=inf (or any huge ttl) means "as late as a name can say": clamp before rounding.
-    expires_ms = now_ms + round(min(ttl * 1000, MAX_EXPIRES_MS))
-    name, spill = make_name(
-        encode_topic(t),
-        split_at=config.split_topic_at,
-        expires_ms=expires_ms,
-        kind="s" if single else "m",
-        unique=encode_fields(fields, random_hex),
-    )
-    bi = bucket_for(name, len(layout.buckets))
+    buckets = layout.buckets
+    bi = bucket_for(name, len(buckets))
     return PublishPlan(
-        topic=t,
+        topic=form.topic,
         name=name,
-        bucket=layout.buckets[bi],
+        bucket=buckets[bi],
         bucket_index=bi,
-        spill=spill,
+        spill=form.spill,
         meta=meta,
         durable=bool(durable),
         single=bool(single),
-        expires_ms=min(expires_ms, 0xFFF_FFFF_FFFF),
+        expires_ms=expires_ms,
     )

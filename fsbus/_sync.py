@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -20,7 +19,7 @@ from typing import IO, Self
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._bus import Bus, MessageIterator, browse_messages, collect_garbage, next_unique
+from ._bus import Bus, MessageIterator, Namer, browse_messages, collect_garbage
 from ._config import BusConfig, make_config
 from ._errors import ClosedError, PayloadTooLarge, UsageError
 from ._fs import BusFS
@@ -28,7 +27,7 @@ from ._layout import Layout
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._names import host_id
 from ._ops import Ops
-from ._plan import PublishPlan, plan_publish
+from ._plan import PublishPlan
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 
@@ -60,6 +59,7 @@ class BlockingBus:
         self._hostname = socket.gethostname()
         self._host = host_id(self._hostname)
         self._hosts: dict[str, str] = {self._host: self._hostname}
+        self._namer = Namer(self.layout, self.config, self._host)
         self._lock = threading.Lock()
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
@@ -166,19 +166,7 @@ class BlockingBus:
         headers: object,
         priority: int | None,
     ) -> PublishPlan:
-        return plan_publish(
-            self.layout,
-            self.config,
-            topic,
-            single=single,
-            ttl=ttl,
-            durable=durable,
-            headers=headers,
-            priority=priority,
-            now_ms=int(time.time() * 1000),
-            host=self._host,
-            random_hex=next_unique(),
-        )
+        return self._namer.plan(topic, single, ttl, durable, headers, priority)
 
     def _check_size(self, size: int) -> None:
         if size > self.config.max_payload_size:
