@@ -111,6 +111,18 @@ class Record:
     headers: Mapping[str, str] = field(hash=False)
     """Optional string headers (read-only; empty when none were given; not hashed)."""
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # headers are a read-only mappingproxy, which pickle refuses: send a dict
+        return (_record, (self.offset, self.timestamp, self.key, self.value, dict(self.headers)))
+
+
+def _record(
+    offset: int, timestamp: float, key: bytes | None, value: bytes, headers: dict[str, str]
+) -> Record:
+    return Record(
+        offset, timestamp, key, value, MappingProxyType(headers) if headers else EMPTY_HEADERS
+    )
+
 
 @dataclass(slots=True)
 class _RecordDraft:

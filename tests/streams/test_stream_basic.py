@@ -278,3 +278,14 @@ def test_reader_racing_a_writer_sees_every_record_once(tmp_path: Path) -> None:
         finally:
             t.join()
         assert len(seen) == total
+
+
+def test_records_pickle(stream: Stream) -> None:
+    import pickle
+
+    stream.append(b"v", key=b"k", headers={"a": "b"})
+    stream.append(b"w")
+    for rec in stream.read():
+        again = pickle.loads(pickle.dumps(rec))
+        assert again == rec
+        assert isinstance(again, Record)
