@@ -151,9 +151,7 @@ class _GroupFiles:
             ) from None
 
     def create(self, partitions: int, start: int, durable: bool) -> None:
-        self.write(
-            self.offsets_path, encode_offsets_file(dict.fromkeys(range(partitions), start)), durable
-        )
+        self.write_offsets(dict.fromkeys(range(partitions), start), durable)
         self.write(self.meta_path, json.dumps({"partitions": partitions}).encode(), durable)
 
     def read_offsets(self) -> dict[int, int]:
@@ -174,7 +172,9 @@ class _GroupFiles:
         )
 
     def write_offsets(self, offsets: Mapping[int, int], durable: bool) -> None:
-        self.write(self.offsets_path, encode_offsets_file(offsets), durable)
+        # Always fsync the new file before the rename: after a machine crash the group
+        # finds its old or its new offsets, never an empty file it would have to reset.
+        self.write(self.offsets_path, encode_offsets_file(offsets), durable, sync_file=True)
 
     def read_owners(self) -> dict[int, str]:
         raw = self.ops.read_file(self.owners_path)
@@ -266,9 +266,9 @@ class _GroupFiles:
             self.ops.remove(self.locks_dir / member)
             self.ops.close(fd)
 
-    def write(self, path: Path, data: bytes, durable: bool) -> None:
+    def write(self, path: Path, data: bytes, durable: bool, *, sync_file: bool = False) -> None:
         try:
-            self.ops.write_atomic(path, data, durable=durable)
+            self.ops.write_atomic(path, data, durable=durable, sync_file=sync_file)
         except OSError as exc:
             raise storage_error(f"write consumer group {self.name!r}", exc, path) from exc
 

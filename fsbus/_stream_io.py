@@ -174,16 +174,21 @@ class StreamOps:
         except FileNotFoundError:
             return None
 
-    def write_atomic(self, path: Path, data: bytes, *, durable: bool) -> None:
+    def write_atomic(
+        self, path: Path, data: bytes, *, durable: bool, sync_file: bool = False
+    ) -> None:
         """Replace ``path`` with ``data``: temp file, (fsync), rename, (fsync directory).
 
-        Readers see the old contents or the new, never a mix.
+        Readers see the old contents or the new, never a mix. ``durable`` syncs the file
+        and the directory (the rename survives a machine crash); ``sync_file`` syncs only
+        the file, so a machine crash leaves the old contents or the new, never an empty
+        file.
         """
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
             self.write(fd, data)
-            if durable:
+            if durable or sync_file:
                 os.fsync(fd)
         except BaseException:
             os.close(fd)
