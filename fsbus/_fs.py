@@ -12,17 +12,28 @@ import fcntl
 import json
 import os
 import random
+import re
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ._config import BusConfig
-from ._errors import PayloadTooLarge, StorageError, storage_error
+from ._errors import PayloadTooLarge, StorageError, UsageError, storage_error
 from ._layout import Layout
 from ._ops import DEFAULT_OPS, Ops
 from ._plan import PublishPlan
 
-__all__ = ["BusFS", "Claim", "PublishPlan", "ReadResult", "decode_meta", "encode_meta"]
+__all__ = [
+    "BusFS",
+    "Claim",
+    "PublishPlan",
+    "ReadResult",
+    "decode_meta",
+    "encode_meta",
+    "filesystem_type",
+    "locks_stay_local",
+    "probe_locking",
+]
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -65,6 +76,8 @@ class Claim:
     """The headers sidecar, if any."""
     attempts: int
     """Failed deliveries recorded before this one."""
+    renamed: bool = False
+    """Claimed by renaming it into ``fsbus/claims/`` (locking "rename"), not by flock."""
 
 
 class BusFS:
@@ -78,6 +91,8 @@ class BusFS:
         self._dir_mode = config.dir_mode
         self._update_fd: int | None = None
         self._rand = random.Random()
+        self.locking = "rename" if config.locking == "rename" else "flock"
+        """How single messages are claimed here ("auto" is resolved by :meth:`setup`)."""
         self._staging = layout.staging
         self._messages = layout.messages
         # The hot path calls the system directly unless a test injected its own Ops.
@@ -103,7 +118,27 @@ class BusFS:
                 raise storage_error("creating the bus directory", exc, d) from exc
             if d != self.layout.root:
                 self._check_dir(d)
+        if self.config.locking == "auto":
+            self.locking = "rename" if locks_stay_local(self.layout.root) else "flock"
+        if self.locking == "rename":
+            for d in (self._claims, *(f"{self._claims}/{b}" for b in self.layout.buckets)):
+                try:
+                    ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
+                    if self._dir_mode is not None:
+                        ops.chmod(d, self._dir_mode)
+                except FileExistsError:
+                    pass
+                except OSError as exc:
+                    raise storage_error("creating the claims directory", exc, d) from exc
+                self._check_dir(d)
         self._open_update(reset_update)
+
+    @property
+    def _claims(self) -> str:
+        return f"{self.layout.private}/claims"
+
+    def _claim_path(self, bucket: str, name: str) -> str:
+        return f"{self.layout.private}/claims/{bucket}/{name}"
 
     def _check_dir(self, path: str) -> None:
         try:
@@ -446,7 +481,11 @@ class BusFS:
 
         None when someone else holds it, it vanished, or it was an empty leftover (then
         it is removed). The caller must :meth:`ack` or :meth:`release` the claim.
+        With ``locking == "rename"`` the claim is an atomic rename instead (one winner
+        even where flock does not cross hosts).
         """
+        if self.locking == "rename":
+            return self._claim_by_rename(bucket, name, has_meta=has_meta)
         path = self.layout.message_path(bucket, name)
         try:
             fd = self.ops.open(path, _CLAIM)
@@ -478,8 +517,64 @@ class BusFS:
             raise
         return Claim(bucket, name, fd, payload, meta, attempts)
 
+    def _claim_by_rename(self, bucket: str, name: str, *, has_meta: bool) -> Claim | None:
+        src = self.layout.message_path(bucket, name)
+        dst = self._claim_path(bucket, name)
+        try:
+            self.ops.rename(src, dst)
+        except OSError as exc:
+            if exc.errno in _MISSING or exc.errno in _SKIP:
+                return None  # another consumer won the rename, or it is gone
+            raise storage_error("claiming a work-queue message", exc, src) from exc
+        try:
+            self.ops.utime(dst)  # the lease starts now (a rename keeps the old times)
+            fd = self.ops.open(dst, _CLAIM)
+        except OSError as exc:
+            self._return_claim(bucket, name)
+            if exc.errno in _SKIP:
+                return None  # a planted symlink or another user's file
+            raise storage_error("opening a claimed work-queue message", exc, dst) from exc
+        try:
+            st = self.ops.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                self.ops.close(fd)
+                self._return_claim(bucket, name)
+                return None
+            if st.st_size == 0:
+                self.ops.close(fd)
+                self._unlink_quiet(dst)
+                self._remove_message(bucket, name)
+                return None
+            payload = self._pread_all(fd, st.st_size - 1, 1)
+            meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
+            attempts = self._read_attempts(bucket, name)
+        except BaseException:
+            self.ops.close(fd)
+            self._return_claim(bucket, name)
+            raise
+        return Claim(bucket, name, fd, payload, meta, attempts, renamed=True)
+
+    def _return_claim(self, bucket: str, name: str) -> bool:
+        """Rename a claimed message back into its bucket and stamp it; False if gone."""
+        try:
+            self.ops.rename(self._claim_path(bucket, name), self.layout.message_path(bucket, name))
+        except OSError:
+            return False
+        try:
+            self.stamp(self.layout.buckets.index(bucket))
+        except (StorageError, ValueError):
+            pass  # the next full listing finds it
+        return True
+
     def ack(self, claim: Claim) -> None:
         """Consume a claimed message: truncate, unlink it and its sidecars, unlock."""
+        if claim.renamed:
+            try:
+                self._unlink_quiet(self._claim_path(claim.bucket, claim.name))
+                self._remove_message(claim.bucket, claim.name)
+            finally:
+                self.ops.close(claim.fd)
+            return
         try:
             self.ops.ftruncate(claim.fd, 0)
             self._remove_message(claim.bucket, claim.name)
@@ -498,7 +593,11 @@ class BusFS:
         except OSError:
             pass  # the count is advisory; never lose the message over it
         finally:
-            self._unlock_close(claim.fd)
+            if claim.renamed:
+                self.ops.close(claim.fd)
+                self._return_claim(claim.bucket, claim.name)
+            else:
+                self._unlock_close(claim.fd)
 
     def _read_attempts(self, bucket: str, name: str) -> int:
         data = self._read_small(self.layout.attempts_path(bucket, name))
@@ -605,6 +704,14 @@ class BusFS:
             removed += self._remove_if_old(f"{lay.staging}/{name}", now, max_age)
         for bucket in lay.buckets:
             present = set(self._listdir_quiet(f"{lay.messages}/{bucket}"))
+            for name in self._listdir_quiet(f"{self._claims}/{bucket}"):
+                # Claimed by rename: its sidecars are not orphans. A claim older than
+                # max_age belongs to a consumer that died (or overran its lease): give
+                # the message back for redelivery.
+                present.add(name)
+                p = self._claim_path(bucket, name)
+                if self._is_old(p, now, max_age) and self._return_claim(bucket, name):
+                    removed += 1
             for name in [n for n in present if self._empty_and_old(bucket, n, now, max_age)]:
                 removed += self.remove([(bucket, name)])
                 present.discard(name)
@@ -624,6 +731,12 @@ class BusFS:
         except OSError:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == 0 and now - st.st_mtime >= max_age
+
+    def _is_old(self, path: str, now: float, max_age: float) -> bool:
+        try:
+            return now - self.ops.lstat(path).st_mtime >= max_age
+        except OSError:
+            return False
 
     def _remove_if_old(self, path: str, now: float, max_age: float) -> int:
         try:
@@ -658,6 +771,79 @@ class BusFS:
             self._write_file(path, hostname.encode("utf-8"), durable=False)
         except OSError as exc:
             raise storage_error("registering this host", exc, path) from exc
+
+
+_LOCAL_LOCK_FILESYSTEMS = frozenset({"fuse.sshfs", "sshfs"})
+"""Filesystems where flock is local to each host (it does not exclude other hosts)."""
+
+
+def locks_stay_local(path: str) -> bool:
+    """Whether the filesystem holding ``path`` is one where flock stays on each host."""
+    return filesystem_type(path) in _LOCAL_LOCK_FILESYSTEMS
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the mount holding ``path`` (``/proc/self/mountinfo``), "" if unknown."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    path = os.path.realpath(path)
+    best, fstype = "", ""
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 5 or not right:
+            continue
+        mnt = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+        if inside and len(mnt) >= len(best):
+            best, fstype = mnt, right.split()[0]
+    return fstype
+
+
+def probe_locking(root_a: str | os.PathLike[str], root_b: str | os.PathLike[str]) -> bool:
+    """Whether an flock taken through ``root_a`` excludes one taken through ``root_b``.
+
+    ``root_a`` and ``root_b`` are two paths to one directory, typically the same share
+    mounted twice or on two hosts. True means single (work-queue) messages are safe
+    with ``locking="flock"``; False means use ``BusConfig(locking="rename")``.
+    """
+    a, b = os.fspath(root_a), os.fspath(root_b)
+    name = f".fsbus-lock-probe-{os.getpid()}-{os.urandom(4).hex()}"
+    pa, pb = os.path.join(a, name), os.path.join(b, name)
+    try:
+        fd_a = os.open(pa, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise storage_error("creating the lock probe", exc, pa) from exc
+    try:
+        try:
+            fd_b = os.open(pb, os.O_RDWR | _O_CLOEXEC)
+        except FileNotFoundError:
+            raise UsageError(
+                f"{b} does not show the file just created through {a}: they are not two "
+                "paths to the same directory (or listings lag there; retry)"
+            ) from None
+        except OSError as exc:
+            raise storage_error("opening the lock probe", exc, pb) from exc
+        try:
+            fcntl.flock(fd_a, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fd_b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                raise storage_error("locking the lock probe", exc, pb) from exc
+            return False
+        finally:
+            os.close(fd_b)
+    finally:
+        os.close(fd_a)
+        try:
+            os.unlink(pa)
+        except OSError:
+            pass
 
 
 def encode_meta(headers: dict[str, str]) -> bytes:
