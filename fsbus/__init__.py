@@ -28,6 +28,7 @@ from ._errors import (
     UsageError,
     WouldBlock,
 )
+from ._fs import probe_locking
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._stream import SegmentInfo, Stream, StreamInfo, list_streams
 from ._stream_async import AsyncConsumerGroup, AsyncStream
@@ -90,4 +91,5 @@ __all__ = (
     "__version__",
     "check_directory",
     "list_streams",
+    "probe_locking",
 )

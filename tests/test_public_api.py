@@ -52,6 +52,7 @@ EXPECTED = frozenset(
         "DoctorCheck",
         "DoctorReport",
         "check_directory",
+        "probe_locking",
         # errors
         "ClosedError",
         "CorruptDataError",
