@@ -11,7 +11,7 @@ import base64
 import os
 import random
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,7 @@ def _messages() -> list[Out]:
         Out("interop.b.multi", bytes(range(256))),
         Out("interop.größe.multi", "héllo wörld ✓ 名前".encode()),
         Out(LONG_MULTI, rng.randbytes(70_000)),
+        Out("interop.big.multi", rng.randbytes(1 << 20)),
         Out("interop.a.multi", b"\x00"),
         Out("interop.c", b"\r\n\x00\xff\n"),
         Out("other.topic", b"nobody subscribes to this"),
@@ -96,7 +97,7 @@ def test_the_expectations_are_right() -> None:
     counts = {
         k: v.total() for k, v in expected_names([str(i) for i in range(len(MESSAGES))]).items()
     }
-    assert counts == {"all": 6, "star": 4, "long": 1, "long-wild": 1, "work": 4}
+    assert counts == {"all": 7, "star": 5, "long": 1, "long-wild": 1, "work": 4}
 
 
 def expected_names(names: list[str]) -> dict[str, Counter[str]]:
@@ -288,6 +289,33 @@ async def test_headers_and_priority_leave_the_payload_a_qlobber_peer_gets_unchan
     assert mine.headers == headers
     assert mine.priority == 7
     assert mine.payload == payload
+
+
+@pytest.mark.asyncio
+async def test_streamed_fsbus_payloads_reach_a_qlobber_peer_exactly(
+    qlobber: Callable[..., JsonLinesPeer], bus_root: Path, tmp_path: Path
+) -> None:
+    sub = qlobber("sub", subscriptions=[{"id": "all", "pattern": "stream.#"}])
+    await in_thread(lambda: sub.wait_count("ready", 1))
+    rng = random.Random(5)
+    from_file = rng.randbytes(3 * (1 << 20) + 17)  # larger than one copy chunk
+    source = tmp_path / "payload.bin"  # a path (not a str, which would be the payload)
+    await anyio.Path(source).write_bytes(from_file)
+    chunks = [rng.randbytes(n) for n in (1, 0, 65_536, 4_095, 100_000)]
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for c in chunks:
+            yield c
+
+    async with Bus(bus_root) as bus:
+        a = await bus.publish("stream.file", source)
+        b = await bus.publish("stream.chunks", chunked(), single=True)
+        await in_thread(lambda: sub.wait_count("message", 2))
+    assert sub.stop() == 0
+
+    got = {str(e["fname"]): base64.b64decode(str(e["payload"])) for e in sub.of("message")}
+    assert got == {a.name: from_file, b.name: b"".join(chunks)}
+    assert (a.size, b.size) == (len(from_file), sum(map(len, chunks)))
 
 
 # --------------------------------------------------------------------------- shared queue
