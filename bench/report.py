@@ -110,10 +110,18 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(results: list[dict[str, Any]], meta: dict[str, Any], plots: list[str]) -> str:
-    lines = [
-        "# fsbus benchmark results",
-        "",
+def markdown(
+    results: list[dict[str, Any]],
+    meta: dict[str, Any],
+    plots: list[str],
+    *,
+    title: bool = True,
+    level: str = "##",
+    prefix: str = "",
+) -> str:
+    """The results as Markdown; ``level`` and ``prefix`` let bench/README.md embed them."""
+    lines = ["# fsbus benchmark results", ""] if title else []
+    lines += [
         f"- {meta['date']}; {meta['machine']}; Python {meta['python']}",
         f"- plan **{meta['plan']}**, {meta['rounds']} interleaved rounds, median shown; "
         f"took {meta['seconds']} s",
@@ -131,7 +139,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any], plots: list[st
     ]
     tgt = targets(results)
     if tgt:
-        lines += ["", "## Targets", "", "| target | fs | measured | needed | met |"]
+        lines += ["", f"{level} Targets", "", "| target | fs | measured | needed | met |"]
         lines.append("|---|---|---|---|---|")
         for t in tgt:
             unit = t.get("unit")
@@ -146,7 +154,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any], plots: list[st
     for fs in _ordered(r["fs"] for r in results):
         rows = [r for r in results if r["fs"] == fs]
         systems = _ordered(r["system"] for r in rows)
-        lines += ["", f"## {fs}: {meta['filesystems'].get(fs, '')}", ""]
+        lines += ["", f"{level} {fs}: {meta['filesystems'].get(fs, '')}", ""]
         head = " | ".join(systems)
         lines.append(f"| scenario | unit | {head} | fsbus vs raw | fsbus vs qlobber |")
         lines.append("|---|---|" + "---|" * len(systems) + "---|---|")
@@ -176,11 +184,26 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any], plots: list[st
         ]
         if notes:
             lines += ["", "Notes:", *[f"- {n}" for n in notes]]
-    lines += suites_markdown(meta.get("suites", {}))
+    lines += suites_markdown(meta.get("suites", {}), level=level)
     if plots:
-        lines += ["", "## Plots", ""]
-        lines += [f"![{p}]({p})" for p in plots]
+        lines += ["", f"{level} Plots", ""]
+        lines += [f"![{p}]({prefix}{p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def update_readme(readme: Path, out: Path) -> None:
+    """Put the results in ``out`` into ``readme`` between the results markers."""
+    data = json.loads((out / "results.json").read_text())
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    rel = f"{out.resolve().relative_to(readme.resolve().parent)}/"
+    body = markdown(data["results"], data["meta"], pngs, title=False, level="###", prefix=rel)
+    text = readme.read_text()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    readme.write_text(f"{head}{START}\n{body}{END}{tail}")
 
 
 FIXED_COLOURS = {
@@ -202,7 +225,9 @@ SUITE_TITLES = {
 }
 
 
-def suites_markdown(suites: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+def suites_markdown(
+    suites: dict[str, dict[str, dict[str, float]]], *, level: str = "##"
+) -> list[str]:
     """Tables for the suites run beside the harness (records per second, ratios)."""
     from bench.suites import RATIOS
 
@@ -212,7 +237,7 @@ def suites_markdown(suites: dict[str, dict[str, dict[str, float]]]) -> list[str]
         if not figs:
             continue
         cols = list(figs)
-        lines += ["", f"## {SUITE_TITLES.get(name, name)}", ""]
+        lines += ["", f"{level} {SUITE_TITLES.get(name, name)}", ""]
         lines.append("| figure, records/s | " + " | ".join(cols) + " |")
         lines.append("|---|" + "---|" * len(cols))
         for key in _ordered(k for f in figs.values() for k in f):
@@ -306,14 +331,21 @@ def write(out: Path, results: list[dict[str, Any]], meta: dict[str, Any], *, plo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.report DIR``: rebuild results.md and the plots from results.json."""
-    import sys
+    """``python -m bench.report [DIR] [--readme FILE]``: rebuild results.md and the plots
+    from DIR/results.json (default bench/results), and optionally the README's summary."""
+    import argparse
 
-    args = sys.argv[1:] if argv is None else argv
-    out = Path(args[0] if args else "bench/results")
+    ap = argparse.ArgumentParser(prog="python -m bench.report", description=main.__doc__)
+    ap.add_argument("out", nargs="?", default="bench/results")
+    ap.add_argument("--readme", help="also put the results into this README")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
     data = json.loads((out / "results.json").read_text())
     write(out, data["results"], data["meta"], plots=True)
     print(f"rewrote {out}/results.md and plots")
+    if args.readme:
+        update_readme(Path(args.readme), out)
+        print(f"updated {args.readme}")
     return 0
 
 

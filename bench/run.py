@@ -238,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads((out / "results.json").read_text())
         results, meta = old["results"], {**old["meta"], "suites": suites}
     report.write(out, results, meta, plots=not args.no_plots)
+    if plan.name == "full" and args.out is None and not args.no_plots:
+        report.update_readme(Path(__file__).with_name("README.md"), out)
+        log("updated bench/README.md")
     log(f"wrote {out}/results.md, results.json{'' if args.no_plots else ' and plots'}")
     return 0
 
