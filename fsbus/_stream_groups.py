@@ -306,6 +306,10 @@ class ConsumerGroup:
             raise UsageError(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
         self._files.lock()
         try:
+            from ._stream_maint import remove_debris
+
+            remove_debris(self._ops, self._files.dir)
+            remove_debris(self._ops, self._files.members_dir)
             if not self._files.exists():
                 first = self._resolve(start)
                 self._files.create(

@@ -77,9 +77,25 @@ class _MaintLock:
             if self.fd >= 0:
                 self.ops.close(self.fd)
             raise storage_error("take the maintenance lock", exc, self.path) from exc
+        remove_debris(self.ops, self.path.parent)
 
     def __exit__(self, *exc: object) -> None:
         self.ops.close(self.fd)  # closing releases the flock
+
+
+def remove_debris(ops: StreamOps, directory: Path) -> int:
+    """Remove the temp files a crashed rewrite left in ``directory``; return how many.
+
+    Call it holding the lock under which such temp files are written: then every one
+    found is debris.
+    """
+    n = 0
+    for name in ops.listdir(directory):
+        if name.startswith(".") and name.endswith(".tmp") and ops.remove(directory / name):
+            n += 1
+    if n:
+        log.info("removed %d temp files left by a crash in %s", n, directory)
+    return n
 
 
 def enforce_retention(stream: Stream) -> RetentionReport:

@@ -99,3 +99,19 @@ def test_compaction_keeps_newest_per_key(tmp_path: Path) -> None:
         assert next(s.read(1)).offset >= 1
         assert s.append(b"x") == 300
         assert s.offset_for_time(0) == 0
+
+
+def test_temp_files_of_a_crashed_rewrite_are_removed(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", segment_bytes=4096)
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        _fill(s, 100)
+        debris = s.path / ".00000000000000000000.log.abc123.tmp"
+        debris.write_bytes(b"half a rewrite")
+        gdebris = s.path / "groups" / "g" / ".offsets.abc.tmp"
+        gdebris.parent.mkdir(parents=True)
+        gdebris.write_bytes(b"half")
+        s.compact()
+        assert not debris.exists()
+        s.group("g").close()
+        assert not gdebris.exists()
+        assert [r.offset for r in s.read()] == list(range(100))
