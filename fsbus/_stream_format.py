@@ -235,9 +235,13 @@ class _Prepared:
     """A record reduced to bytes, ready to frame."""
 
     value: bytes
+    """The payload."""
     key: bytes | None
+    """The key, or None."""
     headers: bytes
+    """The headers as UTF-8 JSON (empty when there are none)."""
     ts_us: int | None
+    """Its own timestamp (µs), or None for the time of the append."""
 
 
 def prepare(item: bytes | str | RecordIn, *, max_record_bytes: int) -> _Prepared:
