@@ -111,6 +111,7 @@ class _GroupFiles:
         self.members_dir = self.dir / "members"
         self.locks_dir = self.dir / "locks"
         self.held: dict[str, int] = {}
+        self.kernel = ops.kernel_id()
         self._lock_fd: int | None = None
 
     # locking
@@ -203,7 +204,7 @@ class _GroupFiles:
         its flock), so it is dead at once, without waiting for its heartbeat to expire.
         """
         out: dict[str, float] = {}
-        me = self.ops.hostname()
+        me = self.kernel
         for m in self.ops.listdir(self.members_dir):
             if m.startswith("."):
                 continue
@@ -211,7 +212,7 @@ class _GroupFiles:
             try:
                 info = json.loads(raw or b"")
                 expires = float(info["expires"])
-                host = str(info.get("host", ""))
+                host = str(info.get("kernel", ""))
             except (ValueError, KeyError, TypeError):
                 continue
             if expires > now and not (host == me and m not in self.held and self._dead(m)):
@@ -255,7 +256,12 @@ class _GroupFiles:
     def heartbeat(self, member: str, expires: float) -> None:
         self.hold(member)
         data = json.dumps(
-            {"expires": expires, "host": self.ops.hostname(), "pid": self.ops.pid()}
+            {
+                "expires": expires,
+                "host": self.ops.hostname(),
+                "kernel": self.kernel,
+                "pid": self.ops.pid(),
+            }
         ).encode()
         self.write(self.members_dir / member, data, False)
 

@@ -245,5 +245,17 @@ class StreamOps:
         """This host's name (for consumer names)."""
         return os.uname().nodename
 
+    def kernel_id(self) -> str:
+        """Who shares our kernel (and so our flocks): the boot id, else the host name.
+
+        Containers may share a host name across machines; the boot id is unique per
+        machine boot and shared by every container of one kernel.
+        """
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                return f.read().strip() or self.hostname()
+        except OSError:
+            return self.hostname()
+
 
 DEFAULT_OPS = StreamOps()
