@@ -61,7 +61,7 @@ def add_subscribe_command(
     p.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=float,
+        type=_seconds,
         help="exit (status 0) after SECONDS in total, having printed what arrived",
     )
     p.add_argument(
@@ -71,6 +71,16 @@ def add_subscribe_command(
         help="do not print the 'subscribed' notice on stderr",
     )
     p.set_defaults(func=run_subscribe)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:
