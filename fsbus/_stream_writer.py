@@ -8,13 +8,14 @@ up before writing at the end of the newest segment.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._errors import ClosedError, CorruptDataError, storage_error
+from ._errors import ClosedError, CorruptDataError, LockingUnsupported, storage_error
 from ._stream_config import StreamConfig
 from ._stream_format import (
     INDEX_ENTRY,
@@ -96,7 +97,7 @@ class Writer:
             if self._closed:
                 raise ClosedError("this stream handle is closed; open the stream again")
             ops = self._ops
-            ops.lock(self._lock_fd)
+            self._take_lock()
             try:
                 self._sync()
                 first = self._next
@@ -118,7 +119,7 @@ class Writer:
             if self._closed:
                 raise ClosedError("this stream handle is closed; open the stream again")
             before = len(self.recoveries)
-            self._ops.lock(self._lock_fd)
+            self._take_lock()
             try:
                 self._sync()
             finally:
@@ -135,6 +136,20 @@ class Writer:
             self._ops.close(self._lock_fd)
 
     # --- internals -----------------------------------------------------------------------
+
+    def _take_lock(self) -> None:
+        try:
+            self._ops.lock(self._lock_fd)
+        except OSError as exc:
+            path = self._dir / "append.lock"
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise LockingUnsupported(
+                    f"cannot flock the append lock {path}: {exc.strerror}; this mount does "
+                    "not support flock, so appends cannot be serialised here (use a local "
+                    "or lock-forwarding mount, or append from one host through another path)",
+                    path,
+                ) from exc
+            raise storage_error("take the append lock", exc, path) from exc
 
     def _encode(self, items: Sequence[object], base: int, now_us: int) -> Encoded:
         return encode_frames(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import Worker
 
-from fsbus import CorruptDataError, DiskFull, Stream, StreamConfig
+from fsbus import CorruptDataError, DiskFull, LockingUnsupported, Stream, StreamConfig
 from fsbus._stream_io import StreamOps
 
 FAST = StreamConfig(durability="none", segment_bytes=64 << 10, index_interval_bytes=1024)
@@ -175,5 +175,24 @@ def test_disk_full_leaves_no_partial_frame(tmp_path: Path) -> None:
         assert s.recover() == ()  # the failed append cut its own partial frame
         assert s.append(b"after") == 3
         assert [r.value for r in s.read()] == [b"kept"] * 3 + [b"after"]
+    finally:
+        s.close()
+
+
+class _NoFlock(StreamOps):
+    """A mount whose flock fails with ENOLCK (some NFS set-ups without a lock manager)."""
+
+    def lock(self, fd: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+
+def test_a_mount_without_flock_is_reported(tmp_path: Path) -> None:
+    s = Stream._open(tmp_path, "s", config=FAST, create=True, ops=_NoFlock())
+    try:
+        with pytest.raises(LockingUnsupported, match="does not support flock") as err:
+            s.append(b"x")
+        assert err.value.path is not None
+        assert err.value.path.endswith("append.lock")
+        assert list(s.read()) == []
     finally:
         s.close()
