@@ -129,9 +129,16 @@ def test_top_once_shows_backlog_per_topic(cli: Cli, root: Path) -> None:
 
 
 def test_version(cli: Cli) -> None:
+    import sys
+
     import fsbus
 
     assert ok(cli("--version")).stdout.strip() == f"fsbus {fsbus.__version__}"
+    script = Path(sys.executable).parent / "fsbus"  # the installed console script
+    if not script.exists():
+        pytest.skip("fsbus is not installed as a console script in this environment")
+    out = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == f"fsbus {fsbus.__version__}"
 
 
 def test_json_everywhere(cli: Cli, root: Path, tmp_path: Path) -> None:
