@@ -1,0 +1,99 @@
+"""Two "hosts" appending to and following one stream through two mounts of a directory.
+
+bindfs (FUSE) with ``--enable-lock-forwarding`` gives two views of one directory whose
+flocks exclude each other, like two NFS clients with a lock manager; inotify on one
+mount does not see writes made through the other, so following relies on polling.
+Needs root, /dev/fuse and bindfs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from helpers import Worker
+
+from fsbus import AsyncStream, Stream, StreamConfig
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def _unmount(target: Path) -> None:
+    if subprocess.run(["umount", str(target)], capture_output=True, check=False).returncode:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """(backing directory, host A's mount, host B's mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount bindfs (FUSE)")
+    exe = shutil.which("bindfs")
+    if exe is None or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs bindfs and /dev/fuse")
+    backing, a, b = tmp_path / "backing", tmp_path / "host-a", tmp_path / "host-b"
+    for d in (backing, a, b):
+        d.mkdir()
+    mounted = []
+    try:
+        for m in (a, b):
+            proc = subprocess.run(
+                [exe, "--multithreaded", "--enable-lock-forwarding", str(backing), str(m)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if proc.returncode != 0:
+                pytest.skip(f"bindfs could not mount: {proc.stderr.strip()}")
+            mounted.append(m)
+        yield backing, a, b
+    finally:
+        for m in mounted:
+            _unmount(m)
+
+
+def test_appenders_on_two_mounts(mounts: tuple[Path, Path, Path]) -> None:
+    backing, a, b = mounts
+    count = 400
+    ws = [
+        Worker("append", root, "s", f"{tag}{i}", count)
+        for tag, root in (("a", a), ("b", b))
+        for i in range(2)
+    ]
+    try:
+        for w in ws:
+            w.expect("ready")
+        for w in ws:
+            w.send("go")
+        for w in ws:
+            w.expect("done", timeout=110)
+    finally:
+        for w in ws:
+            w.stop()
+    with Stream.open(backing, "s", create=False) as s:
+        recs = list(s.read())
+    assert [r.offset for r in recs] == list(range(4 * count))
+    counts = Counter(r.value for r in recs)
+    assert len(counts) == 4 * count
+    assert max(counts.values()) == 1
+
+
+@pytest.mark.asyncio
+async def test_follow_on_one_mount_sees_appends_made_on_the_other(
+    mounts: tuple[Path, Path, Path],
+) -> None:
+    _, a, b = mounts
+    cfg = StreamConfig(durability="none", force_polling=True, poll_interval=0.05)
+    got: list[bytes] = []
+    async with AsyncStream(b, "f", config=cfg) as reader, AsyncStream(a, "f", config=cfg) as w:
+        with anyio.fail_after(60):
+            async with reader.follow(start=0, stop=3) as records:
+                await w.append_batch([b"1", b"2", b"3"])
+                got = [r.value async for r in records]
+    assert got == [b"1", b"2", b"3"]
