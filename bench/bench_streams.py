@@ -13,7 +13,8 @@ disk under a temp dir, and tmpfs at /dev/shm), with 100-byte records:
 * ``persist-queue``   ``persistqueue.Queue`` (file based) put / get + task_done
 * ``queuelib``        ``FifoDiskQueue`` push / pop
 
-Each figure is the median of ``--rounds`` runs; the ratios printed compare figures of
+The disk runs in a temp dir under ``bench/scratch/`` (``FSBUS_BENCH_DISK_DIR`` to change
+it). Each figure is the median of ``--rounds`` runs; the ratios printed compare figures of
 this run only. Targets (checked at the end): append >= 1 M rec/s, read >= 2 M rec/s,
 append+fsync >= 300 k rec/s.
 
@@ -235,10 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fs", default="disk,tmpfs", help="disk and/or tmpfs")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args(argv)
-    places = {
-        "disk": Path(os.environ.get("FSBUS_BENCH_DISK_DIR", tempfile.gettempdir())),
-        "tmpfs": Path("/dev/shm"),
-    }
+    # the working disk: a temp dir under bench/scratch/ (git-ignored) unless
+    # FSBUS_BENCH_DISK_DIR says where
+    scratch = Path(__file__).resolve().parent / "scratch"
+    disk = Path(os.environ.get("FSBUS_BENCH_DISK_DIR", scratch))
+    disk.mkdir(parents=True, exist_ok=True)
+    places = {"disk": disk, "tmpfs": Path("/dev/shm")}
     out: dict[str, dict[str, float]] = {}
     for fs in args.fs.split(","):
         base = places[fs]
