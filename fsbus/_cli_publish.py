@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fsbus import Bus, PublishInfo
+from fsbus import Bus, PublishInfo, UsageError
 
 from ._cli_output import Progress, emit, emit_json, format_size
 from ._cli_runtime import CliError, bus_config, resolve_root, run_async
@@ -262,9 +262,11 @@ def _publish_many(
                 await flush(bus)
         except BaseException as exc:
             progress.close()
+            if isinstance(exc, UsageError) and done == 0:
+                raise  # rejected before anything was written
             if isinstance(exc, Exception):
                 note = f"published {done} message(s) before the error"
-                if batch:
+                if batch and not isinstance(exc, UsageError):  # usage errors write nothing
                     note += (
                         f"; of the batch of {len(batch)} being written some may be published "
                         "too (check with `fsbus ls`)"

@@ -188,3 +188,13 @@ def test_disk_full_during_bulk_publish_says_how_far_it_got(
     on_disk = len(ok(cli("ls", "--json", "--root", str(root))).json_lines())
     assert reported <= on_disk <= reported + 256  # the note names the uncertain batch
     assert 0 < on_disk < 2000
+
+
+def test_bad_topic_in_bulk_publish_writes_nothing(cli: Cli, tmp_path: Path) -> None:
+    lines = tmp_path / "lines"
+    lines.write_text("a\nb\n")
+    res = cli("publish", "bad\x01topic", "--lines", str(lines))
+    assert res.code == 2
+    assert res.error_line().startswith("fsbus: error: invalid topic")
+    assert "published" not in res.stderr
+    assert ok(cli("ls", "--json")).stdout == ""
