@@ -9,6 +9,7 @@ whose value is a directory (metavar ``DIR``) complete directories, those taking 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 
 from ._cli_output import emit
@@ -55,10 +56,24 @@ def _kind(action: argparse.Action) -> str:
     return "other"
 
 
+_SENTENCE_END = re.compile(r"\.\s+(?=[A-Z])")
+
+
+def _summary(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The first sentence of an option's help, with ``%(default)s`` and the like filled in."""
+    text = action.help or ""
+    if "%" in text:
+        try:
+            text = parser._get_formatter()._expand_help(action)
+        except (KeyError, TypeError, ValueError):
+            pass
+    return _SENTENCE_END.split(text, maxsplit=1)[0].rstrip(".")
+
+
 def _options(parser: argparse.ArgumentParser) -> tuple[_Option, ...]:
     out = []
     for action in parser._actions:
-        if not action.option_strings:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
             continue
         out.append(
             _Option(
@@ -66,7 +81,7 @@ def _options(parser: argparse.ArgumentParser) -> tuple[_Option, ...]:
                 takes_value=action.nargs != 0,
                 kind=_kind(action),
                 choices=tuple(str(c) for c in action.choices or ()),
-                help=(action.help or "").split(". ")[0],
+                help=_summary(parser, action),
             )
         )
     return tuple(out)
@@ -225,8 +240,6 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
         specs = _zsh_specs(c.options)
         if c.choices:
             specs.append(f"'1:value:({' '.join(c.choices)})'")
-        else:
-            specs.append("'*: :_files'")
         lines.append(f"                {c.name}) _arguments {' '.join(specs)} ;;")
     lines += [
         "            esac ;;",
