@@ -19,12 +19,17 @@ reported on stdout as one JSON object per line:
     the Bus was closed after "STOP" on stdin. The process then stays alive, holding
     nothing, until stdin says "EXIT" or closes, so the parent can probe for leftover locks.
 
-Roles: ``pub`` (params ``messages``: [[topic, id], ...], ``single``, ``face``: "async" or
-"blocking"), ``sub`` (``subscriptions``: [[handler name, pattern], ...]; a handler name
-used twice is one handler, so the bus calls it once per message), ``worker``
-(``pattern``, ``hold``: never finish a handler, ``fail``: ids whose handler raises, ``work``:
-seconds each job takes, ``face``: "async" or "blocking"), ``pub-stuck`` (``topic``,
-``chunk``: size of the one chunk written). ``config`` holds BusConfig options for any role.
+Roles:
+
+* ``pub``: ``messages`` ([[topic, id] or [topic, id, priority], ...]), ``single``,
+  ``face`` ("async" or "blocking");
+* ``sub``: ``subscriptions`` ([[handler name, pattern], ...]; a handler name used twice is
+  one handler, so the bus calls it once per message);
+* ``worker``: ``pattern``, ``hold`` (never finish a handler), ``fail`` (ids whose handler
+  raises), ``work`` (seconds each job takes), ``face``;
+* ``pub-stuck``: ``topic``, ``chunk`` (size of the one chunk written).
+
+``config`` holds BusConfig options for any role.
 Only the public fsbus API is used.
 """
 
@@ -78,20 +83,21 @@ def describe(msg: Message) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ publisher
 def pub(params: dict[str, Any]) -> None:
-    messages = [(str(t), str(i)) for t, i in params["messages"]]
+    # [topic, id] or [topic, id, priority]
+    messages = [(str(m[0]), str(m[1]), m[2] if len(m) > 2 else None) for m in params["messages"]]
     single = bool(params.get("single", False))
     if params.get("face", "blocking") == "blocking":
         with BlockingBus(params["root"], config=config(params)) as bus:
             emit("ready")
-            for topic, ident in messages:
-                bus.publish(topic, ident.encode(), single=single)
+            for topic, ident, priority in messages:
+                bus.publish(topic, ident.encode(), single=single, priority=priority)
     else:
 
         async def main() -> None:
             async with Bus(params["root"], config=config(params)) as bus:
                 emit("ready")
-                for topic, ident in messages:
-                    await bus.publish(topic, ident.encode(), single=single)
+                for topic, ident, priority in messages:
+                    await bus.publish(topic, ident.encode(), single=single, priority=priority)
 
         anyio.run(main)
     emit("published", count=len(messages))

@@ -240,6 +240,38 @@ def test_every_single_message_is_handled_exactly_once_by_a_pool_of_workers(
     assert started == done, "nobody failed or died, so nothing was delivered twice"
 
 
+def test_a_worker_takes_jobs_from_several_publishers_by_priority_then_in_order(
+    spawn: Spawn,
+) -> None:
+    priority_of: dict[str, int] = {}
+    pubs = []
+    for k, face in enumerate(("blocking", "async")):
+        rng = random.Random(40 + k)
+        msgs = [
+            (f"jobs.{rng.choice(WORDS)}", f"p{k}-{i:03d}", rng.choice((0, 9, 200)))
+            for i in range(60)
+        ]
+        priority_of.update((i, p) for _, i, p in msgs)
+        pubs.append(spawn("pub", messages=msgs, single=True, face=face))
+    for p in pubs:
+        p.wait_count("published", 1)
+        assert p.wait_exit() == 0, p.describe()
+
+    # One job at a time, so the order it takes them in is the order it was offered them.
+    worker = spawn("worker", pattern="jobs.#", config={"handler_concurrency": 1})
+    worker.wait_count("done", len(priority_of))
+    assert worker.stop() == 0, worker.describe()
+
+    taken = [str(e["id"]) for e in worker.of("start")]
+    assert sorted(taken) == sorted(priority_of)
+    priorities = [priority_of[i] for i in taken]
+    assert priorities == sorted(priorities), "a lower priority number is taken first"
+    for k in range(2):
+        for prio in (0, 9, 200):
+            mine = [i for i in taken if i.startswith(f"p{k}-") and priority_of[i] == prio]
+            assert mine == sorted(mine), f"publisher {k}, priority {prio}: not in publish order"
+
+
 # --------------------------------------------------------------------------- SIGKILL
 def test_messages_of_a_consumer_killed_mid_handling_are_redelivered(
     spawn: Spawn, bus_root: Path
