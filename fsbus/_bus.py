@@ -507,14 +507,20 @@ class Bus:
             or (now - self._last_refresh >= self.config.refresh_ttl)
         )
         self._force_full = False
+        # Taken before listing: a subscription added while the listing runs waits for
+        # the next scan, which lists every bucket for it (this one may not).
+        existing_subs = self._existing_pending
+        self._existing_pending = []
         retry = {bi for (bi, _), at in self._retry_at.items() if at <= now}
-        update, listings, spills = await anyio.to_thread.run_sync(self._list, full, retry)
+        try:
+            update, listings, spills = await anyio.to_thread.run_sync(self._list, full, retry)
+        except BaseException:
+            self._existing_pending[:0] = existing_subs  # try them again next scan
+            raise
         if full:
             self._last_refresh = now
         self._last_update = update if update is not None else self._last_update
         self._counts["scans"] += 1
-        existing_subs = self._existing_pending
-        self._existing_pending = []
         decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
         for key, at in list(self._retry_at.items()):
             if at <= now and key[0] in listings:
