@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -10,8 +11,9 @@ import anyio
 import pytest
 
 from fsbus import Bus, BusConfig, Message
+from fsbus._ops import Ops
 
-from .conftest import Inbox, message_files
+from .conftest import WAIT, Inbox, message_files, wait_until
 
 
 @pytest.mark.asyncio
@@ -240,3 +242,40 @@ async def test_no_update_file_scans_every_bucket(root: Path) -> None:
         await bus.publish("u", b"1")
         await inbox.wait_for(1)
     assert not (root / "update" / "UPDATE").exists()
+
+
+class GatedListing(Ops):
+    """Holds the first listing of a bucket other than ``spare`` until the gate opens."""
+
+    def __init__(self) -> None:
+        self.spare = ""
+        self.holding = threading.Event()
+        self.gate = threading.Event()
+
+    def listdir(self, path: str) -> list[str]:
+        if self.spare and "/messages/" in path and not path.endswith(f"/{self.spare}"):
+            if not self.holding.is_set():
+                self.holding.set()
+                self.gate.wait(WAIT)
+        return super().listdir(path)
+
+
+@pytest.mark.asyncio
+async def test_existing_subscription_added_while_a_scan_is_listing(root: Path) -> None:
+    # Regression: a scan whose (partial) listing began before subscribe(existing=True)
+    # took the new subscription as served, so it never got what was present.
+    ops = GatedListing()
+    first, late = Inbox(), Inbox()
+    async with Bus(root, ops=ops) as bus:
+        await bus.subscribe("#", first)
+        present = await bus.publish("x.present", b"1")
+        await first.wait_for(1)
+        ops.spare = present.bucket
+        # A trigger in another bucket: the scan listing it (and not x.present) is held.
+        while not ops.holding.is_set():
+            await bus.publish("y.trigger", b"t")
+            await wait_until(lambda: ops.holding.is_set() or len(first.messages) > 1)
+        await bus.subscribe("x.#", late, existing=True)
+        ops.gate.set()
+        (msg,) = await late.wait_for(1)
+    assert msg.name == present.name
