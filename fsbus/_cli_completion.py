@@ -240,6 +240,7 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
         specs = _zsh_specs(c.options)
         if c.choices:
             specs.append(f"'1:value:({' '.join(c.choices)})'")
+        specs.append("'*:argument: '")  # topics, patterns, payloads: nothing to offer
         lines.append(f"                {c.name}) _arguments {' '.join(specs)} ;;")
     lines += [
         "            esac ;;",
