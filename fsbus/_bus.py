@@ -834,6 +834,8 @@ class Bus:
             await anyio.sleep(self.config.gc_interval)
             try:
                 await self.gc()
+            except ClosedError:
+                return  # the bus is closing under us: not a failure worth a warning
             except Exception as exc:  # keep the bus running; say what went wrong
                 log.warning("garbage collection failed: %s", exc)
 
