@@ -457,6 +457,11 @@ class BusFS:
             if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
                 return ReadResult(None, None)
             payload = self._pread_all(fd, st.st_size - 1, 1)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                # Removed under us through another mount (ESTALE on NFS): gone.
+                return ReadResult(None, None)
+            raise storage_error("reading a message", exc, path) from exc
         finally:
             self.ops.close(fd)
         meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
@@ -512,6 +517,11 @@ class BusFS:
             payload = self._pread_all(fd, st.st_size - 1, 1)
             meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
             attempts = self._read_attempts(bucket, name)
+        except OSError as exc:
+            self._unlock_close(fd)
+            if exc.errno in _MISSING:
+                return None  # removed under us through another mount (ESTALE on NFS)
+            raise storage_error("reading a work-queue message", exc, path) from exc
         except BaseException:
             self._unlock_close(fd)
             raise
