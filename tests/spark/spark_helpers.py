@@ -14,7 +14,7 @@ from typing import Any
 PANDAS_WARNING = "ignore:PySpark does not yet fully support pandas:FutureWarning"
 
 
-def spark_env(tmp: Path) -> dict[str, str]:
+def spark_env() -> dict[str, str]:
     """Environment for a Spark driver on this machine (also used for child drivers)."""
     return {
         "SPARK_LOCAL_IP": "127.0.0.1",
@@ -30,12 +30,13 @@ def build_spark(tmp: Path, app: str = "fsbus-tests") -> Any:
 
     import fsbus.spark
 
-    os.environ.update(spark_env(tmp))
+    os.environ.update(spark_env())
     (tmp / "local").mkdir(parents=True, exist_ok=True)
     spark = (
         SparkSession.builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
         .config("spark.local.dir", str(tmp / "local"))

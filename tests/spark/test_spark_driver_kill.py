@@ -39,7 +39,7 @@ def driver(root: Path, tmp_path: Path, mode: str, log: IO[bytes]) -> subprocess.
     scratch.mkdir()
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(root), str(tmp_path / "ckpt"), str(scratch), mode],
-        env={**os.environ, **spark_env(scratch)},
+        env={**os.environ, **spark_env()},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: the JVM and workers die with it
