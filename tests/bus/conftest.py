@@ -20,7 +20,7 @@ import pytest
 from fsbus import BusConfig, Message
 from fsbus._ops import Ops
 
-WAIT = 10.0
+WAIT = 30.0
 """Seconds any single wait in these tests may take before it fails the test."""
 
 
