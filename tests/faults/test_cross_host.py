@@ -168,3 +168,28 @@ async def test_claim_by_rename_is_exact_where_locks_stay_local(local_locks: Host
     assert set(runs) == {str(i) for i in range(150)}
     assert max(runs.values()) == 1
     assert list((local_locks.backing / "fsbus" / "claims").rglob("*@*")) == []
+
+
+def test_stress_fanout_and_chaos_across_mounts_that_forward_locks(
+    forwarding: Hosts, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The stress scenarios with their processes spread over two mounts."""
+    from stress import chaos, fanout
+
+    monkeypatch.setenv("FSBUS_STRESS_DIR", str(tmp_path))
+    roots = [str(forwarding.a), str(forwarding.b)]
+    for run in (fanout.run, chaos.run):
+        s = run("small", config={"force_polling": True}, roots=roots)
+        assert s.ok, s.line() + "\n" + "\n".join(s.violations)
+
+
+def test_stress_workqueue_by_rename_across_mounts_whose_locks_stay_local(
+    local_locks: Hosts, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from stress import workqueue
+
+    monkeypatch.setenv("FSBUS_STRESS_DIR", str(tmp_path))
+    roots = [str(local_locks.a), str(local_locks.b)]
+    s = workqueue.run("small", config={"force_polling": True, "locking": "rename"}, roots=roots)
+    assert s.ok, s.line() + "\n" + "\n".join(s.violations)
+    assert s.delivered == s.sent
