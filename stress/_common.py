@@ -8,6 +8,7 @@ parent reads the logs to count deliveries.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import multiprocessing.context
 import os
@@ -22,15 +23,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 __all__ = [
     "SIZES",
     "EventLog",
+    "Runner",
     "Summary",
+    "add_options",
     "check_payload",
     "main_for",
     "make_payload",
     "matches",
+    "options",
     "random_pattern",
     "random_topic",
     "read_events",
@@ -135,15 +140,22 @@ def wait_until(condition: Callable[[], bool], timeout: float | None, step: float
 
 
 @contextmanager
-def workdir(keep: bool = False) -> Iterator[Path]:
-    """A scratch directory for the bus and the event logs (removed afterwards)."""
+def workdir(roots: Sequence[str] | None = None) -> Iterator[tuple[Path, list[str]]]:
+    """A scratch directory for the event logs, and the bus directories to use.
+
+    Without ``roots`` the bus lives in the scratch directory. With them (paths to one
+    directory, e.g. two mounts of a share, as two "hosts" see it), each gets the same
+    fresh subdirectory, removed afterwards.
+    """
     base = os.environ.get("FSBUS_STRESS_DIR")
     path = Path(tempfile.mkdtemp(prefix="fsbus-stress-", dir=base))
+    buses = [f"{r.rstrip('/')}/{path.name}" for r in roots] if roots else [str(path / "bus")]
     try:
-        yield path
+        yield path, buses
     finally:
-        if not keep:
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
+        if roots:
+            shutil.rmtree(buses[0], ignore_errors=True)
 
 
 # ---------------------------------------------------------------- summaries
@@ -193,13 +205,60 @@ class Summary:
 _NAME = re.compile(r"^[a-z_]+$")
 
 
-def main_for(name: str, run: Callable[[str], Summary], argv: Sequence[str] | None = None) -> int:
-    """CLI of one scenario: parse ``--size``, run, print the summary, return the exit code."""
+class Runner(Protocol):
+    """What every scenario's ``run`` looks like."""
+
+    def __call__(
+        self,
+        size: str,
+        *,
+        seed: int | None = None,
+        config: dict[str, object] | None = None,
+        roots: Sequence[str] | None = None,
+    ) -> Summary: ...
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The options every scenario takes."""
+    parser.add_argument("--size", choices=SIZES, default="small", help="configuration to run")
+    parser.add_argument(
+        "--root",
+        action="append",
+        metavar="DIR",
+        help="run the bus under DIR (repeat with other paths to the same directory, such "
+        "as two mounts of a share: processes are spread over them)",
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='a BusConfig option for every process (VALUE in JSON), e.g. locking="rename"',
+    )
+    parser.add_argument("--seed", type=int, help="random seed (printed in the summary)")
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of ``run`` from parsed options."""
+    config: dict[str, object] = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--config wants KEY=VALUE, not {item!r}")
+        try:
+            config[key] = json.loads(value)
+        except ValueError:
+            config[key] = value
+    return {"seed": args.seed, "config": config or None, "roots": args.root}
+
+
+def main_for(name: str, run: Runner, argv: Sequence[str] | None = None) -> int:
+    """CLI of one scenario: parse the options, run, print the summary, return the exit code."""
     assert _NAME.match(name)
     parser = argparse.ArgumentParser(prog=f"python -m stress.{name}")
-    parser.add_argument("--size", choices=SIZES, default="small", help="configuration to run")
+    add_options(parser)
     args = parser.parse_args(argv)
-    summary = run(args.size)
+    summary = run(args.size, **options(args))
     print(summary.line(), flush=True)
     for v in summary.violations[:20]:
         print(f"  violation: {v}", file=sys.stderr)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ def run_queue(
     *,
     seed: int | None = None,
     config: dict[str, Any] | None = None,
+    roots: Sequence[str] | None = None,
 ) -> Summary:
     """Run a work-queue scenario and count what happened."""
     seed = random.randrange(1 << 30) if seed is None else seed
@@ -68,8 +70,7 @@ def run_queue(
     summary = Summary(name, size, notes={"seed": seed})
     ctx = spawn()
     killed: set[str] = set()
-    with workdir() as wd:
-        root = str(wd / "bus")
+    with workdir(roots) as (wd, buses):
         logs = wd / "logs"
         logs.mkdir()
         stop = str(wd / "stop")
@@ -79,7 +80,7 @@ def run_queue(
         def start_worker(slot: int) -> Any:
             ready = ctx.Event()
             job = WorkerJob(
-                root=root,
+                root=buses[slot % len(buses)],
                 log=str(logs / f"w{slot}-{generation[slot]}.log"),
                 pattern="jobs.#",
                 fail_rate=sz.fail_rate,
@@ -100,7 +101,7 @@ def run_queue(
                     return summary
             jobs = [
                 PublishJob(
-                    root=root,
+                    root=buses[i % len(buses)],
                     log=str(logs / f"pub{i}.log"),
                     prefix=f"p{i}-",
                     topics=tuple(
@@ -158,7 +159,7 @@ def run_queue(
                     summary.violations.append("a worker did not stop within 30 s")
         summary.notes["kills"] = len(killed)
         _count(summary, logs, killed)
-        with BlockingBus(root, config=BusConfig(**cfg)) as bus:
+        with BlockingBus(buses[0], config=BusConfig(**cfg)) as bus:
             left = sum(1 for info in bus.browse("#") if info.single)
         if left:
             summary.violations.append(f"{left} work-queue message(s) left on the bus")

@@ -7,6 +7,7 @@ process (counted as ``dup_after_kill``); any other duplicate fails the run.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from ._common import Summary, main_for
 from ._queue import QueueSize, run_queue
@@ -19,9 +20,15 @@ SIZES = {
 }
 
 
-def run(size: str, *, seed: int | None = None, config: dict[str, object] | None = None) -> Summary:
-    """Run the scenario in configuration ``size``."""
-    return run_queue("chaos", size, SIZES[size], seed=seed, config=config)
+def run(
+    size: str,
+    *,
+    seed: int | None = None,
+    config: dict[str, object] | None = None,
+    roots: Sequence[str] | None = None,
+) -> Summary:
+    """Run the scenario in configuration ``size`` (``roots``: see ``--root``)."""
+    return run_queue("chaos", size, SIZES[size], seed=seed, config=config, roots=roots)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,16 +54,21 @@ SIZES = {
 }
 
 
-def run(size: str, *, seed: int | None = None, config: dict[str, object] | None = None) -> Summary:
-    """Run the scenario; ``config`` adds BusConfig options (e.g. force_polling)."""
+def run(
+    size: str,
+    *,
+    seed: int | None = None,
+    config: dict[str, object] | None = None,
+    roots: Sequence[str] | None = None,
+) -> Summary:
+    """Run the scenario; ``config`` adds BusConfig options, ``roots`` see ``--root``."""
     sz = SIZES[size]
     seed = random.randrange(1 << 30) if seed is None else seed
     rng = random.Random(seed)
     cfg: dict[str, object] = {"multi_ttl": 3600.0, **(config or {})}
     summary = Summary("fanout", size, notes={"seed": seed})
     ctx = spawn()
-    with workdir() as wd:
-        root = str(wd / "bus")
+    with workdir(roots) as (wd, buses):
         logs = wd / "logs"
         logs.mkdir()
         bindings = [
@@ -73,7 +79,7 @@ def run(size: str, *, seed: int | None = None, config: dict[str, object] | None 
         subs = [
             ctx.Process(
                 target=subscriber,
-                args=(root, str(logs / f"sub{i}.log"), b, cfg, readies[i], stop),
+                args=(buses[i % len(buses)], str(logs / f"sub{i}.log"), b, cfg, readies[i], stop),
             )
             for i, b in enumerate(bindings)
         ]
@@ -86,7 +92,7 @@ def run(size: str, *, seed: int | None = None, config: dict[str, object] | None 
                     return summary
             jobs = [
                 PublishJob(
-                    root=root,
+                    root=buses[(i + 1) % len(buses)],
                     log=str(logs / f"pub{i}.log"),
                     prefix=f"p{i}-",
                     topics=tuple((random_topic(rng), False, None) for _ in range(sz.per_publisher)),

@@ -13,6 +13,7 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,14 @@ def _topic(rng: random.Random, expiring: float) -> tuple[str, bool, float | None
     return ".".join(parts), single, ttl
 
 
-def run(size: str, *, seed: int | None = None, config: dict[str, object] | None = None) -> Summary:
-    """Run the scenario in configuration ``size``."""
+def run(
+    size: str,
+    *,
+    seed: int | None = None,
+    config: dict[str, object] | None = None,
+    roots: Sequence[str] | None = None,
+) -> Summary:
+    """Run the scenario in configuration ``size`` (``roots``: see ``--root``)."""
     sz = SIZES[size]
     seed = random.randrange(1 << 30) if seed is None else seed
     rng = random.Random(seed)
@@ -80,8 +87,7 @@ def run(size: str, *, seed: int | None = None, config: dict[str, object] | None 
     }
     summary = Summary("mixed", size, notes={"seed": seed})
     ctx = spawn()
-    with workdir() as wd:
-        root = str(wd / "bus")
+    with workdir(roots) as (wd, buses):
         logs = wd / "logs"
         logs.mkdir()
         stop = str(wd / "stop")
@@ -90,7 +96,7 @@ def run(size: str, *, seed: int | None = None, config: dict[str, object] | None 
         for i in range(sz.workers):
             ready = ctx.Event()
             job = WorkerJob(
-                root=root,
+                root=buses[i % len(buses)],
                 log=str(logs / f"w{i}.log"),
                 pattern="mix.#",
                 fail_rate=0.05,
@@ -102,7 +108,7 @@ def run(size: str, *, seed: int | None = None, config: dict[str, object] | None 
             procs.append(ctx.Process(target=worker, args=(job, ready, stop)))
             readies.append(ready)
         procs.append(
-            ctx.Process(target=collector, args=(root, str(logs / "gc.log"), cfg, stop, 0.2))
+            ctx.Process(target=collector, args=(buses[-1], str(logs / "gc.log"), cfg, stop, 0.2))
         )
         for p in procs:
             p.start()
@@ -113,7 +119,7 @@ def run(size: str, *, seed: int | None = None, config: dict[str, object] | None 
                     return summary
             jobs = [
                 PublishJob(
-                    root=root,
+                    root=buses[(i + 1) % len(buses)],
                     log=str(logs / f"pub{i}.log"),
                     prefix=f"p{i}-",
                     topics=tuple(_topic(rng, sz.expiring) for _ in range(sz.per_publisher)),
@@ -160,7 +166,7 @@ def run(size: str, *, seed: int | None = None, config: dict[str, object] | None 
                     summary.violations.append("a child did not stop within 30 s")
         summary.sent = len(sent)
         _count(summary, logs, sent, multi_ids, single_ids, sz.workers)
-        with BlockingBus(root, config=BusConfig(**cfg)) as bus:
+        with BlockingBus(buses[0], config=BusConfig(**cfg)) as bus:
             removed = bus.gc()
             left = list(bus.browse("#"))
         leftover = [i for i in left if i.single or ".exp." in i.topic]
