@@ -26,7 +26,6 @@ from ._stream_groups import ConsumerGroup, partition_of
 __all__ = ["QueueEmpty", "StreamQueue"]
 
 FETCH = 256
-POLL_SLICE = 1.0
 
 
 class QueueEmpty(WouldBlock, queue.Empty, TimeoutError):
@@ -67,7 +66,8 @@ class StreamQueue:
         self._outstanding: deque[int] = deque()
         self._last_done: int | None = None
         self._done_since_commit = 0
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the group, the buffer and the bookkeeping
+        self._get_lock = threading.Lock()
 
     @property
     def stream(self) -> Stream:
@@ -101,27 +101,25 @@ class StreamQueue:
             raise UsageError(f"timeout must be >= 0 or None, got {timeout!r}")
         ops = self._stream._ops
         deadline = None if timeout is None else ops.monotonic() + timeout
-        with self._lock:
-            group = self._get_group()
-            while not self._buffer:
-                if not block:
-                    wait = 0.0
-                elif deadline is None:
-                    wait = POLL_SLICE
-                else:
-                    wait = max(deadline - ops.monotonic(), 0.0)
-                self._buffer.extend(group.poll(max_records=FETCH, timeout=min(wait, POLL_SLICE)))
-                self._keep_owned()
-                if self._buffer:
-                    break
-                if not block or (deadline is not None and ops.monotonic() >= deadline):
+        with self._get_lock:  # one getter at a time; task_done() need not wait for it
+            while True:
+                with self._lock:
+                    if not self._buffer:
+                        group = self._get_group()
+                        self._buffer.extend(group.poll(max_records=FETCH))
+                        self._keep_owned()
+                    if self._buffer:
+                        rec = self._buffer.popleft()
+                        self._outstanding.append(rec.offset)
+                        return rec
+                left = None if deadline is None else deadline - ops.monotonic()
+                if not block or (left is not None and left <= 0):
                     raise QueueEmpty(
                         f"queue {self._stream.name!r} has no item"
                         + ("" if not block else f" after {timeout} s")
                     )
-            rec = self._buffer.popleft()
-            self._outstanding.append(rec.offset)
-            return rec
+                wait = self._stream.config.poll_interval
+                ops.sleep(wait if left is None else min(wait, left))
 
     def task_done(self) -> None:
         """Acknowledge the oldest item handed out and not yet acknowledged."""

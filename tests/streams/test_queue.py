@@ -108,3 +108,27 @@ def test_two_queue_consumers_share_items(tmp_path: Path) -> None:
     assert sorted(allg, key=int) == [str(i).encode() for i in range(n)]
     assert got["a"]
     assert got["b"]
+
+
+def test_task_done_does_not_wait_for_a_blocked_get(tmp_path: Path) -> None:
+    with StreamQueue(tmp_path, "jobs", config=CFG) as q:
+        q.put(b"one")
+        assert q.get() == b"one"
+        blocked = threading.Event()
+        result: list[object] = []
+
+        def getter() -> None:
+            blocked.set()
+            try:
+                result.append(q.get(timeout=30))
+            except QueueEmpty as exc:
+                result.append(exc)
+
+        t = threading.Thread(target=getter)
+        t.start()
+        blocked.wait(10)
+        q.task_done()  # returns while the other thread is blocked in get()
+        assert q.unfinished() == 0
+        q.put(b"two")
+        t.join(30)
+        assert result == [b"two"]
