@@ -119,7 +119,11 @@ class BusFS:
             if d != self.layout.root:
                 self._check_dir(d)
         if self.config.locking == "auto":
-            self.locking = "rename" if locks_stay_local(self.layout.root) else "flock"
+            # Rename on mounts where flock stays on each host, and wherever another
+            # consumer already claims by rename (a host on the backing disk of an sshfs
+            # share must follow the sshfs hosts, or the two kinds of claim would mix).
+            local = locks_stay_local(self.layout.root) or self._exists(self._claims)
+            self.locking = "rename" if local else "flock"
         if self.locking == "rename":
             for d in (self._claims, *(f"{self._claims}/{b}" for b in self.layout.buckets)):
                 try:
@@ -139,6 +143,13 @@ class BusFS:
 
     def _claim_path(self, bucket: str, name: str) -> str:
         return f"{self.layout.private}/claims/{bucket}/{name}"
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.ops.lstat(path)
+        except OSError:
+            return False
+        return True
 
     def _check_dir(self, path: str) -> None:
         try:
