@@ -12,7 +12,13 @@ from spark_helpers import PANDAS_WARNING
 
 from fsbus import BlockingBus, RecordIn, Stream
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.filterwarnings(PANDAS_WARNING)]
+# A SparkSession takes seconds to start, many more on a loaded machine.
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings(PANDAS_WARNING),
+    pytest.mark.timeout(300),
+]
 
 
 def read_stream(spark: Any, root: Path, **options: str) -> Any:

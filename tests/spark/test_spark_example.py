@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from spark_helpers import PANDAS_WARNING
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.filterwarnings(PANDAS_WARNING)]
+# A SparkSession takes seconds to start, many more on a loaded machine.
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings(PANDAS_WARNING),
+    pytest.mark.timeout(300),
+]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "spark_pipeline.py"
 

@@ -68,7 +68,7 @@ def crash(
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         check=False,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr

@@ -13,7 +13,13 @@ from spark_helpers import PANDAS_WARNING
 from fsbus import BlockingBus, Stream
 from fsbus.spark import ID_HEADER
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.filterwarnings(PANDAS_WARNING)]
+# A SparkSession takes seconds to start, many more on a loaded machine.
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings(PANDAS_WARNING),
+    pytest.mark.timeout(300),
+]
 
 
 def fill(root: Path, name: str, values: range) -> None:
