@@ -39,3 +39,35 @@ def test_demo_runs_and_verifies_itself(tmp_path: Path) -> None:
     for worker in ("worker-1", "worker-2", "worker-3"):
         assert worker in out
     assert (root / "messages").is_dir()  # --root is kept
+
+
+def test_demo_report_flags_lost_duplicate_and_stray_messages(tmp_path: Path) -> None:
+    from fsbus.demo import JOB_PATTERN, SUBSCRIBERS, WORKERS, Child, Demo
+
+    demo = Demo(tmp_path, events=3, jobs=2)
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    eu, paid = (name for name, _ in SUBSCRIBERS)
+    said = {
+        eu: [{"event": "got", "id": "e1"}, {"event": "got", "id": "e1"}],  # twice, e2 lost
+        paid: [{"event": "got", "id": "e9"}],  # not one it should get
+        WORKERS[0]: [{"event": "job", "id": "j1"}],
+        WORKERS[1]: [{"event": "job", "id": "j1"}],  # the same job twice
+        WORKERS[2]: [],
+    }
+    for name, events in said.items():
+        demo.children[name] = Child(name, done, events)
+    published = [
+        {"id": "e1", "topic": "orders.eu.created"},
+        {"id": "e2", "topic": "orders.eu.paid"},
+    ]
+    expected = {eu: {"e1", "e2"}, paid: {"e2"}}
+    demo.report(published, {"j1", "j2"}, expected, arrived=False)
+    text = "\n".join(demo.problems)
+    assert f"{eu} missed 1 events" in text
+    assert f"{eu} got 1 events twice" in text
+    assert f"{paid} missed 1 events" in text
+    assert f"{paid} got events not matching" in text
+    assert "1 jobs were handled twice" in text
+    assert "1 jobs were never handled" in text
+    assert JOB_PATTERN == "jobs.#"
