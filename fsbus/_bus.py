@@ -29,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ._config import BusConfig, make_config
 from ._errors import ClosedError, FsBusError, PayloadTooLarge, UsageError
-from ._fs import BusFS, Claim, ReadResult, decode_meta
+from ._fs import BusFS, Claim, NameClash, ReadResult, decode_meta
 from ._layout import Layout, changed_buckets
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._names import FLAG_META, host_id
@@ -324,7 +324,11 @@ class Bus:
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
             self._check_size(len(data))
-            size = await self._publisher.submit((plan, data))
+            try:
+                size = await self._publisher.submit((plan, data))
+            except NameClash:  # astronomically rare: name it again
+                plan = self.plan(topic, single, ttl, durable, headers, priority)
+                size = await self._publisher.submit((plan, data))
         elif isinstance(payload, str | os.PathLike):
             path = payload
             size = await anyio.to_thread.run_sync(self._fs.publish, plan, path)

@@ -48,6 +48,26 @@ _MISSING = (errno.ENOENT, errno.ESTALE)
 # Files a reader passes over: links, unreadable files, directories, sockets.
 _SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO)
 _CHUNK = 1 << 20
+_NO_LINK = frozenset(
+    e
+    for e in (
+        errno.EPERM,
+        errno.EXDEV,
+        errno.EMLINK,
+        errno.ENOSYS,
+        getattr(errno, "ENOTSUP", None),
+        getattr(errno, "EOPNOTSUPP", None),
+    )
+    if e is not None
+)
+
+
+class NameClash(Exception):
+    """A message of the same name exists: the caller names it again and retries."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +121,9 @@ class BusFS:
         self._writev = os.writev if plain else self.ops.writev
         self._close = os.close if plain else self.ops.close
         self._rename = os.rename if plain else self.ops.rename
+        self._link = os.link if plain else self.ops.link
+        self._unlink = os.unlink if plain else self.ops.unlink
+        self._can_link = True
         self._pwrite = os.pwrite if plain else self.ops.pwrite
 
     # ------------------------------------------------------------------ set-up
@@ -238,7 +261,10 @@ class BusFS:
             self._unlink_quiet(path)
             raise storage_error("writing a message", exc, path) from exc
         try:
-            self._rename(path, f"{self._messages}/{plan.bucket}/{plan.name}")
+            self._place(path, f"{self._messages}/{plan.bucket}/{plan.name}")
+        except NameClash:
+            self._unlink_quiet(path)
+            raise
         except OSError as exc:
             self._unlink_quiet(path)
             raise storage_error("publishing a message", exc, path) from exc
@@ -290,15 +316,24 @@ class BusFS:
                 self.ops.fdatasync(fd)
             self.ops.close(fd)
             fd = -1
+            # Sidecars are created exclusively: a clash must not touch another message's.
             if plan.spill is not None:
                 p = lay.topic_path(plan.bucket, plan.name)
-                self._write_file(p, plan.spill.encode("ascii"), plan.durable)
+                self._write_file(p, plan.spill.encode("ascii"), plan.durable, exclusive=True)
                 written.append(p)
             if plan.meta is not None:
                 p = lay.meta_path(plan.bucket, plan.name)
-                self._write_file(p, plan.meta, plan.durable)
+                self._write_file(p, plan.meta, plan.durable, exclusive=True)
                 written.append(p)
-            self.ops.rename(staging, lay.message_path(plan.bucket, plan.name))
+            self._place(staging, lay.message_path(plan.bucket, plan.name))
+        except FileExistsError:
+            for p in (staging, *written):
+                self._unlink_quiet(p)
+            raise NameClash(staging) from None
+        except NameClash:
+            for p in (staging, *written):
+                self._unlink_quiet(p)
+            raise
         except OSError as exc:
             if fd >= 0:
                 self.ops.close(fd)
@@ -312,6 +347,28 @@ class BusFS:
             if plan.meta is not None:
                 self._fsync_dir(f"{lay.private}/meta/{plan.bucket}")
         self.stamp(plan.bucket_index)
+
+    def _place(self, staged: str, final: str) -> None:
+        """Move a complete message into its bucket, never replacing another one.
+
+        A hard link fails with EEXIST where a rename would silently replace a message of
+        the same name; filesystems without hard links across directories fall back to
+        rename (names carry host, process and sequence, so a clash needs two processes
+        with one host name and one pid publishing in the same millisecond).
+        """
+        if self._can_link:
+            try:
+                self._link(staged, final)
+            except FileExistsError:
+                raise NameClash(final) from None
+            except OSError as exc:
+                if exc.errno not in _NO_LINK:
+                    raise
+                self._can_link = False
+            else:
+                self._unlink(staged)
+                return
+        self._rename(staged, final)
 
     def abort(self, plan: PublishPlan, fd: int) -> None:
         """Give up a staged message: close and remove the staging file."""
@@ -357,8 +414,10 @@ class BusFS:
         finally:
             os.close(sfd)
 
-    def _write_file(self, path: str, data: bytes, durable: bool) -> None:
-        fd = self.ops.open(path, _REWRITE, 0o666)
+    def _write_file(
+        self, path: str, data: bytes, durable: bool, *, exclusive: bool = False
+    ) -> None:
+        fd = self.ops.open(path, _CREATE if exclusive else _REWRITE, 0o666)
         try:
             if self._file_mode is not None:
                 self.ops.fchmod(fd, self._file_mode)

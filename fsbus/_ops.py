@@ -73,6 +73,10 @@ class Ops:
         """``os.rename`` (atomic within one filesystem)."""
         os.rename(src, dst)
 
+    def link(self, src: str, dst: str) -> None:
+        """``os.link`` (fails with EEXIST instead of replacing ``dst``)."""
+        os.link(src, dst)
+
     def unlink(self, path: str) -> None:
         """``os.unlink``."""
         os.unlink(path)

@@ -22,7 +22,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from ._bus import Bus, MessageIterator, Namer, browse_messages, collect_garbage
 from ._config import BusConfig, make_config
 from ._errors import ClosedError, PayloadTooLarge, UsageError
-from ._fs import BusFS
+from ._fs import BusFS, NameClash
 from ._layout import Layout
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._names import host_id
@@ -126,7 +126,11 @@ class BlockingBus:
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
             self._check_size(len(data))
-            size = self._fs.publish(plan, data)
+            try:
+                size = self._fs.publish(plan, data)
+            except NameClash:  # astronomically rare: name it again
+                plan = self._plan(topic, single, ttl, durable, headers, priority)
+                size = self._fs.publish(plan, data)
         elif isinstance(payload, os.PathLike):
             size = self._fs.publish(plan, payload)
         elif hasattr(payload, "read"):
