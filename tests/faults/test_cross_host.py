@@ -1,5 +1,8 @@
 """Two "hosts" seeing one bus through two mounts of the same directory.
 
+The sshfs tests mount the directory over ssh from a private sshd on 127.0.0.1 (one
+network namespace: the filesystem semantics are what matter, and they are sshfs's).
+
 bindfs (FUSE) gives a second and third view of one directory. Like two NFS clients,
 inotify on one mount does not see writes made through the other, so delivery across
 mounts relies on polling. ``--enable-lock-forwarding`` passes flock to the backing
@@ -12,7 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -190,6 +195,120 @@ def test_stress_workqueue_by_rename_across_mounts_whose_locks_stay_local(
 
     monkeypatch.setenv("FSBUS_STRESS_DIR", str(tmp_path))
     roots = [str(local_locks.a), str(local_locks.b)]
+    s = workqueue.run("small", config={"force_polling": True, "locking": "rename"}, roots=roots)
+    assert s.ok, s.line() + "\n" + "\n".join(s.violations)
+    assert s.delivered == s.sent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sshfs_share(tmp_path: Path) -> Iterator[Hosts]:
+    """The backing directory (host B) and an sshfs mount of it (host A)."""
+    if not is_root():
+        pytest.skip("needs root to run sshd and mount sshfs")
+    tools = {t: shutil.which(t) for t in ("sshfs", "ssh-keygen")}
+    sshd = "/usr/sbin/sshd"
+    if not all(tools.values()) or not os.path.exists(sshd) or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs sshfs, ssh-keygen, /usr/sbin/sshd and /dev/fuse")
+    d = tmp_path / "ssh"
+    backing, mnt = tmp_path / "backing", tmp_path / "sshfs"
+    for p in (d, backing, mnt):
+        p.mkdir()
+    os.makedirs("/run/sshd", exist_ok=True)
+    for key in ("hostkey", "id"):
+        subprocess.run(
+            [str(tools["ssh-keygen"]), "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)],
+            check=True,
+        )
+    shutil.copy(d / "id.pub", d / "authorized_keys")
+    port = _free_port()
+    opts = {
+        "Port": str(port),
+        "ListenAddress": "127.0.0.1",
+        "HostKey": str(d / "hostkey"),
+        "AuthorizedKeysFile": str(d / "authorized_keys"),
+        "PidFile": str(d / "sshd.pid"),
+        "StrictModes": "no",
+        "PermitRootLogin": "prohibit-password",
+        "UsePAM": "no",
+        "Subsystem": "sftp internal-sftp",
+    }
+    cmd = [sshd, "-D", "-e", "-f", "/dev/null"]
+    for k, v in opts.items():
+        cmd += ["-o", f"{k}={v}"]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mounted = False
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    pytest.skip("the private sshd did not start")
+                time.sleep(0.05)
+        ssh_opts = (
+            f"IdentityFile={d / 'id'},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,"
+            "BatchMode=yes,dir_cache=no"
+        )
+        proc = subprocess.run(
+            [
+                str(tools["sshfs"]),
+                "-p",
+                str(port),
+                "-o",
+                ssh_opts,
+                f"root@127.0.0.1:{backing}",
+                str(mnt),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if proc.returncode != 0:
+            pytest.skip(f"sshfs could not mount: {proc.stderr.strip()}")
+        mounted = True
+        yield Hosts(backing, mnt, backing)
+    finally:
+        if mounted:
+            unmount(mnt)
+        server.terminate()
+        server.wait(15)
+
+
+def test_sshfs_locks_do_not_cross_and_auto_claims_by_rename(sshfs_share: Hosts) -> None:
+    from fsbus import BlockingBus
+    from fsbus._fs import filesystem_type
+
+    a, b = sshfs_share.a, sshfs_share.b
+    assert filesystem_type(str(a)) == "fuse.sshfs"
+    assert probe_locking(a, b) is False
+    cfg = BusConfig(bucket_num_chars=1, locking="auto", **POLL)
+    with BlockingBus(a / "bus", config=cfg):
+        pass
+    assert (b / "bus" / "fsbus" / "claims").is_dir()  # the sshfs host chose rename
+    with BlockingBus(b / "bus", config=cfg) as bus:
+        # The host on the backing disk follows, so both kinds of claim never mix.
+        assert bus.browse() is not None
+    with BlockingBus(b / "other", config=cfg):
+        pass
+    assert not (b / "other" / "fsbus" / "claims").exists()  # local disk alone: flock
+
+
+def test_stress_workqueue_over_sshfs_with_auto_locking(
+    sshfs_share: Hosts, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from stress import workqueue
+
+    monkeypatch.setenv("FSBUS_STRESS_DIR", str(tmp_path))
+    roots = [str(sshfs_share.a), str(sshfs_share.b)]
     s = workqueue.run("small", config={"force_polling": True, "locking": "rename"}, roots=roots)
     assert s.ok, s.line() + "\n" + "\n".join(s.violations)
     assert s.delivered == s.sent
