@@ -42,6 +42,7 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, islice
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -96,9 +97,28 @@ EMPTY_HEADERS: Final[Mapping[str, str]] = MappingProxyType({})
 # --- records -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class _RecordSlots:
+    """The storage of a record: five slots, shared by :class:`Record` and its draft.
+
+    A frozen dataclass sets each field through ``object.__setattr__``, which makes reading
+    millions of records three times slower. Readers build a :class:`_RecordDraft` (plain
+    attribute stores) and switch its class to :class:`Record`; both add no slot of their
+    own to this base, so the switch is cheap and the result is an ordinary Record.
+    """
+
+    __slots__ = ("headers", "key", "offset", "timestamp", "value")
+    offset: int
+    timestamp: float
+    key: bytes | None
+    value: bytes
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Record(_RecordSlots):
     """One record read from a stream."""
+
+    __slots__ = ()
 
     offset: int
     """Position of the record in the stream (0, 1, 2, ...; never reused)."""
@@ -124,26 +144,18 @@ def _record(
     )
 
 
-@dataclass(slots=True)
-class _RecordDraft:
-    """Same layout as :class:`Record`, not frozen: built and then turned into a Record.
+class _RecordDraft(_RecordSlots):
+    """A record under construction (mutable); see :class:`_RecordSlots`."""
 
-    A frozen dataclass sets each field through ``object.__setattr__``, which makes reading
-    millions of records three times slower; building the draft and switching its class
-    (the two slot layouts are identical) gives the same immutable Record.
-    """
-
-    offset: int
-    timestamp: float
-    key: bytes | None
-    value: bytes
-    headers: Mapping[str, str]
+    __slots__ = ()
 
 
 def _check_layout() -> None:
-    probe = _RecordDraft(0, 0.0, None, b"", EMPTY_HEADERS)
+    probe = _RecordDraft()
+    probe.offset, probe.timestamp, probe.key, probe.value = 0, 0.0, None, b""
+    probe.headers = EMPTY_HEADERS
     probe.__class__ = Record  # type: ignore[assignment]
-    if not isinstance(probe, Record) or Record.__slots__ != _RecordDraft.__slots__:
+    if not isinstance(probe, Record) or probe != Record(0, 0.0, None, b"", EMPTY_HEADERS):
         raise RuntimeError("Record and _RecordDraft layouts differ")
 
 
@@ -589,7 +601,12 @@ def decode_frame(
         e = p + lens[i]
         off = offsets[i]
         if off >= lo and (hi is None or off < hi):
-            r = draft(off, stamps[i], key, buf[p:e], headers)
+            r = object.__new__(draft)
+            r.offset = off
+            r.timestamp = stamps[i]
+            r.key = key
+            r.value = buf[p:e]
+            r.headers = headers
             r.__class__ = rec  # type: ignore[assignment]
             append(r)
         p = e
@@ -620,24 +637,22 @@ def iter_frame(
     ts = header.first_ts / 1_000_000
     first = max(lo - base, 0)
     last = count if hi is None else min(max(hi - base, 0), count)
-    if first:
-        p += sum(lens[:first])
-    off = base + first
+    ends = list(accumulate(lens[first:last], initial=p + sum(lens[:first])))
     new = object.__new__
     draft = _RecordDraft
     rec = Record
     empty = EMPTY_HEADERS
-    for n in lens[first:last]:
+    # ends has one more item than there are records: zip stops at the last record
+    offsets = range(base + first, base + last)
+    for off, a, e in zip(offsets, ends, islice(ends, 1, None), strict=False):
         r = new(draft)
         r.offset = off
         r.timestamp = ts
         r.key = None
-        r.value = buf[p : p + n]
+        r.value = buf[a:e]
         r.headers = empty
         r.__class__ = rec  # type: ignore[assignment]
         yield r  # type: ignore[misc]
-        p += n
-        off += 1
 
 
 def frame_timestamps(buf: bytes, pos: int, header: FrameHeader) -> list[tuple[int, int]]:
