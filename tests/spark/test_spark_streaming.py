@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -198,3 +200,49 @@ def test_several_streams_share_the_read_limit(spark: Any, root: Path, tmp_path: 
         sorted((tmp_path / "ckpt" / "offsets").glob("[0-9]*"))[-1].read_text().splitlines()[-1]
     )
     assert offsets == {"a": 100, "b": 30}
+
+
+PRODUCER = """
+import sys
+from fsbus import Stream
+root, count = sys.argv[1], int(sys.argv[2])
+with Stream.open(root, "in") as stream:
+    for lo in range(0, count, 25):
+        stream.append_batch(f"p{i}" for i in range(lo, min(count, lo + 25)))
+"""
+
+
+def test_query_keeps_up_with_a_live_producer(spark: Any, root: Path, tmp_path: Path) -> None:
+    from spark_helpers import wait_until
+
+    fill(root, "in", range(0))
+    query = (
+        spark.readStream.format("fsbus")
+        .option("path", str(root))
+        .option("stream", "in")
+        .option("maxRecordsPerTrigger", "300")
+        .load()
+        .select("value")
+        .writeStream.format("fsbus")
+        .option("path", str(root))
+        .option("stream", "out")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        # Another process appends while the query reads the stream's growing tail.
+        producer = subprocess.run(
+            [sys.executable, "-c", PRODUCER, str(root), "3000"], timeout=120, check=True
+        )
+        assert producer.returncode == 0
+
+        def copied() -> bool:
+            assert query.exception() is None
+            with Stream.open(root, "out") as out:
+                return out.end_offset >= 3000
+
+        wait_until(copied, timeout=240, what="the query to copy 3000 records")
+    finally:
+        query.stop()
+    assert Counter(values_of(root, "out")) == Counter(f"p{i}" for i in range(3000))
