@@ -237,8 +237,11 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
             "'.', '_' or '-' (no leading dot)"
         )
     if sink_id is None and "checkpointlocation" in opts:
-        digest = hashlib.sha256(opts["checkpointlocation"].encode()).hexdigest()[:20]
-        sink_id = f"ckpt-{digest}"
+        # The query (its checkpoint) and the target: pointing a query at another target
+        # starts that target's markers afresh.
+        target = f"stream:{stream}" if stream else f"topic:{topic}:{opts.get('topiccolumn')}"
+        material = f"{opts['checkpointlocation']}\0{target}".encode()
+        sink_id = f"ckpt-{hashlib.sha256(material).hexdigest()[:20]}"
     if streaming and sink_id is None:
         raise InvalidConfig(
             "a streaming write to fsbus needs option 'checkpointLocation' (or an explicit "

@@ -73,6 +73,10 @@ def test_sink_options() -> None:
         {"path": "/b", "stream": "out", "checkpointlocation": "/ck"}, streaming=True
     )
     assert same.sink_id == s.sink_id
+    other = parse_sink_options(
+        {"path": "/b", "stream": "elsewhere", "checkpointLocation": "/ck"}, streaming=True
+    )
+    assert other.sink_id != s.sink_id
     bus = parse_sink_options({"path": "/b", "topic": "a.b", "ttl": "30"}, streaming=False)
     assert (bus.topic, bus.ttl, bus.sink_id) == ("a.b", 30.0, None)
 
