@@ -120,7 +120,7 @@ def is_flocked(path: str | os.PathLike[str]) -> bool:
 
 
 class RecordingOps(Ops):
-    """Pass-through that records the sync-relevant calls and which path each fd is."""
+    """Pass-through that records syncs and placements (rename or link into a bucket)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -140,8 +140,13 @@ class RecordingOps(Ops):
         super().fsync(fd)
 
     def rename(self, src: str, dst: str) -> None:
-        self.calls.append(("rename", f"{src} -> {dst}"))
+        self.calls.append(("place", f"{src} -> {dst}"))
         super().rename(src, dst)
+
+    def link(self, src: str, dst: str) -> None:
+        # Placing by link (then unlinking the staging name) is placing all the same.
+        self.calls.append(("place", f"{src} -> {dst}"))
+        super().link(src, dst)
 
     def copy_range(self, src_fd: int, dst_fd: int, count: int) -> int:
         n = super().copy_range(src_fd, dst_fd, count)
@@ -178,8 +183,12 @@ class FailingOps(Ops):
         return super().writev(fd, buffers)  # type: ignore[arg-type]
 
     def rename(self, src: str, dst: str) -> None:
-        self._maybe_fail("rename", src)
+        self._maybe_fail("place", src)
         super().rename(src, dst)
+
+    def link(self, src: str, dst: str) -> None:
+        self._maybe_fail("place", src)
+        super().link(src, dst)
 
     def fdatasync(self, fd: int) -> None:
         self._maybe_fail("fdatasync", self.paths.get(fd, ""))

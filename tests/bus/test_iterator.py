@@ -49,7 +49,7 @@ async def test_release_gives_it_back_and_counts_a_failed_delivery(root: Path) ->
         assert again.name == first.name == info.name
         assert (first.delivery_count, again.delivery_count) == (1, 2)
         await it.ack(again)
-        await wait_until(lambda: message_files(root) == [])
+        await wait_until(lambda: bus.statistics().acked == 1)
         stats = bus.statistics()
     assert stats.released == 1
     assert stats.acked == 1

@@ -36,8 +36,9 @@ async def test_counters_follow_a_session(root: Path) -> None:
         await bus.publish("jobs.bad", b"bad", single=True)
         await multi.wait_for(1)
         await dead.wait_for(1)
-        await wait_until(lambda: message_files(root) == [f"{news.bucket}/{news.name}"])
+        await wait_until(lambda: bus.statistics().acked == 3)
         s = bus.statistics()
+    assert message_files(root) == [f"{news.bucket}/{news.name}"]
     assert s.published == 3  # the dead-letter copy is not a publish of the caller's
     assert s.quarantined == 1
     assert s.subscriptions == 3

@@ -29,7 +29,7 @@ LONG_TOPIC = "durable." + "t" * 150
 
 
 def sync_calls(ops: RecordingOps, root: Path) -> list[tuple[str, str]]:
-    """The fdatasync/fsync/rename calls, with paths relative to the bus root."""
+    """The syncs and placements, with paths relative to the bus root."""
     out = []
     for op, what in ops.calls:
         if op == "copy_range":
@@ -57,7 +57,7 @@ async def test_durable_publish_syncs_file_sidecars_then_directories_in_order(
             ("fdatasync", f"staging/{n}"),
             ("fdatasync", f"topics/{b}/{n}"),
             ("fdatasync", f"fsbus/meta/{b}/{n}"),
-            ("rename", f"staging/{n} -> messages/{b}/{n}"),
+            ("place", f"staging/{n} -> messages/{b}/{n}"),
             ("fsync", f"messages/{b}"),
             ("fsync", f"topics/{b}"),
             ("fsync", f"fsbus/meta/{b}"),
@@ -73,7 +73,7 @@ async def test_durable_short_topic_syncs_file_then_bucket(root: Path) -> None:
     n, b = info.name, info.bucket
     assert sync_calls(ops, root) == [
         ("fdatasync", f"staging/{n}"),
-        ("rename", f"staging/{n} -> messages/{b}/{n}"),
+        ("place", f"staging/{n} -> messages/{b}/{n}"),
         ("fsync", f"messages/{b}"),
     ]
 
@@ -90,7 +90,7 @@ async def test_durable_async_iterator_payload_is_synced(root: Path) -> None:
         ops.calls.clear()
         info = await bus.publish("d", chunks(), durable=True)
     ops_done = [op for op, _ in sync_calls(ops, root)]
-    assert ops_done == ["fdatasync", "rename", "fsync"]
+    assert ops_done == ["fdatasync", "place", "fsync"]
     assert await anyio.Path(info.path).read_bytes() == b"\x00ab"
 
 
@@ -100,7 +100,7 @@ async def test_plain_publish_does_not_sync(root: Path) -> None:
     async with Bus(root, ops=ops) as bus:
         ops.calls.clear()
         await bus.publish(LONG_TOPIC, b"x", headers={"h": "1"})
-    assert [op for op, _ in sync_calls(ops, root)] == ["rename"]
+    assert [op for op, _ in sync_calls(ops, root)] == ["place"]
 
 
 def assert_nothing_partial(root: Path) -> None:
@@ -118,8 +118,8 @@ def assert_nothing_partial(root: Path) -> None:
         ("open", errno.ENOSPC, DiskFull, "full"),
         ("write", errno.ENOSPC, DiskFull, "full"),
         ("write", errno.EROFS, StoragePermissionError, "read-only"),
-        ("rename", errno.EACCES, StoragePermissionError, "permission denied"),
-        ("rename", errno.ENOSPC, DiskFull, "full"),
+        ("place", errno.EACCES, StoragePermissionError, "permission denied"),
+        ("place", errno.ENOSPC, DiskFull, "full"),
         ("fdatasync", errno.EIO, StorageError, "cause"),
     ],
     ids=lambda v: ERRNO_NAMES.get(v, str(v)) if isinstance(v, int) else None,
