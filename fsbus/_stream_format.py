@@ -381,6 +381,10 @@ def encode_frames(
     n = len(items)
     if n == 0:
         return Encoded(b"", (), base_offset)
+    first = items[0]
+    if n == 1 and type(first) is bytes:  # a single append: one frame, no splitting
+        frame = encode_values((first,), base_offset, now_us)
+        return Encoded(frame, ((base_offset, 0, now_us),), base_offset + 1)
     plain = isinstance(items[0], bytes)
     if plain:
         values: Sequence[bytes] = items  # type: ignore[assignment]
