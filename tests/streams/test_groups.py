@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -128,7 +131,9 @@ def test_processes_share_a_group_and_take_over_a_killed_one(tmp_path: Path) -> N
     with Stream.open(tmp_path, "s", config=cfg) as s:
         s.append(b"warm-up")
     events: queue.Queue[tuple[int, str | None]] = queue.Queue()
-    ws = [Worker("consume", tmp_path, "s", "g", f"c{i}", 1.5, sink=events, tag=i) for i in range(3)]
+    ws = [
+        Worker("consume", tmp_path, "s", "g", f"c{i}", 30.0, sink=events, tag=i) for i in range(3)
+    ]
     got: dict[int, list[int]] = {0: [], 1: [], 2: []}
     last_commit: dict[int, int] = {}
 
@@ -218,3 +223,34 @@ def test_group_reset_past_the_end_waits(stream: Stream) -> None:
         assert g.poll() == []
         stream.append_batch([b"b"] * 5)
         assert [r.offset for r in g.poll()] == [5]
+
+
+def test_a_silent_consumer_loses_its_partitions_after_the_session_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = StreamConfig(durability="none", session_timeout=0.3, heartbeat_interval=0.05)
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        s.append_batch([b"x"] * 16)
+        a = s.group("g", consumer="a")
+        b = s.group("g", consumer="b")
+        try:
+            assert len(a.poll(max_records=4)) == 4  # a holds every partition, then goes quiet
+            assert len(a.assignment) == 8
+            with deadline(30) as expired:
+                while len(b.assignment) < 8 and not expired():
+                    b.poll(max_records=100, timeout=0.05)  # alive, a's heartbeat expires
+            assert len(b.assignment) == 8
+            with caplog.at_level("WARNING", logger="fsbus.stream"):
+                a.commit()  # too late: its partitions are b's now
+            assert "lost partition" in caplog.text
+            assert not a.assignment
+        finally:
+            a.close()
+            b.close()
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[Callable[[], bool]]:
+    """A deadline to poll a condition against (a bound, not a sleep)."""
+    end = time.monotonic() + seconds
+    yield lambda: time.monotonic() >= end
