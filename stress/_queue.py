@@ -57,8 +57,13 @@ def run_queue(
     seed: int | None = None,
     config: dict[str, Any] | None = None,
     roots: Sequence[str] | None = None,
+    retry_when_full: bool = False,
 ) -> Summary:
-    """Run a work-queue scenario and count what happened."""
+    """Run a work-queue scenario and count what happened.
+
+    ``retry_when_full`` makes publishers retry on DiskFull (for runs on a tiny
+    filesystem, where consumers free the space publishers wait for).
+    """
     seed = random.randrange(1 << 30) if seed is None else seed
     rng = random.Random(seed)
     cfg: dict[str, Any] = {
@@ -111,6 +116,7 @@ def run_queue(
                     seed=rng.randrange(1 << 30),
                     max_size=sz.max_size,
                     config=cfg,
+                    retry_when_full=retry_when_full,
                 )
                 for i in range(sz.publishers)
             ]
@@ -178,8 +184,12 @@ def _busy(log: Path) -> bool:
 
 
 def _count(summary: Summary, logs: Path, killed: set[str]) -> None:
-    sent = {f[1] for _, f in read_events(logs.glob("pub*.log")) if f[0] == "pub"}
+    pub_events = list(read_events(logs.glob("pub*.log")))
+    sent = {f[1] for _, f in pub_events if f[0] == "pub"}
     summary.sent = len(sent)
+    full = sum(1 for _, f in pub_events if f[0] == "full")
+    if full:
+        summary.notes["disk_full"] = full
     done_live: Counter[str] = Counter()
     done_killed: dict[str, Counter[str]] = defaultdict(Counter)
     failures = 0

@@ -7,19 +7,21 @@ Each takes plain picklable arguments and writes its events to its own :class:`Ev
 ``start <id> <delivery_count>``       a work-queue handler began
 ``done <id>``                         a work-queue handler finished successfully
 ``fail <id>``                         a work-queue handler raised on purpose
+``full <id>``                         a publish met a full disk and will be retried
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
-from fsbus import BlockingBus, Bus, BusConfig, Message
+from fsbus import BlockingBus, Bus, BusConfig, DiskFull, Message
 
 from ._common import EventLog, check_payload, make_payload, wait_until
 
@@ -53,6 +55,8 @@ class PublishJob:
     """Largest payload, bytes."""
     config: dict[str, Any]
     """BusConfig options."""
+    retry_when_full: bool = False
+    """On DiskFull, wait a little and publish again (logged as ``full``) instead of failing."""
 
 
 def publisher(job: PublishJob) -> None:
@@ -63,7 +67,17 @@ def publisher(job: PublishJob) -> None:
         for i, (topic, single, ttl) in enumerate(job.topics):
             data, crc = make_payload(rng, high=job.max_size)
             mid = f"{job.prefix}{i}"
-            bus.publish(topic, data, single=single, ttl=ttl, headers={"id": mid, "crc": crc})
+            while True:
+                try:
+                    bus.publish(
+                        topic, data, single=single, ttl=ttl, headers={"id": mid, "crc": crc}
+                    )
+                    break
+                except DiskFull:
+                    if not job.retry_when_full:
+                        raise
+                    log.write("full", mid)
+                    time.sleep(0.01)  # consumers free space meanwhile
             log.write("pub", mid, topic)
     log.close()
 

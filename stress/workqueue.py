@@ -26,9 +26,18 @@ def run(
     seed: int | None = None,
     config: dict[str, object] | None = None,
     roots: Sequence[str] | None = None,
+    retry_when_full: bool = False,
 ) -> Summary:
     """Run the scenario in configuration ``size`` (``roots``: see ``--root``)."""
-    return run_queue("workqueue", size, SIZES[size], seed=seed, config=config, roots=roots)
+    return run_queue(
+        "workqueue",
+        size,
+        SIZES[size],
+        seed=seed,
+        config=config,
+        roots=roots,
+        retry_when_full=retry_when_full,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -302,7 +302,7 @@ def test_sshfs_locks_do_not_cross_and_auto_claims_by_rename(sshfs_share: Hosts) 
     assert not (b / "other" / "fsbus" / "claims").exists()  # local disk alone: flock
 
 
-def test_stress_workqueue_over_sshfs_with_auto_locking(
+def test_stress_workqueue_over_sshfs_by_rename(
     sshfs_share: Hosts, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from stress import workqueue

@@ -134,3 +134,20 @@ async def test_injected_full_disk_recovers_and_subscribers_keep_going(tmp_path: 
         await inbox.wait(2)
         assert sorted(inbox.topics) == ["after", "before"]
         assert os.listdir(tmp_path / "bus" / "staging") == []
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_work_queue_under_load_on_a_full_disk_loses_nothing(
+    small_fs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishers keep hitting ENOSPC (200 inodes) while workers consume and free space."""
+    from stress import workqueue
+
+    monkeypatch.setenv("FSBUS_STRESS_DIR", str(tmp_path))
+    s = workqueue.run(
+        "small", config={"bucket_num_chars": 1}, roots=[str(small_fs)], retry_when_full=True
+    )
+    assert s.ok, s.line() + "\n" + "\n".join(s.violations)
+    assert s.delivered == s.sent == 300
+    assert s.notes.get("disk_full", 0) > 0  # the disk really was full, often
