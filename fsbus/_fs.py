@@ -132,6 +132,8 @@ class BusFS:
         ops = self.ops
         for d in self.layout.all_dirs():
             try:
+                if d == self.layout.root:
+                    self._make_parents(d)  # like Stream.open: missing parents are made
                 ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
                 if self._dir_mode is not None:
                     ops.chmod(d, self._dir_mode)
@@ -173,6 +175,18 @@ class BusFS:
         except OSError:
             return False
         return True
+
+    def _make_parents(self, path: str) -> None:
+        parent = os.path.dirname(path)
+        if not parent or parent == path:
+            return
+        try:
+            self.ops.mkdir(parent, 0o777)
+        except FileExistsError:
+            return
+        except FileNotFoundError:
+            self._make_parents(parent)
+            self.ops.mkdir(parent, 0o777)
 
     def _check_dir(self, path: str) -> None:
         try:
