@@ -9,6 +9,7 @@ import queue
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from cli_helpers import Result, Running, ok
 
 from fsbus import BlockingBus
@@ -133,6 +134,7 @@ def test_live_delivery_and_ctrl_c_exits_130(cli: Cli, spawn: Spawn) -> None:
     assert "Traceback" not in "\n".join(sub.err_lines)
 
 
+@pytest.mark.slow
 def test_single_consumed_exactly_once_across_two_processes(
     cli: Cli, spawn: Spawn, root: Path, tmp_path: Path
 ) -> None:
