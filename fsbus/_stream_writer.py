@@ -81,6 +81,7 @@ class Writer:
         self._closed = False
         self.recoveries: list[RecoveryInfo] = []
         self.rolled = False
+        self._pid = ops.pid()
 
     # --- public --------------------------------------------------------------------------
 
@@ -138,6 +139,8 @@ class Writer:
     # --- internals -----------------------------------------------------------------------
 
     def _take_lock(self) -> None:
+        if self._pid != self._ops.pid():
+            self._after_fork()
         try:
             self._ops.lock(self._lock_fd)
         except OSError as exc:
@@ -158,6 +161,22 @@ class Writer:
             now_us=now_us,
             max_frame_bytes=self._config.max_frame_bytes,
         )
+
+    def _after_fork(self) -> None:
+        """In a forked child: get descriptors of our own.
+
+        A forked child shares its parent's open file descriptions, flocks included, so
+        the parent's lock would not exclude the child; the child opens the lock file
+        again (the parent's descriptors stay open for the parent) and forgets the tail.
+        """
+        lock_path = self._dir / "append.lock"
+        try:
+            self._lock_fd = self._ops.open_rw(lock_path)
+        except OSError as exc:
+            raise storage_error("open the append lock", exc, lock_path) from exc
+        self._seg_fd = self._idx_fd = None
+        self._base = -1
+        self._pid = self._ops.pid()
 
     def _drop_segment(self) -> None:
         if self._seg_fd is not None:
