@@ -308,6 +308,7 @@ class ConsumerGroup:
         self._next_beat = 0.0
         self._owners_seen: tuple[int, int] | None = None
         self._closed = False
+        self._pid = self._ops.pid()
         if start not in ("earliest", "latest") and not (isinstance(start, int) and start >= 0):
             raise UsageError(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
         self._files.lock()
@@ -420,6 +421,12 @@ class ConsumerGroup:
             return
         self._closed = True
         files = self._files
+        if self._pid != self._ops.pid():
+            # a forked copy: the consumer belongs to the parent; leave its files alone
+            files.held.clear()
+            files._lock_fd = None
+            self._owned.clear()
+            return
         try:
             files.lock()
             try:
@@ -457,6 +464,12 @@ class ConsumerGroup:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"consumer {self._member!r} of group {self._name!r} is closed")
+        if self._pid != self._ops.pid():
+            raise UsageError(
+                f"consumer {self._member!r} of group {self._name!r} was made in process "
+                f"{self._pid}, before a fork; join the group again in this process "
+                "(stream.group(...)), as its own consumer"
+            )
 
     def _resolve(self, start: str | int) -> int:
         if start == "earliest":

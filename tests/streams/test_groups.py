@@ -254,3 +254,30 @@ def deadline(seconds: float) -> Iterator[Callable[[], bool]]:
     """A deadline to poll a condition against (a bound, not a sleep)."""
     end = time.monotonic() + seconds
     yield lambda: time.monotonic() >= end
+
+
+@pytest.mark.slow
+def test_a_consumer_is_not_used_across_fork(stream: Stream) -> None:
+    import multiprocessing
+
+    stream.append(b"x")
+    with stream.group("g") as g:
+        g.poll()
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=_poll_in_child, args=(g, results))
+        child.start()
+        child.join(60)
+        assert "join the group again in this process" in results.get(timeout=10)
+        assert g.assignment  # the parent still holds its partitions
+        assert (stream.path / "groups" / "g" / "members" / g.consumer).exists()
+        g.commit()
+
+
+def _poll_in_child(g: object, results: object) -> None:
+    try:
+        g.poll()  # type: ignore[attr-defined]
+        results.put("polled")  # type: ignore[attr-defined]
+    except UsageError as exc:
+        results.put(str(exc))  # type: ignore[attr-defined]
+    g.close()  # type: ignore[attr-defined]  # must not make the parent leave
