@@ -134,6 +134,11 @@ class _GroupFiles:
             self.ops.close(self._lock_fd)
             self._lock_fd = None
 
+    def forget(self) -> None:
+        """Drop the descriptors without touching them (they belong to a parent process)."""
+        self._lock_fd = None
+        self.held.clear()
+
     # files
     def exists(self) -> bool:
         return self.ops.exists(self.meta_path)
@@ -422,9 +427,7 @@ class ConsumerGroup:
         self._closed = True
         files = self._files
         if self._pid != self._ops.pid():
-            # a forked copy: the consumer belongs to the parent; leave its files alone
-            files.held.clear()
-            files._lock_fd = None
+            files.forget()  # a forked copy: the consumer is the parent's; leave its files
             self._owned.clear()
             return
         try:
