@@ -89,6 +89,13 @@ def timed(fn: Callable[[], None]) -> float:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     scratch = args.scratch / f"run-{os.getpid()}"
+    try:
+        return _run(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     root, files, out = scratch / "bus", scratch / "files", scratch / "out"
     root.mkdir(parents=True)
     t = timed(lambda: prepare(root, files, args.records, args.size))
@@ -159,7 +166,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             times[name].append(timed(fn))
             print(f"round {r + 1}: {name}: {times[name][-1]:.2f} s", file=sys.stderr)
     spark.stop()
-    shutil.rmtree(scratch, ignore_errors=True)
     rates = {name: n / statistics.median(ts) for name, ts in times.items()}
     return {"records": n, "size": size, "rounds": args.rounds, "rates": rates, "times": times}
 
