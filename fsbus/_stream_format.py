@@ -86,6 +86,7 @@ _CHECKSUM = struct.Struct("<Q")
 INDEX_ENTRY: Final = struct.Struct("<QQq")
 MAX_FRAME_LEN: Final = 0xFFFF_FFFF
 MAX_OFFSET: Final = 10**20 - 1
+MAX_TIMESTAMP: Final = 9.0e12  # seconds: µs still fit in an i64
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _SEGMENT_RE = re.compile(r"(\d{20})\.log")
@@ -287,8 +288,15 @@ def prepare_parts(
         )
     ts_us: int | None = None
     if timestamp is not None:
-        if not isinstance(timestamp, int | float) or timestamp != timestamp:
-            raise UsageError(f"timestamp must be seconds since the epoch, got {timestamp!r}")
+        if (
+            isinstance(timestamp, bool)
+            or not isinstance(timestamp, int | float)
+            or not -MAX_TIMESTAMP <= timestamp <= MAX_TIMESTAMP  # also refuses NaN
+        ):
+            raise UsageError(
+                f"timestamp must be seconds since the epoch (a finite number within "
+                f"±{MAX_TIMESTAMP:.0e}), got {timestamp!r}"
+            )
         ts_us = round(timestamp * 1_000_000)
     return _Prepared(v, k, h, ts_us)
 

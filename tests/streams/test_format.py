@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fsbus import UsageError
 from fsbus._stream_format import (
     HEADER_SIZE,
     FrameHeader,
@@ -187,3 +188,9 @@ def test_offsets_file_corruption_detected(mangle: object, match: str) -> None:
     raw = encode_offsets_file({0: 10, 1: 5})
     with pytest.raises(ValueError, match=match):
         decode_offsets_file(mangle(raw))  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1e13, True, "1"])
+def test_bad_timestamps_are_refused(bad: object) -> None:
+    with pytest.raises(UsageError, match="timestamp must be seconds since the epoch"):
+        prepare(RecordIn(b"x", timestamp=bad), max_record_bytes=10)  # type: ignore[arg-type]
