@@ -342,6 +342,8 @@ class Stream:
         reads only the frames near the answer even if timestamps are not monotonic.
         """
         self._check_open()
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not abs(ts) < 9.0e12:
+            raise UsageError(f"ts must be seconds since the epoch (a finite number), got {ts!r}")
         return offset_for_time(
             self._ops, self._dir, self._name, round(ts * 1_000_000), self._config.read_chunk_bytes
         )
