@@ -47,6 +47,8 @@ log = logging.getLogger("fsbus.bus")
 # typing.Callable (not collections.abc) so the alias can carry a docstring.
 Handler = typing.Callable[[Message], Awaitable[None]]
 Handler.__doc__ = "A subscription handler: ``async def handler(message: Message) -> None``."
+Kind = typing.Literal["any", "multi", "single"]
+_KINDS = ("any", "multi", "single")
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -121,11 +123,14 @@ class Namer:
 class Subscription:
     """A live subscription; close it with :meth:`aclose` or :meth:`Bus.unsubscribe`."""
 
-    def __init__(self, bus: Bus, pattern: str, handler: Handler, existing: bool) -> None:
+    def __init__(
+        self, bus: Bus, pattern: str, handler: Handler, existing: bool, kind: Kind = "any"
+    ) -> None:
         self.bus = bus
         self.pattern = pattern
         self.handler = handler
         self.existing = existing
+        self.kind = kind
         self.closed = False
 
     async def aclose(self) -> None:
@@ -416,19 +421,28 @@ class Bus:
 
     # ------------------------------------------------------------------ subscribe
     async def subscribe(
-        self, pattern: str, handler: Handler, *, existing: bool = False
+        self,
+        pattern: str,
+        handler: Handler,
+        *,
+        existing: bool = False,
+        kind: Kind = "any",
     ) -> Subscription:
         """Call ``handler(message)`` for every message matching ``pattern``.
 
         Multi messages reach every subscription; a single (work-queue) message reaches one
         handler on the whole bus, is acknowledged when the handler returns and released for
         redelivery when it raises. ``existing`` also delivers multi messages already present.
+        ``kind`` limits the subscription to ``"multi"`` messages (an observer that never takes
+        work-queue messages) or to ``"single"`` ones (a worker); ``"any"`` takes both.
         """
         tg = self._check_open()
         pattern = validate_pattern(pattern)
         if not callable(handler):
             raise UsageError(f"handler must be an async callable, not {type(handler).__name__}")
-        sub = Subscription(self, pattern, handler, existing)
+        if kind not in _KINDS:
+            raise UsageError(f"kind must be one of {', '.join(_KINDS)}, not {kind!r}")
+        sub = Subscription(self, pattern, handler, existing, kind)
         self._trie.add(pattern, sub)
         self._subs.append(sub)
         if existing:
@@ -461,7 +475,12 @@ class Bus:
 
     @asynccontextmanager
     async def messages(
-        self, pattern: str, *, existing: bool = False, buffer: int = _DEFAULT_BUFFER
+        self,
+        pattern: str,
+        *,
+        existing: bool = False,
+        kind: Kind = "any",
+        buffer: int = _DEFAULT_BUFFER,
     ) -> AsyncIterator[MessageIterator]:
         """Receive matching messages with ``async for``.
 
@@ -471,7 +490,7 @@ class Bus:
         """
         it = MessageIterator(buffer)
         try:
-            sub = await self.subscribe(pattern, it._handle, existing=existing)
+            sub = await self.subscribe(pattern, it._handle, existing=existing, kind=kind)
         except BaseException:
             it._close()  # a bad pattern or a closed bus: do not leak the streams
             raise
@@ -595,7 +614,8 @@ class Bus:
 
     def _targets(self, entry: Entry) -> list[Subscription]:
         assert entry.topic is not None
-        subs = self._trie.match(entry.topic)
+        unwanted = "multi" if entry.parsed.kind == "s" else "single"
+        subs = [s for s in self._trie.match(entry.topic) if s.kind != unwanted]
         if not self.config.dedup or len(subs) < 2:
             return subs
         seen: set[Any] = set()

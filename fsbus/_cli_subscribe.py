@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
-from fsbus import Bus, BusConfig, Message
+from fsbus import Bus, Message
 
 from ._cli_output import emit_json, payload_fields
 from ._cli_runtime import bus_config, interruptible, resolve_root, run_async
 
-__all__ = ["add_subscribe_command", "message_json", "observer_config"]
-
-_NEVER_AGAIN = 10 * 365 * 86_400.0  # seconds: longer than any message lives
+__all__ = ["add_subscribe_command", "message_json"]
 
 
 def add_subscribe_command(
@@ -43,9 +41,8 @@ def add_subscribe_command(
         "--single",
         action="store_true",
         help="consume work-queue messages: each is acknowledged (removed) after it is "
-        "printed, so it goes to this subscriber only. Without --single a work-queue "
-        "message that reaches this subscriber is given back at once, unprinted, and left "
-        "to other consumers (this counts as one delivery attempt)",
+        "printed, so it goes to this subscriber only. Without --single the subscriber "
+        "only observes multi messages and never takes work-queue ones",
     )
     p.add_argument(
         "--existing",
@@ -112,30 +109,17 @@ def message_json(msg: Message) -> dict[str, Any]:
     return out
 
 
-def observer_config(config: BusConfig) -> BusConfig:
-    """The configuration of a subscriber that must not consume work-queue messages.
-
-    A subscription also claims work-queue messages matching its pattern. Without
-    ``--single`` each one is given back at once; with these settings this process never
-    claims the same message again (no retry before it expires) and never dead-letters
-    it. Giving it back still counts as one delivery attempt on disk.
-    """
-    return BusConfig(
-        **{**config.model_dump(), "max_deliveries": None, "retry_interval": _NEVER_AGAIN}
-    )
-
-
 def run_subscribe(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus subscribe``."""
     root = resolve_root(args)
     config = bus_config(args)
-    if not args.single:
-        config = observer_config(config)
+    # Without --single this is an observer: it never takes work-queue messages.
+    kind: Literal["single", "multi"] = "single" if args.single else "multi"
 
     async def command() -> int:
         received = 0
         async with Bus(root, config=config) as bus:
-            async with bus.messages(args.pattern, existing=args.existing) as it:
+            async with bus.messages(args.pattern, existing=args.existing, kind=kind) as it:
                 if not args.quiet:
                     print(
                         f"fsbus: subscribed to {args.pattern!r} on {root} (Ctrl-C to stop)",
@@ -144,9 +128,6 @@ def run_subscribe(args: argparse.Namespace) -> int:
                     )
                 with interruptible(), anyio.move_on_after(args.timeout):
                     async for msg in it:
-                        if msg.single and not args.single:
-                            await it.release(msg)
-                            continue
                         emit_json(message_json(msg))
                         if msg.single:
                             await it.ack(msg)

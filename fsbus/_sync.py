@@ -19,7 +19,7 @@ from typing import IO, Self
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._bus import Bus, MessageIterator, Namer, browse_messages, collect_garbage
+from ._bus import Bus, Kind, MessageIterator, Namer, browse_messages, collect_garbage
 from ._config import BusConfig, make_config
 from ._errors import ClosedError, PayloadTooLarge, UsageError
 from ._fs import BusFS, NameClash
@@ -206,12 +206,17 @@ class BlockingBus:
 
     # ------------------------------------------------------------------ subscribe
     def messages(
-        self, pattern: str, *, existing: bool = False, buffer: int = 64
+        self,
+        pattern: str,
+        *,
+        existing: bool = False,
+        kind: Kind = "any",
+        buffer: int = 64,
     ) -> BlockingMessages:
         """Receive matching messages: ``with bus.messages("a.*") as it: it.get(timeout=1)``."""
         self._check_open()
         portal, bus = self._engine()
-        return BlockingMessages(portal, bus, pattern, existing, buffer)
+        return BlockingMessages(portal, bus, pattern, existing, kind, buffer)
 
     def _engine(self) -> tuple[BlockingPortal, Bus]:
         with self._lock:
@@ -271,11 +276,17 @@ class BlockingMessages:
     """A subscription read from plain code; see :meth:`BlockingBus.messages`."""
 
     def __init__(
-        self, portal: BlockingPortal, bus: Bus, pattern: str, existing: bool, buffer: int
+        self,
+        portal: BlockingPortal,
+        bus: Bus,
+        pattern: str,
+        existing: bool,
+        kind: Kind,
+        buffer: int,
     ) -> None:
         self._portal = portal
         self._cm = portal.wrap_async_context_manager(
-            bus.messages(pattern, existing=existing, buffer=buffer)
+            bus.messages(pattern, existing=existing, kind=kind, buffer=buffer)
         )
         self._it: MessageIterator | None = None
 
