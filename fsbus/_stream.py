@@ -335,6 +335,45 @@ class Stream:
             self._config.read_chunk_bytes,
         )
 
+    def follow(
+        self,
+        start: int | None = None,
+        *,
+        stop: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> Iterator[Record]:
+        """Records from ``start`` (default: the current end) on, waiting for new ones.
+
+        The blocking tail: it checks for appends every ``config.poll_interval`` (use
+        :meth:`AsyncStream.follow <fsbus.AsyncStream.follow>` to be woken by inotify).
+        Ends at ``stop``, or after ``idle_timeout`` seconds without a new record.
+        """
+        self._check_open()
+        off = self.end_offset if start is None else start
+        # validate now, not at the first next()
+        self.read(off, off)
+        return self._follow(off, stop, idle_timeout)
+
+    def _follow(self, off: int, stop: int | None, idle_timeout: float | None) -> Iterator[Record]:
+        ops = self._ops
+        quiet_since = ops.monotonic()
+        while stop is None or off < stop:
+            got = False
+            for r in self.read(off, stop):
+                got = True
+                off = r.offset + 1
+                yield r
+            now = ops.monotonic()
+            if got:
+                quiet_since = now
+                continue
+            if idle_timeout is not None and now - quiet_since >= idle_timeout:
+                return
+            wait = self._config.poll_interval
+            if idle_timeout is not None:
+                wait = min(wait, max(idle_timeout - (now - quiet_since), 0.0))
+            ops.sleep(wait)
+
     def offset_for_time(self, ts: float) -> int:
         """The first offset whose timestamp is >= ``ts`` (seconds), else :attr:`end_offset`.
 

@@ -289,3 +289,22 @@ def test_records_pickle(stream: Stream) -> None:
         again = pickle.loads(pickle.dumps(rec))
         assert again == rec
         assert isinstance(again, Record)
+
+
+def test_blocking_follow(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", poll_interval=0.01)
+    with Stream.open(tmp_path, "f", config=cfg) as s:
+        s.append(b"old")
+
+        def later() -> None:
+            with Stream.open(tmp_path, "f", config=cfg) as w:
+                w.append_batch([b"a", b"b", b"c"])
+
+        t = threading.Thread(target=later)
+        t.start()
+        got = [r.value for r in s.follow(start=0, stop=4)]
+        t.join()
+        assert got == [b"old", b"a", b"b", b"c"]
+        assert list(s.follow(idle_timeout=0.05)) == []  # from the end: nothing new
+        with pytest.raises(OffsetOutOfRange):
+            s.follow(start=99)
