@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_streams.py"
 
 
+@pytest.mark.slow
 def test_bench_streams_runs(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     proc = subprocess.run(
