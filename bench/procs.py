@@ -18,6 +18,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
+STALL_SECONDS = 15.0
+"""A flow whose consumers received nothing for this long after the publisher finished is
+stopped (the missing messages are counted as lost) instead of waiting for the timeout."""
+
+
 class ChildFailed(RuntimeError):
     """A child process died, said something unexpected or did not finish in time."""
 
@@ -158,6 +163,7 @@ def run_flow(
     """
     children = [Child(c) for c in consumers]
     pub: Child | None = None
+    last_total, last_change = -1, time.monotonic()
     try:
         deadline = time.monotonic() + 60
         for c in children:
@@ -177,7 +183,15 @@ def run_flow(
                 stopped = True
             if pub.result is not None and all(c.result is not None for c in children):
                 break
-            if time.monotonic() > deadline:
+            total = sum(c.count for c in children)
+            if total != last_total:
+                last_total, last_change = total, time.monotonic()
+            stalled = (
+                pub.result is not None
+                and not stopped
+                and time.monotonic() - last_change > STALL_SECONDS
+            )
+            if time.monotonic() > deadline or stalled:
                 if stopped:
                     raise ChildFailed("consumers did not report after STOP")
                 for c in children:

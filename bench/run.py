@@ -83,7 +83,9 @@ def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Meas
         return sysobj.run(sc, workdir, timeout=timeout)
     except ChildFailed as exc:
         log(f"  {sysobj.name} {sc.key} failed: {exc}")
-        return Measurement(None, ok=False, note=str(exc).splitlines()[0][:200])
+        lines = str(exc).splitlines()
+        note = lines[0] + (f": {lines[-1].strip()}" if len(lines) > 1 else "")
+        return Measurement(None, ok=False, note=note[:240])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
