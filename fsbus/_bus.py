@@ -262,7 +262,8 @@ class Bus:
         await tg.__aenter__()
         self._tg = tg
         self._open = True
-        self._waker.start()
+        if self._waker.start():
+            tg.start_soon(self._waker.run)
         tg.start_soon(self._publisher.run)
         tg.start_soon(self._finisher.run)
         tg.start_soon(self._gc_loop)
