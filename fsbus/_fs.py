@@ -62,6 +62,14 @@ _NO_LINK = frozenset(
 )
 
 
+def _has_meta_flag(name: str) -> bool:
+    """Whether an fsbus name says a headers sidecar exists (foreign names: maybe)."""
+    unique = name[name.rfind("+") + 1 :]
+    if len(unique) == 34 and unique.startswith("f1"):
+        return unique[2] in "13579bdf"
+    return True
+
+
 class NameClash(Exception):
     """A message of the same name exists: the caller names it again and retries."""
 
@@ -671,7 +679,8 @@ class BusFS:
             return
         try:
             self.ops.ftruncate(claim.fd, 0)
-            self._remove_message(claim.bucket, claim.name)
+            # The failure counter is only written under the lock we hold: we know.
+            self._remove_message(claim.bucket, claim.name, attempts=claim.attempts > 0)
         finally:
             self._unlock_close(claim.fd)
 
@@ -709,19 +718,20 @@ class BusFS:
             pass
         self.ops.close(fd)
 
-    def _remove_message(self, bucket: str, name: str) -> None:
+    def _remove_message(self, bucket: str, name: str, *, attempts: bool = True) -> None:
         lay = self.layout
         try:
             self.ops.unlink(lay.message_path(bucket, name))
         except OSError as exc:
             if exc.errno not in _MISSING:
                 raise storage_error("removing a message", exc, exc.filename) from exc
-        for p in (
-            lay.topic_path(bucket, name),
-            lay.meta_path(bucket, name),
-            lay.attempts_path(bucket, name),
-        ):
-            self._unlink_quiet(p)
+        # Only the sidecars the name says exist (each miss is a wasted system call).
+        if "@l+" in name:
+            self._unlink_quiet(lay.topic_path(bucket, name))
+        if _has_meta_flag(name):
+            self._unlink_quiet(lay.meta_path(bucket, name))
+        if attempts:
+            self._unlink_quiet(lay.attempts_path(bucket, name))
 
     def remove(self, items: Iterable[tuple[str, str]]) -> int:
         """Remove messages (expired ones) and their sidecars; returns how many went."""
