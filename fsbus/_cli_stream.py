@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,6 +178,14 @@ def _own_common() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON lines"
     )
+    p.add_argument(
+        "-o",
+        "--option",
+        metavar="KEY=VALUE",
+        action="append",
+        default=argparse.SUPPRESS,
+        help="set a StreamConfig field (repeatable)",
+    )
     return p
 
 
@@ -228,7 +237,22 @@ def _root(args: argparse.Namespace) -> Path:
 
 
 def _open(args: argparse.Namespace, *, create: bool, **cfg: Any) -> Stream:
-    return Stream.open(_root(args), args.name, config=StreamConfig(**cfg), create=create)
+    return Stream.open(_root(args), args.name, config=stream_config(args, **cfg), create=create)
+
+
+def stream_config(args: argparse.Namespace, **cfg: Any) -> StreamConfig:
+    """A :class:`StreamConfig` from the command's options and ``-o KEY=VALUE`` overrides
+    (StreamConfig fields for the stream commands, e.g. ``-o segment_bytes=1048576``)."""
+    options: dict[str, Any] = dict(cfg)
+    for item in getattr(args, "option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"-o/--option needs KEY=VALUE (a StreamConfig field), got {item!r}")
+        try:
+            options[key.strip().replace("-", "_")] = json.loads(value)
+        except ValueError:
+            options[key.strip().replace("-", "_")] = value
+    return StreamConfig(**options)
 
 
 def _bytes_fields(name: str, data: bytes | None) -> dict[str, Any]:

@@ -146,3 +146,17 @@ def test_compact_and_retain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert report["start_offset"] > 0
     with pytest.raises(Exception, match="needs --max-bytes"):
         run(tmp_path, "stream", "retain", "c")
+
+
+def test_options_set_stream_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fsbus._cli import main
+
+    root = str(tmp_path)
+    for _ in range(60):
+        args = ["stream", "append", "o", "x" * 100, "--root", root]
+        assert main([*args, "-o", "segment_bytes=4096", "-o", "durability=none"]) == 0
+    capsys.readouterr()
+    assert main(["--json", "stream", "info", "o", "--root", root]) == 0
+    assert len(json.loads(lines(capsys)[0])["segments"]) > 1
+    assert main(["stream", "info", "o", "--root", root, "-o", "nonsense=1"]) == 2
+    assert "invalid StreamConfig: nonsense" in capsys.readouterr().err
