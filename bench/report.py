@@ -263,14 +263,20 @@ def plot(results: list[dict[str, Any]], out: Path) -> list[str]:
     systems = _ordered(r["system"] for r in results)
     others = iter(plt.get_cmap("tab20b")(i) for i in range(0, 20, 2))
     colours = {s: FIXED_COLOURS.get(s) or next(others, "grey") for s in systems}
-    for fs in _ordered(r["fs"] for r in results):
-        rows = [r for r in results if r["fs"] == fs and r["unit"] == "msg/s"]
+    logs = ("append", "append_durable", "read")
+    groups = [
+        (fs, part, [r for r in results if r["fs"] == fs and r["unit"] == "msg/s"
+                    and (r["kind"] in logs) == (part == "logs")])
+        for fs in _ordered(r["fs"] for r in results)
+        for part in ("messages", "logs")
+    ]  # fmt: skip
+    for fs, part, rows in groups:
         if not rows:
             continue
         scens = _ordered(r["scenario"] for r in rows)
         syss = _ordered(r["system"] for r in rows)
         width = 0.8 / max(1, len(syss))
-        fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(scens)), 5))
+        fig, ax = plt.subplots(figsize=(max(7, 1.5 * len(scens)), 5))
         for j, s in enumerate(syss):
             xs, ys = [], []
             for i, sc in enumerate(scens):
@@ -282,12 +288,13 @@ def plot(results: list[dict[str, Any]], out: Path) -> list[str]:
         titles = [next(r["title"] for r in rows if r["scenario"] == sc) for sc in scens]
         ax.set_xticks(range(len(scens)), titles, rotation=30, ha="right", fontsize=8)
         ax.set_yscale("log")
-        ax.set_ylabel("messages per second (log)")
-        ax.set_title(f"Throughput on {fs} (median of rounds, higher is better)")
+        ax.set_ylabel(f"{'records' if part == 'logs' else 'messages'} per second (log)")
+        what = "Logs" if part == "logs" else "Messages"
+        ax.set_title(f"{what} on {fs} (median of rounds, higher is better)")
         ax.legend(fontsize=7, ncol=2)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
-        name = f"throughput-{fs}.png"
+        name = f"{'logs' if part == 'logs' else 'throughput'}-{fs}.png"
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
         names.append(name)
