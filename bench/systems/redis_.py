@@ -7,6 +7,10 @@ per message and waits for the reply (sequential), ``redis-pipe`` sends them in p
 100 (the fastest normal way to feed Redis). Subscribers use ``PSUBSCRIBE bench.*`` (the
 counterpart of a wildcard topic subscription); workers ``BRPOP``; append is ``RPUSH``.
 Redis keeps everything in memory, so the filesystem under test does not matter to it.
+
+Redis's default ``client-output-buffer-limit pubsub 32mb 8mb 60`` is left as it is: a
+subscriber that falls more than 32 MB behind (pipelined 10 KB publishes do that) is cut
+off and its messages are lost, which the harness reports as a failed run with the count.
 """
 
 from __future__ import annotations
