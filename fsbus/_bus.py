@@ -762,7 +762,11 @@ class Bus:
                         exc,
                     )
             with anyio.CancelScope(shield=True):
-                await self._finish(claim, msg, outcome)
+                try:
+                    await self._finish(claim, msg, outcome)
+                except Exception as exc:  # never let one message take the bus down
+                    log.error("could not settle %s (%s): %s; releasing it", msg.name, outcome, exc)
+                    outcome = "release"
         finally:
             if outcome == "release":
                 # Cancelled (shutdown): give it back without counting a failure.
@@ -807,20 +811,23 @@ class Bus:
 
     async def _dead_letter(self, msg: Message, reason: str) -> None:
         topic = f"{self.config.dead_letter_prefix}.{msg.topic}"
-        headers = dict(msg.headers)
-        headers.update(
-            {
-                "x-original-topic": msg.topic,
-                "x-deliveries": str(msg.delivery_count),
-                "x-death-reason": reason,
-            }
-        )
-        try:
-            plan = self.plan(topic, True, None, False, headers, msg.priority)
-        except UsageError:
-            plan = self.plan(
-                self.config.dead_letter_prefix, True, None, False, headers, msg.priority
-            )
+        ours = {
+            "x-original-topic": msg.topic,
+            "x-deliveries": str(msg.delivery_count),
+            "x-death-reason": reason,
+        }
+        headers = {**msg.headers, **ours}
+        prefix = self.config.dead_letter_prefix
+        plan = None
+        # The original topic and headers may leave no room for ours: fall back to the
+        # bare prefix, then to our headers alone, rather than fail the dead-lettering.
+        for t, h in ((topic, headers), (prefix, headers), (prefix, ours)):
+            try:
+                plan = self.plan(t, True, None, False, h, msg.priority)
+                break
+            except UsageError:
+                continue
+        assert plan is not None
         await anyio.to_thread.run_sync(self._fs.publish, plan, msg.payload)
         log.warning(
             "work-queue message %s on %r failed %d times; moved to %r",
