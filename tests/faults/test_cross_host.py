@@ -1,7 +1,9 @@
 """Two "hosts" seeing one bus through two mounts of the same directory.
 
-The sshfs tests mount the directory over ssh from a private sshd on 127.0.0.1 (one
-network namespace: the filesystem semantics are what matter, and they are sshfs's).
+The sshfs tests run a private sshd in a network namespace of its own (a second "host"
+reached over a veth pair) and mount the directory from it; where namespaces cannot be
+made, the sshd listens on 127.0.0.1 instead (the filesystem semantics are sshfs's
+either way).
 
 bindfs (FUSE) gives a second and third view of one directory. Like two NFS clients,
 inotify on one mount does not see writes made through the other, so delivery across
@@ -20,6 +22,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,8 +209,39 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextmanager
+def _second_host() -> Iterator[tuple[list[str], str]]:
+    """(command prefix, address) of a network namespace reached over veth, or localhost."""
+    tag = f"{os.getpid() % 100000}"
+    ns, host_if, ns_if = f"fsbus-{tag}", f"fsb{tag}a", f"fsb{tag}b"
+    net = f"10.213.{os.getpid() % 250}"
+    steps = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if],
+        ["ip", "link", "set", ns_if, "netns", ns],
+        ["ip", "addr", "add", f"{net}.1/30", "dev", host_if],
+        ["ip", "link", "set", host_if, "up"],
+        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/30", "dev", ns_if],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up"],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+    ]
+    ok = shutil.which("ip") is not None and all(
+        subprocess.run(step, capture_output=True, check=False).returncode == 0 for step in steps
+    )
+    try:
+        yield (["ip", "netns", "exec", ns], f"{net}.2") if ok else ([], "127.0.0.1")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
+
+
 @pytest.fixture
 def sshfs_share(tmp_path: Path) -> Iterator[Hosts]:
+    with _second_host() as (prefix, address):
+        yield from _sshfs_share(tmp_path, prefix, address)
+
+
+def _sshfs_share(tmp_path: Path, prefix: list[str], address: str) -> Iterator[Hosts]:
     """The backing directory (host B) and an sshfs mount of it (host A)."""
     if not is_root():
         pytest.skip("needs root to run sshd and mount sshfs")
@@ -229,7 +263,7 @@ def sshfs_share(tmp_path: Path) -> Iterator[Hosts]:
     port = _free_port()
     opts = {
         "Port": str(port),
-        "ListenAddress": "127.0.0.1",
+        "ListenAddress": address,
         "HostKey": str(d / "hostkey"),
         "AuthorizedKeysFile": str(d / "authorized_keys"),
         "PidFile": str(d / "sshd.pid"),
@@ -238,7 +272,7 @@ def sshfs_share(tmp_path: Path) -> Iterator[Hosts]:
         "UsePAM": "no",
         "Subsystem": "sftp internal-sftp",
     }
-    cmd = [sshd, "-D", "-e", "-f", "/dev/null"]
+    cmd = [*prefix, sshd, "-D", "-e", "-f", "/dev/null"]
     for k, v in opts.items():
         cmd += ["-o", f"{k}={v}"]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -247,7 +281,7 @@ def sshfs_share(tmp_path: Path) -> Iterator[Hosts]:
         deadline = time.monotonic() + 15
         while True:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                socket.create_connection((address, port), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
@@ -264,7 +298,7 @@ def sshfs_share(tmp_path: Path) -> Iterator[Hosts]:
                 str(port),
                 "-o",
                 ssh_opts,
-                f"root@127.0.0.1:{backing}",
+                f"root@{address}:{backing}",
                 str(mnt),
             ],
             capture_output=True,
