@@ -235,6 +235,7 @@ class Bus:
         self._ready_keys: set[tuple[int, str]] = set()
         self._ready_seq = 0
         self._force_full = False
+        self._spread = int.from_bytes(os.urandom(2), "big")
         self._tg: anyio.abc.TaskGroup | None = None
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
         self._free = self.config.handler_concurrency
@@ -705,10 +706,20 @@ class Bus:
             return
         buckets = self.layout.buckets
 
+        ordered = picked
+        if capacity > 1:
+            # Competing consumers see the same best-first list; each starts at its own
+            # place among the equally good candidates, so they collide less. (With one
+            # handler slot the order stays strictly first-in, first-out.)
+            best = picked[0][0].order()[0]
+            same = sum(1 for e, _ in picked if e.order()[0] == best)
+            start = self._spread % same if same > 1 else 0
+            ordered = picked[start:same] + picked[:start] + picked[same:]
+
         def claim_some() -> list[tuple[Entry, Subscription, Claim | None]]:
             got = []
             taken = 0
-            for e, sub in picked:
+            for e, sub in ordered:
                 if taken >= capacity:
                     break
                 c = self._fs.claim(buckets[e.bucket_index], e.name, has_meta=_has_meta(e))
@@ -718,7 +729,7 @@ class Bus:
             return got
 
         results = await anyio.to_thread.run_sync(claim_some)
-        for e, _ in picked[len(results) :]:
+        for e, _ in ordered[len(results) :]:
             # Not tried this round: back on the heap.
             if e.key not in self._ready_keys:
                 self._ready_keys.add(e.key)
@@ -749,7 +760,11 @@ class Bus:
             except Exception as exc:
                 self._counts["failed"] += 1
                 limit = self.config.max_deliveries
-                if limit is not None and msg.delivery_count >= limit:
+                if (
+                    limit is not None
+                    and msg.delivery_count >= limit
+                    and not self._is_dead_letter(msg.topic)  # no dead-letter cycles
+                ):
                     outcome = "dead:" + f"{type(exc).__name__}: {exc}"[:500]
                 else:
                     outcome = "fail"
@@ -836,6 +851,12 @@ class Bus:
             msg.delivery_count,
             plan.topic,
         )
+
+    def _is_dead_letter(self, topic: str) -> bool:
+        # A dead letter that fails again stays where it is (retried until it expires)
+        # rather than moving to "<prefix>.<prefix>...." forever under a failing "#".
+        prefix = self.config.dead_letter_prefix
+        return topic == prefix or topic.startswith(prefix + ".")
 
     def _message(self, e: Entry, payload: bytes, meta: bytes | None, attempts: int) -> Message:
         f = e.parsed.fields
