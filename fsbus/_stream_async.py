@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Self
 
@@ -202,6 +203,27 @@ class AsyncStream:
         return AsyncConsumerGroup(g)
 
 
+@asynccontextmanager
+async def watching(path: str, *, use_inotify: bool) -> AsyncIterator[Waker]:
+    """A :class:`Waker` on ``path`` for the duration of the block.
+
+    The waker reads inotify on the event loop when it can (then it needs a task, which
+    this block owns) and falls back to a watcher thread otherwise.
+    """
+    waker = Waker(path, use_inotify=use_inotify)
+    try:
+        async with anyio.create_task_group() as tg:
+            if waker.start():
+                tg.start_soon(waker.run)
+            try:
+                yield waker
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(waker.stop)
+
+
 class Follower:
     """The async iterator of :meth:`AsyncStream.follow`; an async context manager."""
 
@@ -210,6 +232,7 @@ class Follower:
         self._off = start
         self._stop = stop
         self._waker: Waker | None = None
+        self._exit = AsyncExitStack()
         self._batch: list[Record] = []
         self._i = 0
 
@@ -222,8 +245,9 @@ class Follower:
         s = await self._astream._ensure()
         if self._off is None:
             self._off = await self._astream.end_offset()
-        self._waker = Waker(str(s.path), use_inotify=not s.config.force_polling)
-        self._waker.start()
+        self._waker = await self._exit.enter_async_context(
+            watching(str(s.path), use_inotify=not s.config.force_polling)
+        )
         return self
 
     async def __aexit__(
@@ -232,10 +256,8 @@ class Follower:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        waker, self._waker = self._waker, None
-        if waker is not None:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(waker.stop)
+        self._waker = None
+        await self._exit.aclose()
 
     def __aiter__(self) -> Self:
         return self
@@ -264,7 +286,6 @@ class AsyncConsumerGroup:
 
     def __init__(self, group: ConsumerGroup) -> None:
         self._group = group
-        self._waker: Waker | None = None
 
     @property
     def group(self) -> ConsumerGroup:
@@ -276,15 +297,16 @@ class AsyncConsumerGroup:
         ``timeout`` seconds for some, woken by appends."""
         g = self._group
         cfg = g._stream.config
+        recs = await anyio.to_thread.run_sync(lambda: g.poll(max_records=max_records))
+        if recs or timeout <= 0:
+            return recs
         with anyio.move_on_after(timeout):
-            while True:
-                recs = await anyio.to_thread.run_sync(lambda: g.poll(max_records=max_records))
-                if recs:
-                    return recs
-                if self._waker is None:
-                    self._waker = Waker(str(g._stream.path), use_inotify=not cfg.force_polling)
-                    self._waker.start()
-                await self._waker.wait(cfg.poll_interval)
+            async with watching(str(g._stream.path), use_inotify=not cfg.force_polling) as w:
+                while True:
+                    recs = await anyio.to_thread.run_sync(lambda: g.poll(max_records=max_records))
+                    if recs:
+                        return recs
+                    await w.wait(cfg.poll_interval)
         return []
 
     async def commit(self) -> dict[int, int]:
@@ -293,9 +315,6 @@ class AsyncConsumerGroup:
 
     async def aclose(self) -> None:
         """Leave the group (uncommitted records will be delivered again)."""
-        if self._waker is not None:
-            await anyio.to_thread.run_sync(self._waker.stop)
-            self._waker = None
         await anyio.to_thread.run_sync(self._group.close)
 
     async def __aenter__(self) -> Self:
