@@ -86,7 +86,8 @@ class BusConfig(BaseModel):
     locking: Literal["auto", "flock", "rename"] = Field(
         "flock",
         description="How single messages are claimed: flock (qlobber-fsq compatible), or "
-        "rename (for mounts where flock does not cross hosts); auto probes the mount.",
+        "rename (for mounts where flock does not cross hosts, e.g. sshfs); auto picks "
+        "rename on sshfs or where another consumer already claims by rename.",
     )
 
     # --- files ---------------------------------------------------------------------
