@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections import Counter
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from fsbus import Bus, BusConfig, Message
 
-from .conftest import WAIT, Inbox, files_under, is_flocked, message_files, wait_until
+from .conftest import WAIT, FailingOps, Inbox, files_under, is_flocked, message_files, wait_until
 
 
 def sidecars(root: Path) -> list[str]:
@@ -260,3 +261,92 @@ async def test_singles_published_while_subscribed_are_taken(root: Path) -> None:
         await inbox.wait_for(20)
         await wait_until(lambda: message_files(root) == [])
     assert sorted(int(p) for p in inbox.payloads) == list(range(20))
+
+
+@pytest.mark.parametrize(
+    "topic",
+    ["t" * 1020, ".".join(["w"] * 100)],
+    ids=["1020-bytes", "100-words"],
+)
+@pytest.mark.asyncio
+async def test_dead_letter_of_a_topic_at_the_limits(root: Path, topic: str) -> None:
+    # "dead-letter." + topic breaks the topic limits: it goes to the bare prefix.
+    cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=1)
+    dead = Inbox()
+
+    async def fails(msg: Message) -> None:
+        raise RuntimeError("no")
+
+    async with Bus(root, config=cfg) as bus:
+        await bus.subscribe(topic, fails)
+        await bus.subscribe("dead-letter", dead)
+        await bus.publish(topic, b"limit", single=True)
+        (msg,) = await dead.wait_for(1)
+    assert msg.headers["x-original-topic"] == topic
+    assert msg.payload == b"limit"
+
+
+@pytest.mark.asyncio
+async def test_dead_letter_with_headers_at_the_size_limit(root: Path) -> None:
+    cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=1)
+    dead = Inbox()
+    big = {"blob": "b" * (64 * 1024 - 40)}
+
+    async def fails(msg: Message) -> None:
+        raise RuntimeError("x" * 400)
+
+    async with Bus(root, config=cfg) as bus:
+        await bus.subscribe("jobs", fails)
+        await bus.subscribe("dead-letter.#", dead)
+        await bus.publish("jobs", b"heavy", single=True, headers=big)
+        (msg,) = await dead.wait_for(1)
+        await wait_until(lambda: bus.statistics().dead_lettered == 1)
+        await bus.publish("jobs.after", b"bus still runs")
+    assert msg.payload == b"heavy"
+    assert msg.headers["x-original-topic"] == "jobs"
+
+
+@pytest.mark.asyncio
+async def test_a_failing_catch_all_does_not_dead_letter_a_dead_letter(root: Path) -> None:
+    # A "#" handler that always fails also gets the dead-letter copy: that copy is
+    # retried (until it expires), never moved to "dead-letter.dead-letter....".
+    cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=2)
+    seen: list[tuple[str, int]] = []
+
+    async def always_fails(msg: Message) -> None:
+        seen.append((msg.topic, msg.delivery_count))
+        raise RuntimeError("poison")
+
+    async with Bus(root, config=cfg) as bus:
+        await bus.subscribe("#", always_fails)
+        await bus.publish("jobs.poison", b"p", single=True)
+        await wait_until(lambda: ("dead-letter.jobs.poison", 4) in seen)
+        stats = bus.statistics()
+        topics = {info.topic async for info in bus.browse()}
+    assert stats.dead_lettered == 1
+    assert topics == {"dead-letter.jobs.poison"}
+    assert {t for t, _ in seen} == {"jobs.poison", "dead-letter.jobs.poison"}
+
+
+@pytest.mark.asyncio
+async def test_a_dead_letter_that_cannot_be_written_is_retried_not_lost(root: Path) -> None:
+    cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=1)
+    ops = FailingOps("open", errno.ENOSPC)
+    dead = Inbox()
+    failures: list[int] = []
+
+    async def fails(msg: Message) -> None:
+        failures.append(msg.delivery_count)
+        raise RuntimeError("no")
+
+    async with Bus(root, config=cfg, ops=ops) as bus:
+        await bus.subscribe("jobs", fails)
+        await bus.subscribe("dead-letter.#", dead)
+        info = await bus.publish("jobs", b"keep me", single=True)
+        ops.armed = True  # the disk is full when the dead letter is written
+        await wait_until(lambda: len(failures) >= 3)
+        assert await anyio.Path(info.path).exists()  # never lost meanwhile
+        ops.armed = False
+        (msg,) = await dead.wait_for(1)
+        await wait_until(lambda: bus.statistics().dead_lettered == 1)
+    assert msg.payload == b"keep me"
