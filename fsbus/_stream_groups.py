@@ -112,6 +112,7 @@ class _GroupFiles:
         self.locks_dir = self.dir / "locks"
         self.held: dict[str, int] = {}
         self.kernel = ops.kernel_id()
+        self._device: int | None = None
         self._lock_fd: int | None = None
 
     # locking
@@ -209,7 +210,7 @@ class _GroupFiles:
         its flock), so it is dead at once, without waiting for its heartbeat to expire.
         """
         out: dict[str, float] = {}
-        me = self.kernel
+        me = self.locality()
         for m in self.ops.listdir(self.members_dir):
             if m.startswith("."):
                 continue
@@ -217,15 +218,29 @@ class _GroupFiles:
             try:
                 info = json.loads(raw or b"")
                 expires = float(info["expires"])
-                host = str(info.get("kernel", ""))
+                where = str(info.get("kernel", "")), int(info.get("device", -1))
             except (ValueError, KeyError, TypeError):
                 continue
-            if expires > now and not (host == me and m not in self.held and self._dead(m)):
+            if expires > now and not (where == me and m not in self.held and self._dead(m)):
                 out[m] = expires
             else:
                 self.ops.remove(self.members_dir / m)  # a dead consumer's heartbeat
                 self.ops.remove(self.locks_dir / m)
         return out
+
+    def locality(self) -> tuple[str, int]:
+        """Where our flocks are seen: this kernel, through this mount.
+
+        Two consumers with the same locality see each other's flocks for sure; others
+        (another machine, or another mount such as a second sshfs or bindfs mount whose
+        locks stay local) are judged by their heartbeat alone.
+        """
+        if self._device is None:
+            try:
+                self._device = self.ops.device(self.members_dir)
+            except OSError:
+                return self.kernel, -2  # unknown: matches no one, heartbeats decide
+        return self.kernel, self._device
 
     def _dead(self, member: str) -> bool:
         """Whether a consumer of this host has died (its liveness lock is free)."""
@@ -265,6 +280,7 @@ class _GroupFiles:
                 "expires": expires,
                 "host": self.ops.hostname(),
                 "kernel": self.kernel,
+                "device": self.locality()[1],
                 "pid": self.ops.pid(),
             }
         ).encode()

@@ -245,6 +245,10 @@ class StreamOps:
         """This host's name (for consumer names)."""
         return os.uname().nodename
 
+    def device(self, path: Path) -> int:
+        """The device number of the filesystem (mount) holding ``path``."""
+        return os.stat(path).st_dev
+
     def kernel_id(self) -> str:
         """Who shares our kernel (and so our flocks): the boot id, else the host name.
 
