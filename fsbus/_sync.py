@@ -184,6 +184,11 @@ class BlockingBus:
         total = 0
         try:
             while chunk := fileobj.read(1 << 20):
+                if not isinstance(chunk, bytes | bytearray | memoryview):
+                    raise UsageError(
+                        f"the payload file gave {type(chunk).__name__}, not bytes; "
+                        "open it in binary mode ('rb')"
+                    )
                 total += len(chunk)
                 self._check_size(total)
                 self._fs.write_chunk(fd, bytes(chunk), plan)
