@@ -411,6 +411,11 @@ class Bus:
         total = 0
         try:
             async for chunk in chunks:
+                if not isinstance(chunk, bytes | bytearray | memoryview):
+                    raise UsageError(
+                        f"payload chunks must be bytes, not {type(chunk).__name__}; "
+                        "encode text chunks first (chunk.encode())"
+                    )
                 total += len(chunk)
                 self._check_size(total)
                 await anyio.to_thread.run_sync(self._fs.write_chunk, fd, bytes(chunk), plan)
