@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -198,3 +199,14 @@ async def test_closed_bus_refuses_everything(root: Path) -> None:
 def test_bad_config(options: dict[str, object]) -> None:
     with pytest.raises(InvalidConfig, match="invalid BusConfig"):
         BusConfig(**options)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_async_iterator_of_text_chunks(root: Path) -> None:
+    async def chunks() -> AsyncIterator[str]:
+        yield "text, not bytes"
+
+    async with Bus(root) as bus:
+        with pytest.raises(UsageError, match=r"chunks must be bytes, not str.*encode"):
+            await bus.publish("t", chunks())  # type: ignore[arg-type]
+    assert_nothing_written(root)

@@ -207,3 +207,15 @@ def test_bad_topic_from_the_blocking_face(root: Path) -> None:
     with BlockingBus(root) as bus, pytest.raises(InvalidTopic, match="control character"):
         bus.publish("bad\nline", b"x")
     assert message_files(root) == []
+
+
+def test_a_text_mode_file_object_is_refused(root: Path, tmp_path: Path) -> None:
+    src = tmp_path / "text.txt"
+    src.write_text("words")
+    with BlockingBus(root) as bus:
+        with src.open() as fh, pytest.raises(UsageError, match=r"binary mode \('rb'\)"):
+            bus.publish("t", fh)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match="binary mode"):
+            bus.publish("t", io.StringIO("words"))  # type: ignore[arg-type]
+    assert message_files(root) == []
+    assert list((root / "staging").iterdir()) == []
