@@ -511,10 +511,16 @@ class Bus:
     # ------------------------------------------------------------------ scanning
     async def _scan_loop(self) -> None:
         baseline = False
+        listing_due = True
         while True:
             try:
-                await self._scan(baseline=baseline)
-                baseline = False
+                if listing_due:
+                    await self._scan(baseline=baseline)
+                    baseline = False
+                elif self._ready and self._free > 0:
+                    # Woken only because handlers finished: claim more of what the last
+                    # listings showed, without listing again.
+                    await self._claim_ready()
             except ClosedError:
                 return
             except (FsBusError, OSError) as exc:
@@ -526,7 +532,17 @@ class Bus:
             if self._retry_at:
                 soonest = min(self._retry_at.values()) - time.monotonic()
                 timeout = max(0.0, min(timeout, soonest))
-            await self._waker.wait(timeout)
+            woken = await self._waker.wait(timeout)
+            # List again on a filesystem event, a poll tick, a retry that fell due, a new
+            # subscription, or when handlers are free and nothing known is left to claim.
+            listing_due = (
+                not woken
+                or self._waker.take_fs_event()
+                or self._force_full
+                or bool(self._existing_pending)
+                or not self._ready
+                or any(at <= time.monotonic() for at in self._retry_at.values())
+            )
 
     async def _scan(self, *, baseline: bool) -> None:
         now = time.monotonic()

@@ -33,6 +33,7 @@ class Waker:
         self._use_inotify = use_inotify
         self._event = anyio.Event()
         self._pending = threading.Event()
+        self._fs_event = False
         self._observer: object | None = None
         self._fd: int | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
@@ -95,6 +96,7 @@ class Waker:
                         pass
                 except BlockingIOError:
                     pass
+                self._fs_event = True
                 self._event.set()
         except NotImplementedError:  # an event loop without fd readiness
             self._fd = None
@@ -152,14 +154,20 @@ class Waker:
             obs.join(timeout=2)  # type: ignore[attr-defined]
 
     def wake(self) -> None:
-        """Wake the scanner (from the event loop)."""
+        """Wake the scanner (from the event loop); not a filesystem event."""
         self._event.set()
+
+    def take_fs_event(self) -> bool:
+        """Whether the filesystem changed since the last call (inotify saw a write)."""
+        seen, self._fs_event = self._fs_event, False
+        return seen
 
     def wake_threadsafe(self) -> None:
         """Wake the scanner from another thread; coalesces bursts of events."""
         if self._pending.is_set() or self._token is None:
             return
         self._pending.set()
+        self._fs_event = True
         try:
             anyio.from_thread.run_sync(self._event.set, token=self._token)
         except RuntimeError:
