@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {_cores()} cores, Linux {platform.release()}",
         "python": platform.python_version(),
-        "command": "python -m bench.run " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])]),
     }
     out = Path(args.out or DEFAULT_OUT[plan.name])
     if args.suites_only and (out / "results.json").exists():
