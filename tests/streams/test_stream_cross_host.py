@@ -35,12 +35,6 @@ def mounts(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     yield from _mounts(tmp_path, forward_locks=True)
 
 
-@pytest.fixture
-def local_locks(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
-    """The same, but each mount keeps its own flocks (like sshfs between two hosts)."""
-    yield from _mounts(tmp_path, forward_locks=False)
-
-
 def _mounts(tmp_path: Path, *, forward_locks: bool) -> Iterator[tuple[Path, Path, Path]]:
     if os.geteuid() != 0:
         pytest.skip("needs root to mount bindfs (FUSE)")
@@ -108,24 +102,3 @@ async def test_follow_on_one_mount_sees_appends_made_on_the_other(
                 await w.append_batch([b"1", b"2", b"3"])
                 got = [r.value async for r in records]
     assert got == [b"1", b"2", b"3"]
-
-
-def test_a_consumer_on_another_mount_is_not_judged_by_its_lock(
-    local_locks: tuple[Path, Path, Path],
-) -> None:
-    # Through a mount that keeps its own flocks, a live consumer's liveness lock looks
-    # free; it must be judged by its heartbeat, not declared dead.
-    _, a, b = local_locks
-    with Stream.open(a, "s") as s:
-        s.append(b"x")
-    w = Worker("consume", a, "s", "g", "on-a", 30.0)
-    try:
-        w.expect("ready")
-        w.expect("got")  # it holds every partition now
-        cfg = StreamConfig(durability="none", session_timeout=30.0, heartbeat_interval=0.1)
-        with Stream.open(b, "s", config=cfg) as s, s.group("g", consumer="on-b") as g:
-            for _ in range(5):
-                assert g.poll(timeout=0.05) == []
-                assert not g.assignment  # "on-a" is alive: nothing to take
-    finally:
-        w.stop()
