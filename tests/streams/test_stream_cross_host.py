@@ -9,6 +9,7 @@ Needs root, /dev/fuse and bindfs.
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import subprocess
 from collections import Counter
@@ -19,7 +20,7 @@ import anyio
 import pytest
 from helpers import Worker
 
-from fsbus import AsyncStream, Stream, StreamConfig
+from fsbus import AsyncStream, RecordIn, Stream, StreamConfig
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -102,3 +103,33 @@ async def test_follow_on_one_mount_sees_appends_made_on_the_other(
                 await w.append_batch([b"1", b"2", b"3"])
                 got = [r.value async for r in records]
     assert got == [b"1", b"2", b"3"]
+
+
+def test_a_group_shared_by_consumers_on_two_mounts(mounts: tuple[Path, Path, Path]) -> None:
+    backing, a, b = mounts
+    n = 200
+    events: queue.Queue[tuple[int, str | None]] = queue.Queue()
+    ws = [
+        Worker("consume", root, "s", "g", f"c-{i}", 30.0, sink=events, tag=i)
+        for i, root in enumerate((a, b))
+    ]
+    got: Counter[int] = Counter()
+    try:
+        for w in ws:
+            w.expect("ready")
+        with Stream.open(backing, "s", config=StreamConfig(durability="none")) as s:
+            for i in range(0, n, 20):
+                s.append_batch([RecordIn(f"r{j}", key=f"k{j % 7}") for j in range(i, i + 20)])
+        while len(got) < n:
+            try:
+                _, line = events.get(timeout=60)
+            except queue.Empty:
+                raise AssertionError(f"{n - len(got)} records never delivered") from None
+            assert line is not None, "a consumer died"
+            if line.startswith("got"):
+                got[int(line.split()[1])] += 1
+    finally:
+        for w in ws:
+            w.stop()
+    assert sorted(got) == list(range(n))
+    assert max(got.values()) == 1
