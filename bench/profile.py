@@ -20,9 +20,17 @@ import time
 from pathlib import Path
 
 from bench.filesystems import scratch
-from bench.procs import Child, python_cmd
+from bench.procs import REPO, Child, python_cmd
 
-IDLE = ("Condition.wait", "EpollSelector.select", "_check_inotify_fd", "Event.wait", "Queue.get")
+IDLE = (
+    "Condition.wait",
+    "EpollSelector.select",
+    "_check_inotify_fd",
+    "Event.wait",
+    "Queue.get",
+    "Tally._report",  # the harness's own threads in the child
+    "Tally._read_stdin",
+)
 FRAME = re.compile(r"\s*\((?:.*/)?([^/]+\.py):\d+\)|\s*\(<[^>]*>:\d+\)")
 
 
@@ -34,12 +42,14 @@ def summarise(raw: Path, top: int, focus: str | None = None) -> str:
     """Aggregate py-spy's raw stacks; ``focus``: keep only stacks through that function."""
     incl: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
+    lines: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = [_name(f) for f in stack.split(";") if f]
+        raw_frames = [f for f in stack.split(";") if f]
+        frames = [_name(f) for f in raw_frames]
         if not frames or any(i in frames[-1] for i in IDLE):
             continue
         if focus is not None and not any(f.startswith(focus) for f in frames):
@@ -51,11 +61,29 @@ def summarise(raw: Path, top: int, focus: str | None = None) -> str:
         for f in set(frames):
             incl[f] += n
         own[frames[-1]] += n
+        lines[_line(raw_frames[-1])] += n
     out = [f"{total} busy samples", "", "inclusive  function"]
     out += [f"{100 * v / total:8.1f}%  {k}" for k, v in incl.most_common(top) if total]
     out += ["", "self       function"]
     out += [f"{100 * v / total:8.1f}%  {k}" for k, v in own.most_common(top // 2) if total]
+    out += ["", "self       line (the source line running when sampled)"]
+    out += [f"{100 * v / total:8.1f}%  {k}" for k, v in lines.most_common(top // 2) if total]
     return "\n".join(out)
+
+
+def _line(frame: str) -> str:
+    m = re.search(r"^(.*?)\s*\((?:.*/)?([^/]+\.py):(\d+)\)", frame)
+    if m is None:
+        return frame
+    func, path, lineno = m.group(1), m.group(2), int(m.group(3))
+    text = ""
+    for base in (Path(sys.prefix), REPO):
+        hits = list(base.rglob(path)) if base == REPO else []
+        for h in hits[:1]:
+            src = h.read_text(errors="replace").splitlines()
+            if 0 < lineno <= len(src):
+                text = src[lineno - 1].strip()
+    return f"{func} ({path}:{lineno})  {text}"[:110]
 
 
 def _pyspy() -> str:
@@ -85,7 +113,7 @@ def profile(scenario: str, fs: str, n: int, size: int, rate: int, top: int) -> s
             try:
                 cons.wait_line("READY", time.monotonic() + 60)
                 spy_proc = subprocess.Popen(
-                    [spy, "record", "-r", str(rate), "-f", "raw", "-o", str(out),
+                    [spy, "record", "--nonblocking", "-r", str(rate), "-f", "raw", "-o", str(out),
                      "--pid", str(cons.proc.pid)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )  # fmt: skip
