@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import Bus, BusConfig, Message
+from fsbus import BlockingBus, Bus, BusConfig, Message
 
 from .conftest import WAIT, Inbox, files_under, message_files, wait_until
 
@@ -168,3 +168,53 @@ async def test_close_with_many_handlers_running_releases_every_single(root: Path
     assert stats.failed == 0
     assert sorted(message_files(root)) == sorted(f"{i.bucket}/{i.name}" for i in infos)
     assert files_under(root / "fsbus" / "attempts") == []
+
+
+def open_fds() -> set[str]:
+    """Descriptors of this process that point at files (not sockets, pipes, anon inodes)."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/"):
+            out.add(target)
+    return out
+
+
+@pytest.mark.asyncio
+async def test_open_and_close_leave_no_descriptor_behind(root: Path) -> None:
+    async def cycle() -> None:
+        inbox = Inbox()
+        async with Bus(root) as bus:
+            await bus.subscribe("#", inbox)
+            await bus.publish("a", b"1")
+            await bus.publish("b", b"2", single=True, headers={"k": "v"})
+            await inbox.wait_for(2)
+            await wait_until(lambda: bus.statistics().acked == 1)
+            async for _ in bus.browse():
+                pass
+            await bus.gc()
+
+    await cycle()  # warm up whatever is opened once per process
+    before = await anyio.to_thread.run_sync(open_fds)
+    for _ in range(5):
+        await cycle()
+    after = await anyio.to_thread.run_sync(open_fds)
+    assert sorted(p for p in after - before if str(root) in p) == []
+
+
+def test_blocking_bus_open_and_close_leave_no_descriptor_behind(root: Path) -> None:
+    def cycle() -> None:
+        with BlockingBus(root) as bus, bus.messages("#") as it:
+            bus.publish("a", b"1", single=True)
+            it.ack(it.get(timeout=WAIT))
+            list(bus.browse())
+            bus.gc()
+
+    cycle()
+    before = open_fds()
+    for _ in range(3):
+        cycle()
+    assert sorted(p for p in open_fds() - before if str(root) in p) == []
