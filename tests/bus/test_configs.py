@@ -21,6 +21,7 @@ CONFIGS = {
     "one-handler": BusConfig(handler_concurrency=1),
     "no-dedup": BusConfig(dedup=False),
     "modes": BusConfig(file_mode=0o640, dir_mode=0o750),
+    "rename-locking": BusConfig(locking="rename"),
 }
 
 
