@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig, ClosedError, InvalidTopic, UsageError
+from fsbus import BlockingBus, Bus, BusConfig, ClosedError, InvalidPattern, InvalidTopic, UsageError
 
 from .conftest import WAIT, is_flocked, message_files, wait_until_blocking
 
@@ -219,3 +219,15 @@ def test_a_text_mode_file_object_is_refused(root: Path, tmp_path: Path) -> None:
             bus.publish("t", io.StringIO("words"))  # type: ignore[arg-type]
     assert message_files(root) == []
     assert list((root / "staging").iterdir()) == []
+
+
+def test_a_bad_pattern_from_the_blocking_face(root: Path) -> None:
+    with BlockingBus(root) as bus:
+        with pytest.raises(InvalidPattern, match="control character"), bus.messages("a\tb"):
+            pass
+        with pytest.raises(InvalidPattern):
+            list(bus.browse("a\nb"))
+        # The bus still works afterwards.
+        with bus.messages("ok") as it:
+            bus.publish("ok", b"fine")
+            assert it.get(timeout=WAIT).payload == b"fine"
