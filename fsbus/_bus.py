@@ -18,7 +18,7 @@ import time
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
@@ -665,9 +665,12 @@ class Bus:
                 if r.payload is None:
                     continue
                 msg = self._message(e, r.payload, r.meta, 0)
-                for sub in targets:
+                for n, sub in enumerate(targets):
                     if sub.closed:
                         continue
+                    if n and msg.headers:
+                        # Each subscriber gets its own headers: none can change another's.
+                        msg = replace(msg, headers=dict(msg.headers))
                     await self._take_slot()
                     self._counts["delivered"] += 1
                     self._check_open().start_soon(self._run_multi, sub, msg)
