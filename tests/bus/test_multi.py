@@ -279,3 +279,22 @@ async def test_existing_subscription_added_while_a_scan_is_listing(root: Path) -
         ops.gate.set()
         (msg,) = await late.wait_for(1)
     assert msg.name == present.name
+
+
+@pytest.mark.asyncio
+async def test_one_subscriber_cannot_change_anothers_headers(root: Path) -> None:
+    seen: list[dict[str, str]] = []
+
+    async def mutator(msg: Message) -> None:
+        msg.headers["k"] = "changed"  # type: ignore[index]
+        seen.append(dict(msg.headers))
+
+    async def reader(msg: Message) -> None:
+        seen.append(dict(msg.headers))
+
+    async with Bus(root) as bus:
+        await bus.subscribe("#", mutator)
+        await bus.subscribe("#", reader)
+        await bus.publish("h", b"x", headers={"k": "original"})
+        await wait_until(lambda: len(seen) == 2)
+    assert {"k": "original"} in seen
