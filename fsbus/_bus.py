@@ -236,6 +236,7 @@ class Bus:
         self._ready_seq = 0
         self._force_full = False
         self._spread = int.from_bytes(os.urandom(2), "big")
+        self._iterators: set[MessageIterator] = set()
         self._tg: anyio.abc.TaskGroup | None = None
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
         self._free = self.config.handler_concurrency
@@ -288,6 +289,8 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        for it in list(self._iterators):
+            it._close()  # a consumer waiting on it sees its end instead of waiting forever
         tg, self._tg = self._tg, None
         if tg is not None:
             tg.cancel_scope.cancel()
@@ -501,9 +504,11 @@ class Bus:
         except BaseException:
             it._close()  # a bad pattern or a closed bus: do not leak the streams
             raise
+        self._iterators.add(it)
         try:
             yield it
         finally:
+            self._iterators.discard(it)
             with anyio.CancelScope(shield=True):
                 await self.unsubscribe(sub)
                 it._close()
