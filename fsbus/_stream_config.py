@@ -72,6 +72,12 @@ class StreamConfig(BaseModel):
     heartbeat_interval: float = Field(
         1.0, gt=0, description="How often a live consumer renews its lease."
     )
+    cache_wait: float = Field(
+        5.0,
+        ge=0,
+        description="How long a consumer-group file may show an old copy (a mount that "
+        "caches names or sizes) before fsbus reports it.",
+    )
     poll_interval: float = Field(
         0.1, gt=0, le=60, description="Seconds between checks for appends when polling."
     )

@@ -61,8 +61,11 @@ __all__ = [
     "RecordIn",
     "check_stream_name",
     "decode_frame",
+    "decode_generations",
     "decode_offsets_file",
+    "decode_offsets_file_generation",
     "encode_frames",
+    "encode_generations",
     "encode_offsets_file",
     "encode_values",
     "index_name",
@@ -734,9 +737,12 @@ def parse_index(raw: bytes) -> list[IndexEntry]:
 _OFFSETS_MAGIC = "fsbus-offsets 1"
 
 
-def encode_offsets_file(offsets: Mapping[int, int]) -> bytes:
-    """Text of an offsets file: one ``partition offset`` line each, then a checksum line."""
-    lines = [_OFFSETS_MAGIC, f"partitions {len(offsets)}"]
+def encode_offsets_file(offsets: Mapping[int, int], generation: int = 0) -> bytes:
+    """Text of an offsets file: one ``partition offset`` line each, then a checksum line.
+
+    ``generation`` counts the group's writes of the file (see :func:`encode_generations`).
+    """
+    lines = [_OFFSETS_MAGIC, f"partitions {len(offsets)}", f"generation {generation}"]
     lines += [f"{p} {o}" for p, o in sorted(offsets.items())]
     body = ("\n".join(lines) + "\n").encode()
     return body + f"checksum {xxhash.xxh64_hexdigest(body)}\n".encode()
@@ -744,6 +750,11 @@ def encode_offsets_file(offsets: Mapping[int, int]) -> bytes:
 
 def decode_offsets_file(raw: bytes) -> dict[int, int]:
     """Parse an offsets file; raise ValueError saying what is wrong with it."""
+    return decode_offsets_file_generation(raw)[0]
+
+
+def decode_offsets_file_generation(raw: bytes) -> tuple[dict[int, int], int]:
+    """Parse an offsets file into (offsets, generation); raise ValueError if it is bad."""
     cut = raw.rfind(b"checksum ")
     if cut < 0 or not raw.endswith(b"\n"):
         raise ValueError("it has no checksum line (torn or not an offsets file)")
@@ -754,10 +765,44 @@ def decode_offsets_file(raw: bytes) -> dict[int, int]:
     if not lines or lines[0] != _OFFSETS_MAGIC or len(lines) < 2:
         raise ValueError(f"it does not start with {_OFFSETS_MAGIC!r}")
     count = int(lines[1].split()[1])
+    generation = 0
     out: dict[int, int] = {}
     for line in lines[2:]:
-        p, o = line.split()
-        out[int(p)] = int(o)
+        a, b = line.split()
+        if a == "generation":
+            generation = int(b)
+        else:
+            out[int(a)] = int(b)
     if len(out) != count:
         raise ValueError(f"it lists {len(out)} partitions but says {count}")
-    return out
+    return out, generation
+
+
+# --- consumer group generations -------------------------------------------------------------
+
+_GENERATIONS = struct.Struct("<QQQQQ")
+
+
+def encode_generations(owners: tuple[int, int], offsets: tuple[int, int]) -> bytes:
+    """The 40-byte ``generation`` file of a consumer group.
+
+    For the owners and the offsets files: how many times each was written and the length
+    of its latest version, then an xxh64 of those four numbers. The two files are
+    replaced by rename; a mount that caches names or sizes (FUSE, NFS) may serve an old
+    or cut-short copy for a moment after another host replaced them. This small file is
+    rewritten in place at a fixed size, so every open sees its latest bytes, and a reader
+    can tell a stale copy (older count, other length: read again) from a corrupt one
+    (right length, bad checksum).
+    """
+    head = struct.pack("<QQQQ", owners[0], owners[1], offsets[0], offsets[1])
+    return head + struct.pack("<Q", _xxh64(head))
+
+
+def decode_generations(raw: bytes) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """((owners count, length), (offsets count, length)), or None if missing or torn."""
+    if len(raw) != _GENERATIONS.size:
+        return None
+    og, ol, fg, fl, check = _GENERATIONS.unpack(raw)
+    if _xxh64(raw[:32]) != check:
+        return None
+    return (og, ol), (fg, fl)

@@ -41,13 +41,16 @@ from ._errors import (
     ClosedError,
     CorruptDataError,
     OffsetOutOfRange,
+    StorageError,
     UsageError,
     storage_error,
 )
 from ._stream_format import (
     Record,
     check_group_name,
-    decode_offsets_file,
+    decode_generations,
+    decode_offsets_file_generation,
+    encode_generations,
     encode_offsets_file,
 )
 from ._stream_io import StreamOps
@@ -100,8 +103,11 @@ def partition_of(record: Record, partitions: int) -> int:
 class _GroupFiles:
     """The files of one group, read and written under its lock."""
 
-    def __init__(self, sdir: Path, stream_name: str, name: str, ops: StreamOps) -> None:
+    def __init__(
+        self, sdir: Path, stream_name: str, name: str, ops: StreamOps, *, cache_wait: float
+    ) -> None:
         self.dir = sdir / GROUPS_DIR / check_group_name(name)
+        self.cache_wait = cache_wait
         self.name = name
         self.stream_name = stream_name
         self.ops = ops
@@ -110,6 +116,9 @@ class _GroupFiles:
         self.meta_path = self.dir / "group.json"
         self.members_dir = self.dir / "members"
         self.locks_dir = self.dir / "locks"
+        self.gen_path = self.dir / "generation"
+        self.owners_gen = 0
+        self.offsets_gen = 0
         self.held: dict[str, int] = {}
         self.kernel = ops.kernel_id()
         self._device: int | None = None
@@ -161,15 +170,57 @@ class _GroupFiles:
         self.write_offsets(dict.fromkeys(range(partitions), start), durable)
         self.write(self.meta_path, json.dumps({"partitions": partitions}).encode(), durable)
 
+    # The owners and offsets files are replaced by rename, and a mount that caches names
+    # or sizes (FUSE, NFS) may serve an old or cut-short copy for a moment after another
+    # host replaced them. Each write records its count and length in the small
+    # `generation` file, rewritten in place; readers read until the copy matches.
+
+    def generations(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(count, length) of the latest owners and offsets writes ((0, 0): unknown)."""
+        raw = self.ops.read_file(self.gen_path)
+        got = decode_generations(raw) if raw else None
+        return got if got is not None else ((0, 0), (0, 0))
+
+    def _read_latest(self, path: Path, latest: tuple[int, int]) -> tuple[bytes | None, bool]:
+        """The file's bytes, and whether they have the latest write's length.
+
+        Reads again for up to ``cache_wait`` seconds while they do not (a caching mount
+        still serving the old copy); then returns what it has for the caller to judge.
+        """
+        started = self.ops.monotonic()
+        while True:
+            raw = self.ops.read_file(path)
+            if latest[0] == 0 or (raw is not None and len(raw) == latest[1]):
+                return raw, True
+            if self.ops.monotonic() - started >= self.cache_wait:
+                return raw, False
+            self.ops.sleep(0.02)
+
+    def _stale(self, path: Path) -> StorageError:
+        return StorageError(
+            f"{path} still shows an old copy after {self.cache_wait:g} s: this mount caches "
+            "file names or sizes too long for a consumer group shared between hosts (mount "
+            "NFS with lookupcache=positive and a short actimeo, FUSE with entry_timeout=0 "
+            "and attr_timeout=0, or raise StreamConfig.cache_wait)",
+            path,
+        )
+
     def read_offsets(self) -> dict[int, int]:
-        raw = self.ops.read_file(self.offsets_path)
+        """The committed offsets (the latest copy)."""
+        latest = self.generations()[1]
+        raw, fresh = self._read_latest(self.offsets_path, latest)
         if raw is None:
             why = "it is missing"
         else:
             try:
-                return decode_offsets_file(raw)
+                offsets, gen = decode_offsets_file_generation(raw)
             except ValueError as exc:
                 why = str(exc)
+            else:
+                if not fresh and gen < latest[0]:
+                    raise self._stale(self.offsets_path)
+                self.offsets_gen = max(self.offsets_gen, gen)
+                return offsets
         raise CorruptDataError(
             f"offsets file {self.offsets_path} of consumer group {self.name!r} is corrupt: "
             f"{why}. Nothing was reset; choose where the group resumes with "
@@ -179,29 +230,56 @@ class _GroupFiles:
         )
 
     def write_offsets(self, offsets: Mapping[int, int], durable: bool) -> None:
+        owners, latest = self.generations()
+        gen = max(latest[0], self.offsets_gen) + 1
+        data = encode_offsets_file(offsets, gen)
         # Always fsync the new file before the rename: after a machine crash the group
         # finds its old or its new offsets, never an empty file it would have to reset.
-        self.write(self.offsets_path, encode_offsets_file(offsets), durable, sync_file=True)
+        self.write(self.offsets_path, data, durable, sync_file=True)
+        self.offsets_gen = gen
+        self._write_generations(owners, (gen, len(data)))
 
     def read_owners(self) -> dict[int, str]:
-        raw = self.ops.read_file(self.owners_path)
+        """Who holds each partition (the latest copy)."""
+        latest = self.generations()[0]
+        raw, fresh = self._read_latest(self.owners_path, latest)
         if not raw:
+            if not fresh:
+                raise self._stale(self.owners_path)
             return {}
         try:
             obj = json.loads(raw)
-            return {int(k): str(v) for k, v in obj.items()}
-        except (ValueError, AttributeError):
+            gen = int(obj.get("generation", 0))
+            owners = {int(k): str(v) for k, v in obj.get("owners", {}).items()}
+        except (ValueError, AttributeError, TypeError):
+            if not fresh:
+                raise self._stale(self.owners_path) from None
             log.warning("consumer group %s: unreadable owners file, starting afresh", self.name)
             return {}
+        if not fresh and gen < latest[0]:
+            raise self._stale(self.owners_path)
+        self.owners_gen = max(self.owners_gen, gen)
+        return owners
 
     def owners_stamp(self) -> tuple[int, int] | None:
         """Changes whenever the owners file is replaced (inode, mtime)."""
         return self.ops.identity(self.owners_path)
 
     def write_owners(self, owners: Mapping[int, str]) -> None:
-        self.write(
-            self.owners_path, json.dumps({str(k): v for k, v in owners.items()}).encode(), False
-        )
+        latest, offsets = self.generations()
+        gen = max(latest[0], self.owners_gen) + 1
+        data = json.dumps(
+            {"generation": gen, "owners": {str(k): v for k, v in owners.items()}}
+        ).encode()
+        self.write(self.owners_path, data, False)
+        self.owners_gen = gen
+        self._write_generations((gen, len(data)), offsets)
+
+    def _write_generations(self, owners: tuple[int, int], offsets: tuple[int, int]) -> None:
+        try:
+            self.ops.write_in_place(self.gen_path, encode_generations(owners, offsets))
+        except OSError as exc:
+            raise storage_error(f"write consumer group {self.name!r}", exc, self.gen_path) from exc
 
     def live_members(self, now: float) -> dict[str, float]:
         """Consumers whose heartbeat has not expired, with their expiry.
@@ -320,7 +398,9 @@ class ConsumerGroup:
         self._stream = stream
         self._ops: StreamOps = stream._ops
         self._config = stream.config
-        self._files = _GroupFiles(stream.path, stream.name, name, self._ops)
+        self._files = _GroupFiles(
+            stream.path, stream.name, name, self._ops, cache_wait=stream.config.cache_wait
+        )
         self._name = name
         if consumer is None:
             consumer = f"{self._ops.hostname()}-{self._ops.pid()}-{secrets.token_hex(3)}"
@@ -607,7 +687,9 @@ def list_groups(stream: Stream) -> list[str]:
 
 def group_info(stream: Stream, name: str) -> GroupInfo:
     """Committed offsets, lag, live members and owners of one group."""
-    files = _GroupFiles(stream.path, stream.name, name, stream._ops)
+    files = _GroupFiles(
+        stream.path, stream.name, name, stream._ops, cache_wait=stream.config.cache_wait
+    )
     if not files.exists():
         raise UsageError(f"stream {stream.name!r} has no consumer group {name!r}")
     committed = files.read_offsets()
@@ -630,7 +712,9 @@ def reset_group(stream: Stream, name: str, to: str | int) -> dict[int, int]:
     Also repairs a corrupt offsets file. Do it while the group's consumers are stopped:
     a running consumer commits its own positions over the reset.
     """
-    files = _GroupFiles(stream.path, stream.name, name, stream._ops)
+    files = _GroupFiles(
+        stream.path, stream.name, name, stream._ops, cache_wait=stream.config.cache_wait
+    )
     if to == "earliest":
         target = stream.start_offset
     elif to == "latest":
@@ -656,7 +740,9 @@ def reset_group(stream: Stream, name: str, to: str | int) -> dict[int, int]:
 
 def delete_group(stream: Stream, name: str) -> None:
     """Remove a group's files (its consumers should be stopped)."""
-    files = _GroupFiles(stream.path, stream.name, name, stream._ops)
+    files = _GroupFiles(
+        stream.path, stream.name, name, stream._ops, cache_wait=stream.config.cache_wait
+    )
     ops = stream._ops
     for sub in (files.members_dir, files.locks_dir):
         for m in ops.listdir(sub):
@@ -676,6 +762,8 @@ def min_committed(stream: Stream) -> int | None:
     """The lowest committed offset over every group (None if there is no group)."""
     lows: list[int] = []
     for g in list_groups(stream):
-        files = _GroupFiles(stream.path, stream.name, g, stream._ops)
+        files = _GroupFiles(
+            stream.path, stream.name, g, stream._ops, cache_wait=stream.config.cache_wait
+        )
         lows.append(min(files.read_offsets().values()))
     return min(lows) if lows else None

@@ -203,6 +203,15 @@ class StreamOps:
         if durable:
             self.fsync_dir(path.parent)
 
+    def write_in_place(self, path: Path, data: bytes) -> None:
+        """Overwrite ``path`` from byte 0 with ``data`` (same inode: no name to go stale)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            self.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
     def rename(self, src: Path, dst: Path) -> None:
         """Atomically replace ``dst`` by ``src``."""
         os.replace(src, dst)

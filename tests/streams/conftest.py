@@ -13,7 +13,9 @@ from fsbus import Stream, StreamConfig
 @pytest.fixture
 def fast_config() -> StreamConfig:
     """No fdatasync (tests check logic, not the disk), small segments and index steps."""
-    return StreamConfig(durability="none", segment_bytes=8192, index_interval_bytes=512)
+    return StreamConfig(
+        durability="none", segment_bytes=8192, index_interval_bytes=512, cache_wait=0.2
+    )
 
 
 @pytest.fixture

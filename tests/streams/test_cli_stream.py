@@ -105,7 +105,7 @@ def test_groups_list_lag_reset_delete(tmp_path: Path, capsys: pytest.CaptureFixt
     assert set(lag["committed"].values()) == {4}
     (tmp_path / "streams/g/groups/workers/offsets").write_bytes(b"garbage")
     with pytest.raises(Exception, match="fsbus stream groups reset g workers"):
-        run(tmp_path, "stream", "groups", "lag", "g", "workers")
+        run(tmp_path, "stream", "groups", "lag", "g", "workers", "-o", "cache_wait=0.1")
     assert run(tmp_path, "stream", "groups", "reset", "g", "workers", "--to", "latest") == 0
     assert "resumes at offset 10" in lines(capsys)[0]
     assert run(tmp_path, "stream", "groups", "lag", "g", "workers") == 0

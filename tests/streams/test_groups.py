@@ -16,6 +16,7 @@ from helpers import Worker
 
 from fsbus import CorruptDataError, RecordIn, Stream, StreamConfig, UsageError
 from fsbus._stream_groups import group_info, list_groups, reset_group
+from fsbus._stream_io import StreamOps
 
 
 def test_commit_and_resume(stream: Stream) -> None:
@@ -281,3 +282,50 @@ def _poll_in_child(g: object, results: object) -> None:
     except UsageError as exc:
         results.put(str(exc))  # type: ignore[attr-defined]
     g.close()  # type: ignore[attr-defined]  # must not make the parent leave
+
+
+class _CachingMount(StreamOps):
+    """Serves the previous copy of a replaced group file for a few reads, as a FUSE or
+    NFS mount caching names and sizes does right after another host replaced it."""
+
+    def __init__(self) -> None:
+        self.old: dict[str, bytes] = {}
+        self.stale_reads: dict[str, int] = {}
+        self.served_stale = 0
+
+    def write_atomic(
+        self, path: Path, data: bytes, *, durable: bool, sync_file: bool = False
+    ) -> None:
+        if path.name in ("owners", "offsets"):
+            previous = super().read_file(path)
+            if previous is not None:
+                self.old[str(path)] = previous[: len(previous) // 2]  # cut short, too
+                self.stale_reads[str(path)] = 3
+        super().write_atomic(path, data, durable=durable, sync_file=sync_file)
+
+    def read_file(self, path: Path) -> bytes | None:
+        if self.stale_reads.get(str(path), 0) > 0:
+            self.stale_reads[str(path)] -= 1
+            self.served_stale += 1
+            return self.old[str(path)]
+        return super().read_file(path)
+
+
+def test_group_files_read_through_a_caching_mount(tmp_path: Path) -> None:
+    ops = _CachingMount()
+    cfg = StreamConfig(durability="none")
+    s = Stream._open(tmp_path, "s", config=cfg, create=True, ops=ops)
+    try:
+        s.append_batch([RecordIn(f"{i}", key=f"k{i % 5}") for i in range(100)])
+        seen: list[int] = []
+        with s.group("g", consumer="a") as a, s.group("g", consumer="b") as b:
+            for _ in range(40):
+                for c in (a, b):
+                    seen += [r.offset for r in c.poll(max_records=10)]
+                    c.commit()
+                if len(seen) >= 100:
+                    break
+        assert ops.served_stale > 0
+        assert sorted(seen) == list(range(100))  # no record twice, none lost
+    finally:
+        s.close()
