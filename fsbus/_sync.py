@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import IO, Self
@@ -66,6 +66,7 @@ class BlockingBus:
         self._bus_cm: AbstractContextManager[Bus] | None = None
         self._bus: Bus | None = None
         self._published = 0
+        self._subscriptions: list[BlockingMessages] = []
         self._open = False
         self._closed = False
 
@@ -91,6 +92,10 @@ class BlockingBus:
             return
         self._closed = True
         with self._lock:
+            # End open subscriptions first: a thread waiting in get() gets ClosedError
+            # (the event loop cannot stop while their blocks are still open).
+            for sub in list(self._subscriptions):
+                sub.__exit__(None, None, None)
             if self._bus_cm is not None:
                 self._bus_cm.__exit__(None, None, None)
                 self._bus_cm = self._bus = None
@@ -221,7 +226,10 @@ class BlockingBus:
         """Receive matching messages: ``with bus.messages("a.*") as it: it.get(timeout=1)``."""
         self._check_open()
         portal, bus = self._engine()
-        return BlockingMessages(portal, bus, pattern, existing, kind, buffer)
+        sub = BlockingMessages(portal, bus, pattern, existing, kind, buffer)
+        sub._on_exit = self._subscriptions.remove
+        self._subscriptions.append(sub)
+        return sub
 
     def _engine(self) -> tuple[BlockingPortal, Bus]:
         with self._lock:
@@ -294,6 +302,9 @@ class BlockingMessages:
             bus.messages(pattern, existing=existing, kind=kind, buffer=buffer)
         )
         self._it: MessageIterator | None = None
+        self._done = False
+        self._exit_lock = threading.Lock()
+        self._on_exit: Callable[[BlockingMessages], None] | None = None
 
     def __enter__(self) -> Self:
         self._it = self._cm.__enter__()
@@ -305,10 +316,19 @@ class BlockingMessages:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._it = None
-        self._cm.__exit__(exc_type, exc, tb)
+        with self._exit_lock:  # once: by its block, or by BlockingBus.close first
+            if self._done:
+                return
+            self._done = True
+            entered, self._it = self._it is not None, None
+            if self._on_exit is not None:
+                self._on_exit(self)
+        if entered:
+            self._cm.__exit__(exc_type, exc, tb)
 
     def _iter(self) -> MessageIterator:
+        if self._done:
+            raise ClosedError("this subscription is closed (its block ended or the bus closed)")
         if self._it is None:
             raise UsageError("use it as `with bus.messages(pattern) as it:`")
         return self._it
