@@ -292,19 +292,40 @@ class _GroupFiles:
         for m in self.ops.listdir(self.members_dir):
             if m.startswith("."):
                 continue
-            raw = self.ops.read_file(self.members_dir / m)
-            try:
-                info = json.loads(raw or b"")
-                expires = float(info["expires"])
-                where = str(info.get("kernel", "")), int(info.get("device", -1))
-            except (ValueError, KeyError, TypeError):
-                continue
+            beat = self._heartbeat(m)
+            if beat is None:
+                continue  # gone meanwhile
+            expires, where = beat
             if expires > now and not (where == me and m not in self.held and self._dead(m)):
                 out[m] = expires
             else:
                 self.ops.remove(self.members_dir / m)  # a dead consumer's heartbeat
                 self.ops.remove(self.locks_dir / m)
         return out
+
+    def _heartbeat(self, member: str) -> tuple[float, tuple[str, int]] | None:
+        """(expiry, locality) from a member's heartbeat file; None if it is gone.
+
+        A caching mount may show a heartbeat cut short right after its owner replaced
+        it: read again for up to ``cache_wait`` seconds before calling it unreadable
+        (then it counts as expired, so a dead consumer's junk never blocks a group).
+        """
+        path = self.members_dir / member
+        started = self.ops.monotonic()
+        while True:
+            raw = self.ops.read_file(path)
+            if raw is None:
+                return None
+            try:
+                info = json.loads(raw)
+                return float(info["expires"]), (
+                    str(info.get("kernel", "")),
+                    int(info.get("device", -1)),
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
+                if self.ops.monotonic() - started >= self.cache_wait:
+                    return 0.0, ("", -1)
+                self.ops.sleep(0.02)
 
     def locality(self) -> tuple[str, int]:
         """Where our flocks are seen: this kernel, through this mount.

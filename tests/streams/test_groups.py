@@ -296,7 +296,7 @@ class _CachingMount(StreamOps):
     def write_atomic(
         self, path: Path, data: bytes, *, durable: bool, sync_file: bool = False
     ) -> None:
-        if path.name in ("owners", "offsets"):
+        if path.name in ("owners", "offsets") or path.parent.name == "members":
             previous = super().read_file(path)
             if previous is not None:
                 self.old[str(path)] = previous[: len(previous) // 2]  # cut short, too
