@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig, ClosedError, InvalidPattern, InvalidTopic, UsageError
+from fsbus import (
+    BlockingBus,
+    Bus,
+    BusConfig,
+    ClosedError,
+    InvalidPattern,
+    InvalidTopic,
+    Message,
+    UsageError,
+)
 
 from .conftest import WAIT, is_flocked, message_files, wait_until_blocking
 
@@ -231,3 +240,43 @@ def test_a_bad_pattern_from_the_blocking_face(root: Path) -> None:
         with bus.messages("ok") as it:
             bus.publish("ok", b"fine")
             assert it.get(timeout=WAIT).payload == b"fine"
+
+
+def test_close_wakes_a_thread_waiting_in_get(root: Path) -> None:
+    # Regression: close() waited for the pending get (forever without a timeout).
+    outcome: list[str] = []
+    bus = BlockingBus(root).__enter__()
+    it = bus.messages("never").__enter__()
+    waiting = threading.Event()
+
+    def consume() -> None:
+        waiting.set()
+        try:
+            it.get()  # no timeout: only the close can end it
+        except ClosedError as exc:
+            outcome.append(f"closed: {exc}")
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    waiting.wait(WAIT)
+    closer = threading.Thread(target=bus.close)
+    closer.start()
+    closer.join(WAIT)
+    consumer.join(WAIT)
+    assert not closer.is_alive(), "close() did not return"
+    assert not consumer.is_alive(), "get() did not end"
+    assert outcome == ["closed: the subscription is closed"]
+    it.__exit__(None, None, None)  # leaving the block afterwards is harmless
+    with pytest.raises(ClosedError):
+        it.ack(Message("t", b"", False, 0.0, "n", "00"))
+
+
+def test_close_releases_singles_held_by_an_open_subscription(root: Path) -> None:
+    bus = BlockingBus(root).__enter__()
+    info = bus.publish("held", b"h", single=True)
+    it = bus.messages("held").__enter__()
+    it.get(timeout=WAIT)
+    assert is_flocked(info.path)
+    bus.close()  # the block was never left
+    assert not is_flocked(info.path)
+    assert message_files(root) == [f"{info.bucket}/{info.name}"]

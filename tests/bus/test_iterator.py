@@ -116,3 +116,30 @@ async def test_ack_of_a_multi_is_harmless(root: Path) -> None:
         await it.ack(msg)
         await it.release(msg)
     assert len(message_files(root)) == 1
+
+
+@pytest.mark.asyncio
+async def test_closing_the_bus_ends_a_waiting_consumer(root: Path) -> None:
+    # Regression: a consumer task waiting on an iterator kept waiting after aclose.
+    got: list[str] = []
+    bus = Bus(root)
+    await bus.__aenter__()
+    with anyio.fail_after(WAIT):
+        await run_consumer_and_close(bus, got)
+    assert got == ["ended"]
+
+
+async def run_consumer_and_close(bus: Bus, got: list[str]) -> None:
+    async with anyio.create_task_group() as tg:
+        ready = anyio.Event()
+
+        async def consume() -> None:
+            async with bus.messages("never") as it:
+                ready.set()
+                async for msg in it:
+                    got.append(msg.topic)  # pragma: no cover - nothing is published
+            got.append("ended")
+
+        tg.start_soon(consume)
+        await ready.wait()
+        await bus.aclose()
