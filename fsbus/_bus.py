@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import socket
 import time
@@ -49,6 +50,7 @@ Handler = typing.Callable[[Message], Awaitable[None]]
 Handler.__doc__ = "A subscription handler: ``async def handler(message: Message) -> None``."
 Kind = typing.Literal["any", "multi", "single"]
 _KINDS = ("any", "multi", "single")
+_Job = tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -237,10 +239,16 @@ class Bus:
         self._force_full = False
         self._spread = int.from_bytes(os.urandom(2), "big")
         self._iterators: set[MessageIterator] = set()
+        self._workers_started = False
         self._tg: anyio.abc.TaskGroup | None = None
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
         self._free = self.config.handler_concurrency
         self._freed = anyio.Event()
+        # Handlers run in a fixed pool of worker tasks fed by this stream: cheaper than a
+        # task per message. Slots (_free) bound what is queued plus what runs.
+        # (made in __aenter__, closed in aclose)
+        self._jobs_send: MemoryObjectSendStream[_Job]
+        self._jobs_recv: MemoryObjectReceiveStream[_Job]
         self._scanning = False
         self._open = False
         self._closed = False
@@ -260,6 +268,7 @@ class Bus:
         if self._open or self._closed:
             raise UsageError("a Bus can be entered once; create a new one")
         await anyio.to_thread.run_sync(self._setup)
+        self._jobs_send, self._jobs_recv = anyio.create_memory_object_stream[_Job](math.inf)
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -295,6 +304,26 @@ class Bus:
         if tg is not None:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
+        # Work claimed but never started goes back, uncounted.
+        queued: list[Claim] = []
+        while True:
+            try:
+                fn, args = self._jobs_recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            if fn == self._run_single:
+                queued.append(args[2])
+        if queued:
+
+            def give_back() -> None:
+                for c in queued:
+                    self._fs.release(c, failed=False)
+
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(give_back)
+            self._counts["released"] += len(queued)
+        self._jobs_send.close()
+        self._jobs_recv.close()
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._waker.stop)
         self._fs.close()
@@ -461,8 +490,13 @@ class Bus:
             # List every bucket now, so that anything published after this call
             # returns is new to this bus (and anything before it is "existing").
             self._scanning = True
+            if not self._workers_started:
+                # Handlers of the first scan (existing messages) need the pool running.
+                self._workers_started = True
+                for _ in range(self.config.handler_concurrency):
+                    tg.start_soon(self._worker)
             try:
-                await self._scan(baseline=True)
+                await self._scan(baseline=True, deliver=False)
             except BaseException:
                 self._scanning = False
                 await self.unsubscribe(sub)
@@ -549,7 +583,13 @@ class Bus:
                 or any(at <= time.monotonic() for at in self._retry_at.values())
             )
 
-    async def _scan(self, *, baseline: bool) -> None:
+    async def _scan(self, *, baseline: bool, deliver: bool = True) -> None:
+        """List what changed and act on it.
+
+        ``deliver=False`` (the first listing, made inside :meth:`subscribe`) only learns
+        what is present: delivering there could block ``subscribe`` itself (an iterator
+        whose buffer fills before its owner starts reading); the scan loop delivers.
+        """
         now = time.monotonic()
         full = (
             baseline
@@ -560,8 +600,9 @@ class Bus:
         self._force_full = False
         # Taken before listing: a subscription added while the listing runs waits for
         # the next scan, which lists every bucket for it (this one may not).
-        existing_subs = self._existing_pending
-        self._existing_pending = []
+        existing_subs = self._existing_pending if deliver else []
+        if deliver:
+            self._existing_pending = []
         retry = {bi for (bi, _), at in self._retry_at.items() if at <= now}
         try:
             update, listings, spills = await anyio.to_thread.run_sync(self._list, full, retry)
@@ -578,6 +619,13 @@ class Bus:
                 del self._retry_at[key]
         if decision.expired or decision.foreign:
             await self._housekeep(decision.expired, decision.foreign)
+        for e in decision.singles:
+            if e.key not in self._ready_keys:
+                self._ready_keys.add(e.key)
+                self._ready_seq += 1
+                heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
+        if not deliver:
+            return
         multis = decision.new_multi
         extra: dict[tuple[int, str], list[Subscription]] = {}
         if existing_subs:
@@ -593,11 +641,6 @@ class Bus:
                         extra[e.key] = [*self._targets(e), *hits]
         if multis:
             await self._deliver_multi(multis, extra)
-        for e in decision.singles:
-            if e.key not in self._ready_keys:
-                self._ready_keys.add(e.key)
-                self._ready_seq += 1
-                heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
         if self._ready and self._free > 0:
             await self._claim_ready()
 
@@ -678,7 +721,12 @@ class Bus:
                         msg = replace(msg, headers=dict(msg.headers))
                     await self._take_slot()
                     self._counts["delivered"] += 1
-                    self._check_open().start_soon(self._run_multi, sub, msg)
+                    self._check_open()
+                    self._jobs_send.send_nowait((self._run_multi, (sub, msg)))
+
+    async def _worker(self) -> None:
+        async for fn, args in self._jobs_recv:
+            await fn(*args)
 
     async def _take_slot(self) -> None:
         """Wait for a free handler slot (the backpressure point) and take it."""
@@ -764,7 +812,6 @@ class Bus:
                 self._ready_keys.add(e.key)
                 self._ready_seq += 1
                 heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
-        tg = self._check_open()
         for e, sub, claim in results:
             if claim is None:
                 # Locked by another consumer, or gone: look again after retry_interval.
@@ -774,7 +821,7 @@ class Bus:
             msg = self._message(e, claim.payload, claim.meta, claim.attempts)
             self._free -= 1  # capacity was checked above: no wait here
             self._counts["delivered"] += 1
-            tg.start_soon(self._run_single, sub, msg, claim, e.key)
+            self._jobs_send.send_nowait((self._run_single, (sub, msg, claim, e.key)))
 
     async def _run_single(
         self, sub: Subscription, msg: Message, claim: Claim, key: tuple[int, str]
