@@ -122,24 +122,19 @@ async def test_ack_of_a_multi_is_harmless(root: Path) -> None:
 async def test_closing_the_bus_ends_a_waiting_consumer(root: Path) -> None:
     # Regression: a consumer task waiting on an iterator kept waiting after aclose.
     got: list[str] = []
-    bus = Bus(root)
-    await bus.__aenter__()
+    ready = anyio.Event()
+
+    async def consume(bus: Bus) -> None:
+        async with bus.messages("never") as it:
+            ready.set()
+            async for msg in it:
+                got.append(msg.topic)  # pragma: no cover - nothing is published
+        got.append("ended")
+
     with anyio.fail_after(WAIT):
-        await run_consumer_and_close(bus, got)
+        async with anyio.create_task_group() as tg:
+            async with Bus(root) as bus:
+                tg.start_soon(consume, bus)
+                await ready.wait()
+            # The bus is closed; the consumer must finish for the task group to exit.
     assert got == ["ended"]
-
-
-async def run_consumer_and_close(bus: Bus, got: list[str]) -> None:
-    async with anyio.create_task_group() as tg:
-        ready = anyio.Event()
-
-        async def consume() -> None:
-            async with bus.messages("never") as it:
-                ready.set()
-                async for msg in it:
-                    got.append(msg.topic)  # pragma: no cover - nothing is published
-            got.append("ended")
-
-        tg.start_soon(consume)
-        await ready.wait()
-        await bus.aclose()
