@@ -1117,10 +1117,18 @@ class MessageIterator:
         return self
 
     async def __anext__(self) -> Message:
+        return await self._next(wait=True)
+
+    async def _next(self, *, wait: bool) -> Message:
         if self._last is not None and self._last.name in self._pending:
             await self.ack(self._last)
         try:
-            msg, done = await self._recv.receive()
+            if wait:
+                msg, done = await self._recv.receive()
+            else:
+                msg, done = self._recv.receive_nowait()
+        except anyio.WouldBlock:
+            raise TimeoutError("no message is waiting") from None
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
         if done is not None:
@@ -1129,9 +1137,14 @@ class MessageIterator:
         return msg
 
     async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
-        """The next message; raises TimeoutError after ``timeout`` seconds."""
+        """The next message; raises TimeoutError after ``timeout`` seconds.
+
+        ``timeout=0`` polls: a message already waiting, or TimeoutError at once.
+        """
+        if timeout is not None and timeout <= 0:
+            return await self._next(wait=False)  # fail_after(0) would refuse even those
         with anyio.fail_after(timeout):
-            return await self.__anext__()
+            return await self._next(wait=True)
 
     async def ack(self, msg: Message) -> None:
         """Consume a work-queue message (no-op for multi messages)."""
