@@ -280,3 +280,21 @@ def test_close_releases_singles_held_by_an_open_subscription(root: Path) -> None
     bus.close()  # the block was never left
     assert not is_flocked(info.path)
     assert message_files(root) == [f"{info.bucket}/{info.name}"]
+
+
+def test_get_with_timeout_zero_polls(root: Path) -> None:
+    with BlockingBus(root) as bus, bus.messages("p") as it:
+        with pytest.raises(TimeoutError):
+            it.get(timeout=0)
+        bus.publish("p", b"waiting")
+        got: list[Message] = []
+
+        def poll() -> bool:
+            try:
+                got.append(it.get(timeout=0))
+            except TimeoutError:
+                return False
+            return True
+
+        wait_until_blocking(poll)
+    assert got[0].payload == b"waiting"

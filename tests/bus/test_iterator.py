@@ -138,3 +138,20 @@ async def test_closing_the_bus_ends_a_waiting_consumer(root: Path) -> None:
                 await ready.wait()
             # The bus is closed; the consumer must finish for the task group to exit.
     assert got == ["ended"]
+
+
+@pytest.mark.asyncio
+async def test_receive_with_timeout_zero_polls(root: Path) -> None:
+    async with Bus(root) as bus, bus.messages("p") as it:
+        with pytest.raises(TimeoutError):
+            await it.receive(timeout=0)  # nothing yet: at once
+        await bus.publish("p", b"waiting")
+        # Regression: timeout=0 refused even a message already buffered.
+        got = None
+        with anyio.fail_after(WAIT):
+            while got is None:
+                try:
+                    got = await it.receive(timeout=0)
+                except TimeoutError:
+                    await anyio.sleep(0.01)
+    assert got.payload == b"waiting"
