@@ -153,6 +153,10 @@ _HINTS = {
         "this process has too many open files; raise `ulimit -n` or close other files",
     ),
     errno.ENFILE: (StorageError, "the system has too many open files"),
+    errno.ENOTDIR: (
+        StorageError,
+        "a file stands where a directory should be; point the bus at a directory",
+    ),
 }
 
 
