@@ -224,3 +224,14 @@ async def test_unwritable_root_by_mode(root: Path) -> None:
     finally:
         (root / "staging").chmod(0o700)
     assert message_files(root) == []
+
+
+@pytest.mark.asyncio
+async def test_a_file_as_the_root_is_refused_clearly(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    await anyio.Path(not_a_dir).write_text("x")
+    with pytest.raises(StorageError, match="a file stands where a directory should be") as caught:
+        async with Bus(not_a_dir):
+            pass
+    assert isinstance(caught.value.__cause__, NotADirectoryError)
+    assert await anyio.Path(not_a_dir).read_text() == "x"
