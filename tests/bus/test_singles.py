@@ -350,3 +350,25 @@ async def test_a_dead_letter_that_cannot_be_written_is_retried_not_lost(root: Pa
         (msg,) = await dead.wait_for(1)
         await wait_until(lambda: bus.statistics().dead_lettered == 1)
     assert msg.payload == b"keep me"
+
+
+@pytest.mark.asyncio
+async def test_subscription_kinds(root: Path) -> None:
+    observer, worker, anything = Inbox(), Inbox(), Inbox()
+    async with Bus(root) as bus:
+        await bus.subscribe("k.#", observer, kind="multi")
+        await bus.subscribe("k.#", worker, kind="single")
+        await bus.publish("k.m", b"multi")
+        await bus.publish("k.s", b"single", single=True)
+        await observer.wait_for(1)
+        await worker.wait_for(1)
+        await wait_until(lambda: bus.statistics().acked == 1)
+        await bus.subscribe("k.#", anything, kind="any")
+        await bus.publish("k.m2", b"multi2")
+        await anything.wait_for(1)
+        await observer.wait_for(2)
+        with pytest.raises(ValueError, match="kind must be one of"):
+            await bus.subscribe("k", anything, kind="both")  # type: ignore[arg-type]
+    assert observer.topics == ["k.m", "k.m2"]
+    assert worker.topics == ["k.s"]
+    assert anything.topics == ["k.m2"]
