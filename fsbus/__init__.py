@@ -33,7 +33,7 @@ from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._stream import SegmentInfo, Stream, StreamInfo, list_streams
 from ._stream_async import AsyncConsumerGroup, AsyncStream
 from ._stream_config import StreamConfig
-from ._stream_format import Record, RecordIn
+from ._stream_format import ColumnBatch, Record, RecordIn
 from ._stream_groups import ConsumerGroup, GroupInfo
 from ._stream_maint import CompactionReport, RetentionReport
 from ._stream_queue import QueueEmpty, StreamQueue
@@ -51,6 +51,7 @@ __all__ = (
     "BusConfig",
     "BusStatistics",
     "ClosedError",
+    "ColumnBatch",
     "CompactionReport",
     "ConsumerGroup",
     "CorruptDataError",

@@ -25,6 +25,7 @@ from ._errors import (
 )
 from ._stream_config import StreamConfig
 from ._stream_format import (
+    ColumnBatch,
     Record,
     RecordIn,
     check_stream_name,
@@ -34,6 +35,7 @@ from ._stream_format import (
 )
 from ._stream_io import DEFAULT_OPS, StreamOps
 from ._stream_segments import (
+    iter_columns,
     iter_records,
     list_segments,
     offset_for_time,
@@ -312,6 +314,40 @@ class Stream:
         before :attr:`start_offset` or after :attr:`end_offset`. Never yields a partial
         record and never skips a complete one.
         """
+        self._check_read(start, stop, max_records)
+        return iter_records(
+            self._ops,
+            self._dir,
+            self._name,
+            start,
+            stop,
+            max_records,
+            self._config.read_chunk_bytes,
+        )
+
+    def read_columns(
+        self, start: int = 0, stop: int | None = None, *, max_records: int | None = None
+    ) -> Iterator[ColumnBatch]:
+        """The records of :meth:`read`, column by column: one :class:`~fsbus.ColumnBatch`
+        per frame (a batch append of plain values is a few frames of about
+        ``config.max_frame_bytes``), with no object built per record.
+
+        For bulk consumers (Arrow, NumPy, Spark): a batch's values sit back to back in one
+        buffer with their lengths beside them. Same range, errors and guarantees as
+        :meth:`read`; batches are never empty.
+        """
+        self._check_read(start, stop, max_records)
+        return iter_columns(
+            self._ops,
+            self._dir,
+            self._name,
+            start,
+            stop,
+            max_records,
+            self._config.read_chunk_bytes,
+        )
+
+    def _check_read(self, start: int, stop: int | None, max_records: int | None) -> None:
         self._check_open()
         if not isinstance(start, int) or start < 0:
             raise UsageError(f"start must be an offset (int >= 0), got {start!r}")
@@ -325,15 +361,6 @@ class Stream:
             end = stream_end(self._ops, self._dir, bases, self._config.read_chunk_bytes)
             if not first <= start <= end:
                 _out_of_range(self._name, start, first, end)
-        return iter_records(
-            self._ops,
-            self._dir,
-            self._name,
-            start,
-            stop,
-            max_records,
-            self._config.read_chunk_bytes,
-        )
 
     def follow(
         self,

@@ -37,9 +37,12 @@ readers check the frame it points to and fall back to a scan of the segment.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
@@ -54,6 +57,7 @@ __all__ = [
     "EMPTY_HEADERS",
     "HEADER",
     "INDEX_ENTRY",
+    "ColumnBatch",
     "FrameHeader",
     "FrameScan",
     "IndexEntry",
@@ -68,6 +72,7 @@ __all__ = [
     "encode_generations",
     "encode_offsets_file",
     "encode_values",
+    "frame_columns",
     "index_name",
     "parse_index",
     "parse_segment_name",
@@ -542,6 +547,148 @@ def scan_frames(
     return FrameScan(tuple(frames), pos + base, None, False, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class ColumnBatch:
+    """Consecutive records of a stream, column by column (one frame's worth, or part of one).
+
+    Nothing is built per record: the values stay in one buffer, back to back, with their
+    lengths beside them, which is what columnar consumers (Arrow, NumPy) take as is;
+    :attr:`values` slices them into a list of ``bytes`` when asked.
+    """
+
+    offsets: Sequence[int]
+    """Offset of each record: a ``range`` when they are consecutive (the usual case), else
+    an ``array('q')`` (a compacted frame)."""
+    timestamps: Sequence[float]
+    """Timestamp of each record, seconds since the epoch, as an ``array('d')``."""
+    keys: Sequence[bytes | None]
+    """Key of each record, None for none (a list)."""
+    headers: Sequence[Mapping[str, str]]
+    """Headers of each record, read-only and empty when none were given (a list)."""
+    value_data: bytes | memoryview
+    """The values, back to back in offset order."""
+    value_lengths: array[int]
+    """Length of each value in :attr:`value_data`, an ``array('I')``."""
+
+    def __len__(self) -> int:
+        return len(self.value_lengths)
+
+    @property
+    def values(self) -> list[bytes]:
+        """Each record's value as ``bytes`` (built on each access, from :attr:`value_data`)."""
+        data = self.value_data
+        ends = accumulate(self.value_lengths, initial=0)
+        starts = list(ends)
+        return [bytes(data[a:e]) for a, e in zip(starts, islice(starts, 1, None), strict=False)]
+
+    def head(self, n: int) -> ColumnBatch:
+        """The first ``n`` records of the batch (all of them if it has fewer)."""
+        if n >= len(self):
+            return self
+        size = sum(self.value_lengths[:n])
+        return ColumnBatch(
+            self.offsets[:n],
+            self.timestamps[:n],
+            self.keys[:n],
+            self.headers[:n],
+            self.value_data[:size],
+            self.value_lengths[:n],
+        )
+
+
+_BIG_ENDIAN: Final = sys.byteorder == "big"
+
+
+def _u32_array(buf: bytes | memoryview, pos: int, count: int) -> array[int]:
+    """``count`` little-endian u32 at ``pos``, as an ``array('I')``."""
+    out = array("I")
+    out.frombytes(buf[pos : pos + 4 * count])
+    if _BIG_ENDIAN:
+        out.byteswap()
+    return out
+
+
+def frame_columns(
+    buf: bytes,
+    pos: int,
+    header: FrameHeader,
+    lo: int = 0,
+    hi: int | None = None,
+) -> ColumnBatch:
+    """The records of the frame at ``pos`` in ``buf`` whose offsets lie in [lo, hi), as columns.
+
+    This is the one parser of a frame's columns; :func:`decode_frame` builds records from
+    its result. A frame of plain values (no keys, headers, own timestamps or gaps) costs a
+    few slices whatever its size.
+    """
+    count = header.count
+    base = header.base_offset
+    flags = header.flags
+    lens_at = pos + HEADER_SIZE
+    p = lens_at + 4 * count
+    offsets: Sequence[int]
+    if flags & FLAG_GAPS:
+        all_offsets = [base + d for d in struct.unpack_from(f"<{count}I", buf, p)]
+        p += 4 * count
+        i0 = bisect.bisect_left(all_offsets, lo)
+        i1 = count if hi is None else max(bisect.bisect_left(all_offsets, hi), i0)
+        offsets = array("q", all_offsets[i0:i1])
+    else:
+        i0 = min(max(lo - base, 0), count)
+        i1 = count if hi is None else min(max(hi - base, i0), count)
+        offsets = range(base + i0, base + i1)
+    n = i1 - i0
+    if flags & FLAG_TIMESTAMPS:
+        stamps = struct.unpack_from(f"<{count}q", buf, p)
+        p += 8 * count
+        timestamps = array("d", [t / 1_000_000 for t in stamps[i0:i1]])
+    else:
+        timestamps = array("d", (header.first_ts / 1_000_000,)) * n
+    lengths = _u32_array(buf, lens_at, count)
+    if not flags & (FLAG_KEYS | FLAG_HEADERS):
+        # the values are back to back: one slice of the buffer
+        a = p + (sum(lengths[:i0]) if i0 else 0)
+        e = pos + header.length if i1 == count else a + sum(lengths[i0:i1])
+        return ColumnBatch(
+            offsets,
+            timestamps,
+            [None] * n,
+            [EMPTY_HEADERS] * n,
+            memoryview(buf)[a:e],
+            lengths[i0:i1] if n != count else lengths,
+        )
+    klens: Sequence[int] = (-1,) * count
+    if flags & FLAG_KEYS:
+        klens = struct.unpack_from(f"<{count}i", buf, p)
+        p += 4 * count
+    hlens: Sequence[int] = (0,) * count
+    if flags & FLAG_HEADERS:
+        hlens = struct.unpack_from(f"<{count}I", buf, p)
+        p += 4 * count
+    keys: list[bytes | None] = []
+    headers: list[Mapping[str, str]] = []
+    values: list[bytes] = []
+    for i in range(i1):
+        kl = klens[i]
+        key = None
+        if kl >= 0:
+            key = buf[p : p + kl]
+            p += kl
+        hl = hlens[i]
+        hdrs = EMPTY_HEADERS
+        if hl:
+            if i >= i0:
+                hdrs = _decode_headers(buf[p : p + hl])
+            p += hl
+        e = p + lengths[i]
+        if i >= i0:
+            keys.append(key)
+            headers.append(hdrs)
+            values.append(buf[p:e])
+        p = e
+    return ColumnBatch(offsets, timestamps, keys, headers, b"".join(values), lengths[i0:i1])
+
+
 def decode_frame(
     buf: bytes,
     pos: int,
@@ -550,81 +697,25 @@ def decode_frame(
     hi: int | None = None,
 ) -> list[Record]:
     """Records of the frame at ``pos`` in ``buf`` whose offsets lie in [lo, hi)."""
-    count = header.count
-    base = header.base_offset
-    flags = header.flags
-    p = pos + HEADER_SIZE
-    lens = struct.unpack_from(f"<{count}I", buf, p)
-    p += 4 * count
+    if not header.flags:
+        return list(iter_frame(buf, pos, header, lo, hi))
+    cols = frame_columns(buf, pos, header, lo, hi)
     out: list[Record] = []
     append: Callable[[Any], None] = out.append
+    new = object.__new__
     draft = _RecordDraft
     rec = Record
-    if flags == 0:
-        ts = header.first_ts / 1_000_000
-        first = max(lo - base, 0)
-        last = count if hi is None else min(max(hi - base, 0), count)
-        if first:
-            p += sum(lens[:first])
-        off = base + first
-        new = object.__new__
-        empty = EMPTY_HEADERS
-        for n in lens[first:last]:
-            # inlined construction: no __init__ frame (the hot loop of every read)
-            r = new(draft)
-            r.offset = off
-            r.timestamp = ts
-            r.key = None
-            r.value = buf[p : p + n]
-            r.headers = empty
-            r.__class__ = rec  # type: ignore[assignment]
-            append(r)
-            p += n
-            off += 1
-        return out
-    if flags & FLAG_GAPS:
-        offsets = [base + d for d in struct.unpack_from(f"<{count}I", buf, p)]
-        p += 4 * count
-    else:
-        offsets = list(range(base, base + count))
-    if flags & FLAG_TIMESTAMPS:
-        stamps = [t / 1_000_000 for t in struct.unpack_from(f"<{count}q", buf, p)]
-        p += 8 * count
-    else:
-        stamps = [header.first_ts / 1_000_000] * count
-    keys: Sequence[int] = (
-        struct.unpack_from(f"<{count}i", buf, p) if flags & FLAG_KEYS else (-1,) * count
-    )
-    if flags & FLAG_KEYS:
-        p += 4 * count
-    hlens: Sequence[int] = (
-        struct.unpack_from(f"<{count}I", buf, p) if flags & FLAG_HEADERS else (0,) * count
-    )
-    if flags & FLAG_HEADERS:
-        p += 4 * count
-    for i in range(count):
-        kl = keys[i]
-        key = None
-        if kl >= 0:
-            key = buf[p : p + kl]
-            p += kl
-        hl = hlens[i]
-        headers = EMPTY_HEADERS
-        if hl:
-            headers = _decode_headers(buf[p : p + hl])
-            p += hl
-        e = p + lens[i]
-        off = offsets[i]
-        if off >= lo and (hi is None or off < hi):
-            r = object.__new__(draft)
-            r.offset = off
-            r.timestamp = stamps[i]
-            r.key = key
-            r.value = buf[p:e]
-            r.headers = headers
-            r.__class__ = rec  # type: ignore[assignment]
-            append(r)
-        p = e
+    for off, ts, key, value, hdrs in zip(
+        cols.offsets, cols.timestamps, cols.keys, cols.values, cols.headers, strict=True
+    ):
+        r = new(draft)
+        r.offset = off
+        r.timestamp = ts
+        r.key = key
+        r.value = value
+        r.headers = hdrs
+        r.__class__ = rec  # type: ignore[assignment]
+        append(r)
     return out
 
 

@@ -19,8 +19,11 @@ from ._stream_format import (
     INDEX_ENTRY,
     MAGIC,
     VERSION,
+    ColumnBatch,
+    FrameHeader,
     IndexEntry,
     Record,
+    frame_columns,
     frame_timestamps,
     index_name,
     iter_frame,
@@ -34,6 +37,8 @@ from ._stream_io import StreamOps
 __all__ = [
     "SegmentScan",
     "find_start",
+    "frame_spans",
+    "iter_columns",
     "iter_records",
     "list_segments",
     "offset_for_time",
@@ -221,6 +226,46 @@ def iter_frames(
     chunk: int,
 ) -> Iterator[Iterator[Record]]:
     """An iterator of records per frame, for [start, stop) up to the current end."""
+    for data, pos, fr, lo in frame_spans(ops, sdir, name, start, stop, chunk):
+        yield iter_frame(data, pos, fr, lo, stop)
+
+
+def iter_columns(
+    ops: StreamOps,
+    sdir: Path,
+    name: str,
+    start: int,
+    stop: int | None,
+    max_records: int | None,
+    chunk: int,
+) -> Iterator[ColumnBatch]:
+    """The records of [start, stop) up to the current end, one :class:`ColumnBatch` per frame."""
+    left = max_records
+    for data, pos, fr, lo in frame_spans(ops, sdir, name, start, stop, chunk):
+        cols = frame_columns(data, pos, fr, lo, stop)
+        if left is not None:
+            if left <= len(cols):
+                if left:
+                    yield cols.head(left)
+                return
+            left -= len(cols)
+        if len(cols):
+            yield cols
+
+
+def frame_spans(
+    ops: StreamOps,
+    sdir: Path,
+    name: str,
+    start: int,
+    stop: int | None,
+    chunk: int,
+) -> Iterator[tuple[bytes, int, FrameHeader, int]]:
+    """The frames holding [start, stop) up to the current end, in order.
+
+    Yields ``(buffer, position of the frame in it, header, first offset wanted)``; the
+    buffer is valid as long as the caller keeps it.
+    """
     if not ops.is_dir(sdir):
         raise StreamNotFound(f"stream {name!r} does not exist (looked in {sdir})")
     bases = list_segments(ops, sdir)
@@ -262,7 +307,7 @@ def iter_frames(
                 for fr in sc.frames:
                     if fr.next_offset <= off:
                         continue
-                    yield iter_frame(data, fr.position - pos, fr, off, stop)
+                    yield data, fr.position - pos, fr, off
                     off = fr.next_offset
                     if stop is not None and off >= stop:
                         return

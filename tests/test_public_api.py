@@ -34,6 +34,7 @@ EXPECTED = frozenset(
         # streams
         "AsyncConsumerGroup",
         "AsyncStream",
+        "ColumnBatch",
         "CompactionReport",
         "ConsumerGroup",
         "GroupInfo",
