@@ -286,11 +286,18 @@ class Stream:
         elif all(type(x) is bytes or type(x) is str for x in items):
             batch = [x.encode() if type(x) is str else x for x in items]
         else:
-            batch = [prepare(x, max_record_bytes=max_bytes) for x in items]
-        if type(batch[0]) is bytes:
-            biggest = max(map(len, batch))
-            if biggest > max_bytes:
-                raise _too_large(biggest, max_bytes)
+            # plain values stay bytes: runs of them are framed on the fast path
+            batch = [
+                x
+                if type(x) is bytes
+                else x.encode()
+                if type(x) is str
+                else prepare(x, max_record_bytes=max_bytes)
+                for x in items
+            ]
+        biggest = max((len(x) for x in batch if type(x) is bytes), default=0)
+        if biggest > max_bytes:
+            raise _too_large(biggest, max_bytes)
         writer = self._get_writer()
         offsets = writer.append(batch, now_us=self._now_us)
         self._after_append(writer)

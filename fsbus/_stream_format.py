@@ -264,6 +264,11 @@ class _Prepared:
     ts_us: int | None
     """Its own timestamp (µs), or None for the time of the append."""
 
+    @property
+    def size(self) -> int:
+        """Bytes of its value, key and headers."""
+        return len(self.value) + len(self.headers) + (len(self.key) if self.key else 0)
+
 
 def prepare(item: bytes | str | RecordIn, *, max_record_bytes: int) -> _Prepared:
     """Validate one record and reduce it to bytes (raises UsageError subclasses)."""
@@ -387,13 +392,18 @@ class Encoded:
 
 
 def encode_frames(
-    items: Sequence[_Prepared] | Sequence[bytes],
+    items: Sequence[_Prepared | bytes],
     base_offset: int,
     *,
     now_us: int,
     max_frame_bytes: int,
 ) -> Encoded:
-    """Frame a batch, split into frames of about ``max_frame_bytes`` at most."""
+    """Frame a batch, split into frames of about ``max_frame_bytes`` at most.
+
+    ``items`` may mix plain values (``bytes``) and prepared records: each run of plain
+    values is framed on the fast path (:func:`encode_values`), so one record with a key
+    or headers does not send a whole batch through the general framing.
+    """
     n = len(items)
     if n == 0:
         return Encoded(b"", (), base_offset)
@@ -401,28 +411,17 @@ def encode_frames(
     if n == 1 and type(first) is bytes:  # a single append: one frame, no splitting
         frame = encode_values((first,), base_offset, now_us)
         return Encoded(frame, ((base_offset, 0, now_us),), base_offset + 1)
-    plain = isinstance(items[0], bytes)
-    if plain:
-        values: Sequence[bytes] = items  # type: ignore[assignment]
-        sizes = list(map(len, values))
-        total = sum(sizes) + 4 * n + HEADER_SIZE
-        chunks = [(0, n)] if total <= max_frame_bytes else _split(sizes, max_frame_bytes)
-    else:
-        prepared: Sequence[_Prepared] = items  # type: ignore[assignment]
-        sizes = [len(p.value) + len(p.headers) + len(p.key or b"") for p in prepared]
-        chunks = _split(sizes, max_frame_bytes)
     parts: list[bytes | bytearray] = []
     frames: list[tuple[int, int, int]] = []
     pos = 0
-    for lo, hi in chunks:
+    for lo, hi, plain in _runs(items, max_frame_bytes):
         off = base_offset + lo
         if plain:
-            frame = encode_values(values[lo:hi], off, now_us)
+            frame = encode_values(items[lo:hi], off, now_us)  # type: ignore[arg-type]
             max_ts = now_us
         else:
-            sub = prepared[lo:hi]
             frame = encode_frame(
-                sub,
+                [_as_prepared(x) for x in items[lo:hi]],
                 range(off, off + hi - lo),
                 base_offset=off,
                 last_delta=hi - lo - 1,
@@ -434,6 +433,57 @@ def encode_frames(
         pos += len(frame)
     data = parts[0] if len(parts) == 1 else b"".join(parts)
     return Encoded(data, tuple(frames), base_offset + n)
+
+
+MIN_PLAIN_RUN: Final = 64
+"""Plain values in a row, within a mixed batch, that get frames of their own."""
+
+
+def _runs(items: Sequence[_Prepared | bytes], max_frame_bytes: int) -> list[tuple[int, int, bool]]:
+    """Cut a batch into frames: ``(lo, hi, plain)``, plain meaning values only.
+
+    Runs of at least :data:`MIN_PLAIN_RUN` plain values (or a batch of nothing else) take
+    the fast path; the other records share general frames, so a mixed batch is not cut
+    into many small frames.
+    """
+    n = len(items)
+    special = [i for i, x in enumerate(items) if type(x) is not bytes]
+    if not special:
+        sizes = list(map(len, items))  # type: ignore[arg-type]
+        if sum(sizes) + 4 * n + HEADER_SIZE <= max_frame_bytes:
+            return [(0, n, True)]
+        return [(a, b, True) for a, b in _split(sizes, max_frame_bytes)]
+    # alternate general and plain runs; short plain runs join the general ones
+    runs: list[tuple[int, int, bool]] = []
+    lo = 0
+    for i in [*special, n]:
+        if i - lo >= MIN_PLAIN_RUN:
+            runs.append((lo, i, True))
+        elif i > lo:
+            _extend_general(runs, lo, i)
+        if i < n:
+            _extend_general(runs, i, i + 1)
+        lo = i + 1
+    out: list[tuple[int, int, bool]] = []
+    for lo, hi, plain in runs:
+        if plain:
+            sizes = list(map(len, items[lo:hi]))  # type: ignore[arg-type]
+            out += [(lo + a, lo + b, True) for a, b in _split(sizes, max_frame_bytes)]
+        else:
+            sizes = [_as_prepared(x).size for x in items[lo:hi]]
+            out += [(lo + a, lo + b, False) for a, b in _split(sizes, max_frame_bytes)]
+    return out
+
+
+def _as_prepared(x: _Prepared | bytes) -> _Prepared:
+    return _Prepared(x, None, b"", None) if isinstance(x, bytes) else x
+
+
+def _extend_general(runs: list[tuple[int, int, bool]], lo: int, hi: int) -> None:
+    if runs and not runs[-1][2] and runs[-1][1] == lo:
+        runs[-1] = (runs[-1][0], hi, False)
+    else:
+        runs.append((lo, hi, False))
 
 
 def _split(sizes: Sequence[int], max_frame_bytes: int) -> list[tuple[int, int]]:
@@ -556,10 +606,10 @@ class ColumnBatch:
     :attr:`values` slices them into a list of ``bytes`` when asked.
     """
 
-    offsets: Sequence[int]
+    offsets: range | array[int]
     """Offset of each record: a ``range`` when they are consecutive (the usual case), else
     an ``array('q')`` (a compacted frame)."""
-    timestamps: Sequence[float]
+    timestamps: array[float]
     """Timestamp of each record, seconds since the epoch, as an ``array('d')``."""
     keys: Sequence[bytes | None]
     """Key of each record, None for none (a list)."""
@@ -626,7 +676,7 @@ def frame_columns(
     flags = header.flags
     lens_at = pos + HEADER_SIZE
     p = lens_at + 4 * count
-    offsets: Sequence[int]
+    offsets: range | array[int]
     if flags & FLAG_GAPS:
         all_offsets = [base + d for d in struct.unpack_from(f"<{count}I", buf, p)]
         p += 4 * count

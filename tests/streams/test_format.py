@@ -194,3 +194,48 @@ def test_offsets_file_corruption_detected(mangle: object, match: str) -> None:
 def test_bad_timestamps_are_refused(bad: object) -> None:
     with pytest.raises(UsageError, match="timestamp must be seconds since the epoch"):
         prepare(RecordIn(b"x", timestamp=bad), max_record_bytes=10)  # type: ignore[arg-type]
+
+
+def test_mixed_batch_frames_runs_of_plain_values_on_the_fast_path() -> None:
+    marked = prepare(RecordIn(b"first", headers={"mark": "1"}), max_record_bytes=99)
+    plain = [b"v%d" % i for i in range(200)]
+    enc = encode_frames([marked, *plain], 0, now_us=7, max_frame_bytes=1 << 20)
+    buf = bytes(enc.data)
+    frames = scan_frames(buf).frames
+    assert [(f.base_offset, f.count, f.flags) for f in frames] == [(0, 1, 2), (1, 200, 0)]
+    assert _records(buf) == [(0, 7e-6, None, b"first", {"mark": "1"})] + [
+        (i + 1, 7e-6, None, v, {}) for i, v in enumerate(plain)
+    ]
+
+
+def test_mixed_batch_keeps_short_plain_runs_in_shared_frames() -> None:
+    items: list[object] = []
+    for i in range(30):
+        items.append(b"p%d" % i)
+        items.append(prepare(RecordIn(b"k%d" % i, key=b"k"), max_record_bytes=99))
+    enc = encode_frames(items, 5, now_us=1, max_frame_bytes=1 << 20)  # type: ignore[arg-type]
+    assert len(enc.frames) == 1
+    got = _records(bytes(enc.data))
+    assert [g[3] for g in got] == [
+        b"p%d" % (i // 2) if i % 2 == 0 else b"k%d" % (i // 2) for i in range(60)
+    ]
+    assert [g[2] for g in got] == [None, b"k"] * 30
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(min_value=0, max_value=200)), max_size=8),
+    st.integers(min_value=200, max_value=5000),
+)
+def test_mixed_batches_roundtrip(runs: list[tuple[bool, int]], max_frame: int) -> None:
+    items: list[object] = []
+    for plain, n in runs:
+        for _ in range(n):
+            v = b"%d" % len(items)
+            items.append(v if plain else prepare(RecordIn(v, key=v), max_record_bytes=99))
+    enc = encode_frames(items, 3, now_us=9, max_frame_bytes=max_frame)  # type: ignore[arg-type]
+    got = _records(bytes(enc.data))
+    assert [g[0] for g in got] == list(range(3, 3 + len(items)))
+    assert [g[3] for g in got] == [b"%d" % i for i in range(len(items))]
+    assert [g[2] for g in got] == [
+        None if type(x) is bytes else b"%d" % i for i, x in enumerate(items)
+    ]
