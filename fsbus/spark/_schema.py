@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,14 +11,14 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-    from fsbus import MessageInfo, Record
+    from fsbus import ColumnBatch, MessageInfo
 
 __all__ = [
     "BUS_SCHEMA",
     "STREAM_SCHEMA",
     "bus_batch",
+    "columns_batch",
     "headers_array",
-    "stream_batch",
     "value_as_json",
     "value_as_string",
 ]
@@ -38,11 +37,6 @@ BUS_SCHEMA = (
 """Columns of a Bus snapshot: one row per message on disk (nothing is consumed)."""
 
 _TS = pa.timestamp("us", tz="UTC")
-_OFFSET = attrgetter("offset")
-_TIMESTAMP = attrgetter("timestamp")
-_KEY = attrgetter("key")
-_VALUE = attrgetter("value")
-_HEADERS_OF = attrgetter("headers")
 _HEADERS = pa.map_(pa.string(), pa.string())
 
 _STREAM_ARROW = pa.schema(
@@ -80,39 +74,62 @@ def _micros(seconds: float | None) -> int | None:
 def headers_array(headers: Sequence[Mapping[str, str]]) -> pa.Array:
     """An Arrow map array of header mappings; cheap when every mapping is empty."""
     if not any(headers):
-        offsets = pa.array([0] * (len(headers) + 1), pa.int32())
-        empty = pa.array([], pa.string())
-        return pa.MapArray.from_arrays(offsets, empty, empty)
+        return _no_headers(len(headers))
     return pa.array([list(h.items()) for h in headers], _HEADERS)
 
 
-def stream_batch(stream: str, records: Sequence[Record]) -> pa.RecordBatch:
-    """One Arrow batch of ``STREAM_SCHEMA`` rows from stream records.
+_INT32_MAX = 2**31 - 1
 
-    Column-wise, with shortcuts for the common shapes (contiguous offsets, no keys, no
-    headers): this runs once per record on the executors and is most of a read's cost.
+
+def _repeat(value: str, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.string()), n)
+
+
+def columns_batch(stream: str, parts: Sequence[ColumnBatch]) -> pa.RecordBatch:
+    """One Arrow batch of ``STREAM_SCHEMA`` rows from column batches of one stream.
+
+    No Python object per record in the common case: the values' buffer becomes the
+    Arrow binary array's data as is (a copy only to join several parts), its offsets are
+    a cumulative sum of the value lengths, and offsets and timestamps are NumPy arrays.
     """
-    n = len(records)
+    n = sum(map(len, parts))
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=_STREAM_ARROW)
-    first = records[0].offset
-    if records[-1].offset - first == n - 1:
-        offsets = pa.array(np.arange(first, first + n, dtype=np.int64))
+    offs = [p.offsets for p in parts]
+    if all(isinstance(o, range) for o in offs) and offs[-1][-1] - offs[0][0] == n - 1:
+        offsets = pa.array(np.arange(offs[0][0], offs[0][0] + n, dtype=np.int64))
     else:
-        offsets = pa.array(list(map(_OFFSET, records)), pa.int64())
-    stamps = np.fromiter(map(_TIMESTAMP, records), dtype=np.float64, count=n)
+        offsets = pa.array(np.concatenate([np.asarray(o, dtype=np.int64) for o in offs]))
+    stamps = np.concatenate([np.frombuffer(p.timestamps, dtype=np.float64) for p in parts])
     micros = pa.array(np.rint(stamps * 1_000_000).astype(np.int64)).view(_TS)
-    keys = list(map(_KEY, records))
-    key_array = pa.nulls(n, pa.binary()) if keys.count(None) == n else pa.array(keys, pa.binary())
-    columns = [
-        pa.array([stream] * n, pa.string()),
-        offsets,
-        micros,
-        key_array,
-        pa.array(list(map(_VALUE, records)), pa.binary()),
-        headers_array(list(map(_HEADERS_OF, records))),
-    ]
+    lengths = np.concatenate([np.frombuffer(p.value_lengths, dtype=np.uint32) for p in parts])
+    ends = np.empty(n + 1, dtype=np.int64)
+    ends[0] = 0
+    np.cumsum(lengths, out=ends[1:])
+    if ends[-1] > _INT32_MAX:
+        raise ValueError(
+            f"{int(ends[-1])} bytes of values in one Arrow batch exceed Spark's binary column "
+            "limit (2 GiB); lower the stream's max_frame_bytes"
+        )
+    data = parts[0].value_data if len(parts) == 1 else b"".join(p.value_data for p in parts)
+    values = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(ends.astype(np.int32)), pa.py_buffer(data)]
+    )
+    if all(p.keys.count(None) == len(p) for p in parts):
+        keys = pa.nulls(n, pa.binary())
+    else:
+        keys = pa.array([k for p in parts for k in p.keys], pa.binary())
+    if any(any(p.headers) for p in parts):
+        headers = headers_array([h for p in parts for h in p.headers])
+    else:
+        headers = _no_headers(n)
+    columns = [_repeat(stream, n), offsets, micros, keys, values, headers]
     return pa.RecordBatch.from_arrays(columns, schema=_STREAM_ARROW)
+
+
+def _no_headers(n: int) -> pa.Array:
+    empty = pa.array([], pa.string())
+    return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), empty, empty)
 
 
 def bus_batch(rows: Sequence[tuple[MessageInfo, bytes | None]]) -> pa.RecordBatch:

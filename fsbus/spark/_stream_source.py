@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from itertools import islice
 from typing import Any
 
 import pyarrow as pa
@@ -24,11 +23,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from fsbus import OffsetOutOfRange, Stream
+from fsbus import ColumnBatch, OffsetOutOfRange, Stream
 
 from ._options import OffsetSpec, StreamSourceOptions
 from ._plan import cap_offsets, split_ranges
-from ._schema import stream_batch
+from ._schema import columns_batch
 
 __all__ = [
     "StreamBatchReader",
@@ -39,7 +38,9 @@ __all__ = [
 ]
 
 ARROW_BATCH_ROWS = 16_384
-"""Records per Arrow batch handed to Spark."""
+"""Records per Arrow batch handed to Spark (more when one frame holds more)."""
+ARROW_BATCH_BYTES = 64 << 20
+"""Bytes of values after which an Arrow batch is handed to Spark."""
 
 
 class StreamRangePartition(InputPartition):
@@ -76,9 +77,17 @@ def read_range(part: StreamRangePartition) -> Iterator[pa.RecordBatch]:
             start = first
         if start >= part.stop:
             return
-        records = stream.read(start, part.stop)
-        while chunk := list(islice(records, ARROW_BATCH_ROWS)):
-            yield stream_batch(part.stream, chunk)
+        parts: list[ColumnBatch] = []
+        rows = size = 0
+        for cols in stream.read_columns(start, part.stop):
+            if parts and (rows + len(cols) > ARROW_BATCH_ROWS or size > ARROW_BATCH_BYTES):
+                yield columns_batch(part.stream, parts)
+                parts, rows, size = [], 0, 0
+            parts.append(cols)
+            rows += len(cols)
+            size += len(cols.value_data)
+        if parts:
+            yield columns_batch(part.stream, parts)
 
 
 def _position(stream: Stream, name: str, spec: OffsetSpec, option: str) -> int:
