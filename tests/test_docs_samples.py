@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 60.0
+TIMEOUT = 90.0
 SPARK_TIMEOUT = 300.0
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^\s`]*)")
@@ -124,7 +124,10 @@ def all_samples() -> list[Sample]:
 
 
 def _param(sample: Sample) -> object:
-    marks = [pytest.mark.spark, pytest.mark.slow] if sample.kind == "spark" else []
+    if sample.kind == "spark":
+        marks = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(SPARK_TIMEOUT + 60)]
+    else:
+        marks = [pytest.mark.timeout(TIMEOUT + 30)]
     return pytest.param(sample, id=sample.id, marks=marks)
 
 
