@@ -144,7 +144,6 @@ def test_sample_runs(sample: Sample, tmp_path: Path) -> None:
         assert sample.reason, f"{sample.id}: say why in <!-- no-run: reason -->"
         pytest.skip(f"not run: {sample.reason}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "FSBUS_"))}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     timeout = TIMEOUT
     if sample.kind == "pytest":
         script = tmp_path / "test_sample.py"
