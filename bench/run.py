@@ -1,8 +1,8 @@
 """One entry for every benchmark: ``python -m bench.run [--quick] [--fs ...] [--systems ...]``.
 
 For each filesystem, each scenario runs every system that supports it, round after round,
-interleaved (A B C A B C ...), in a fresh directory each time; the median of the rounds is
-kept. Results go to ``--out`` as results.md, results.json and PNG plots.
+interleaved and rotated (A B C, B C A, C A B, ...), in a fresh directory each time; the
+median of the rounds is kept. Results go to ``--out`` as results.md, results.json and PNG plots.
 """
 
 from __future__ import annotations
@@ -121,7 +121,11 @@ def run_plan(
                     for s in runners
                 }
                 for r in range(plan.rounds):
-                    for s in runners:
+                    # rotate the order each round (A B C, B C A, C A B): no system always
+                    # runs right after another's deletions (slow creates on a journal-less
+                    # ext4) or on a freshly warmed cache
+                    k = r % max(1, len(runners))
+                    for s in runners[k:] + runners[:k]:
                         t = time.monotonic()
                         m = measure(s, sc, place.path / f"{s.name}-{sc.key}-{r}", timeout)
                         cur[s.name].rounds.append(m)
