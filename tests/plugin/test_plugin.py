@@ -12,6 +12,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 USER_TESTS = """
 import pytest
 
@@ -109,7 +111,7 @@ def run_user_suite(tmp_path: Path, files: dict[str, str]) -> tuple[dict[str, str
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
     outcomes = {}
     for case in ET.parse(report).getroot().iter("testcase"):
@@ -118,6 +120,7 @@ def run_user_suite(tmp_path: Path, files: dict[str, str]) -> tuple[dict[str, str
     return outcomes, proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(300)  # a pytest run in a new process, on a machine that may be busy
 def test_fixtures_and_helpers_in_a_users_suite(tmp_path: Path) -> None:
     outcomes, output = run_user_suite(
         tmp_path, {"test_user.py": USER_TESTS, "conftest.py": USER_CONFTEST}
@@ -137,6 +140,7 @@ def test_fixtures_and_helpers_in_a_users_suite(tmp_path: Path) -> None:
     assert "not reached" not in output
 
 
+@pytest.mark.timeout(300)
 def test_plugin_is_listed_with_its_fixtures(tmp_path: Path) -> None:
     project = tmp_path / "empty"
     project.mkdir()
@@ -145,7 +149,7 @@ def test_plugin_is_listed_with_its_fixtures(tmp_path: Path) -> None:
         cwd=project,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
     for name in ("fsbus_root", "fsbus_config", "fsbus_bus", "fsbus_blocking_bus"):
         assert name in proc.stdout, proc.stdout + proc.stderr
