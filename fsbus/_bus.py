@@ -9,7 +9,9 @@ publishes are batched into worker-thread hops the same way.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import inspect
 import itertools
 import logging
 import math
@@ -126,13 +128,21 @@ class Subscription:
     """A live subscription; close it with :meth:`aclose` or :meth:`Bus.unsubscribe`."""
 
     def __init__(
-        self, bus: Bus, pattern: str, handler: Handler, existing: bool, kind: Kind = "any"
+        self,
+        bus: Bus,
+        pattern: str,
+        handler: Handler,
+        existing: bool,
+        kind: Kind = "any",
+        prefetch: int | None = None,
     ) -> None:
         self.bus = bus
         self.pattern = pattern
         self.handler = handler
         self.existing = existing
         self.kind = kind
+        self.prefetch = prefetch
+        self.in_flight = 0  # work-queue messages claimed for it and not yet settled
         self.closed = False
 
     async def aclose(self) -> None:
@@ -466,6 +476,7 @@ class Bus:
         *,
         existing: bool = False,
         kind: Kind = "any",
+        prefetch: int | None = None,
     ) -> Subscription:
         """Call ``handler(message)`` for every message matching ``pattern``.
 
@@ -474,14 +485,23 @@ class Bus:
         redelivery when it raises. ``existing`` also delivers multi messages already present.
         ``kind`` limits the subscription to ``"multi"`` messages (an observer that never takes
         work-queue messages) or to ``"single"`` ones (a worker); ``"any"`` takes both.
+        ``prefetch`` caps the work-queue messages claimed for this subscription at once
+        (None: up to ``handler_concurrency``), so one consumer does not hoard work.
         """
         tg = self._check_open()
         pattern = validate_pattern(pattern)
-        if not callable(handler):
-            raise UsageError(f"handler must be an async callable, not {type(handler).__name__}")
+        if not _is_async_callable(handler):
+            raise UsageError(
+                f"handler must be an async function (async def), not {handler!r}; for "
+                "blocking code use BlockingBus.messages() or call it with anyio.to_thread"
+            )
+        if prefetch is not None and (
+            not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1
+        ):
+            raise UsageError(f"prefetch must be a positive int or None, not {prefetch!r}")
         if kind not in _KINDS:
             raise UsageError(f"kind must be one of {', '.join(_KINDS)}, not {kind!r}")
-        sub = Subscription(self, pattern, handler, existing, kind)
+        sub = Subscription(self, pattern, handler, existing, kind, prefetch)
         self._trie.add(pattern, sub)
         self._subs.append(sub)
         if existing:
@@ -525,6 +545,7 @@ class Bus:
         existing: bool = False,
         kind: Kind = "any",
         buffer: int = _DEFAULT_BUFFER,
+        prefetch: int = 1,
     ) -> AsyncIterator[MessageIterator]:
         """Receive matching messages with ``async for``.
 
@@ -534,7 +555,9 @@ class Bus:
         """
         it = MessageIterator(buffer)
         try:
-            sub = await self.subscribe(pattern, it._handle, existing=existing, kind=kind)
+            sub = await self.subscribe(
+                pattern, it._handle, existing=existing, kind=kind, prefetch=prefetch
+            )
         except BaseException:
             it._close()  # a bad pattern or a closed bus: do not leak the streams
             raise
@@ -620,10 +643,7 @@ class Bus:
         if decision.expired or decision.foreign:
             await self._housekeep(decision.expired, decision.foreign)
         for e in decision.singles:
-            if e.key not in self._ready_keys:
-                self._ready_keys.add(e.key)
-                self._ready_seq += 1
-                heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
+            self._push_ready(e)
         if not deliver:
             return
         multis = decision.new_multi
@@ -755,6 +775,12 @@ class Bus:
         finally:
             self._give_slot()
 
+    def _push_ready(self, e: Entry) -> None:
+        if e.key not in self._ready_keys:
+            self._ready_keys.add(e.key)
+            self._ready_seq += 1
+            heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
+
     async def _claim_ready(self) -> None:
         """Claim work-queue messages from the ready heap, best priority first.
 
@@ -766,7 +792,9 @@ class Bus:
         now_ms = int(time.time() * 1000)
         capacity = self._free
         picked: list[tuple[Entry, Subscription]] = []
-        while self._ready and len(picked) < capacity * 2:
+        deferred: list[Entry] = []
+        picks: dict[Subscription, int] = {}
+        while self._ready and len(picked) < capacity * 2 and len(deferred) < capacity * 4:
             _, _, e = heapq.heappop(self._ready)
             self._ready_keys.discard(e.key)
             if (
@@ -777,8 +805,21 @@ class Bus:
             ):
                 continue
             subs = [s for s in self._targets(e) if not s.closed]
-            if subs:
-                picked.append((e, subs[hash(e.name) % len(subs)]))
+            # A subscription with a prefetch limit gets at most twice its free room in
+            # candidates (some claims fail) and at most its room in claims (below).
+            free = [
+                s
+                for s in subs
+                if s.prefetch is None or picks.get(s, 0) < 2 * (s.prefetch - s.in_flight)
+            ]
+            if free:
+                sub = free[hash(e.name) % len(free)]
+                picks[sub] = picks.get(sub, 0) + 1
+                picked.append((e, sub))
+            elif subs:
+                deferred.append(e)  # its consumers are full: keep it for later
+        for e in deferred:
+            self._push_ready(e)
         if not picked:
             return
         buckets = self.layout.buckets
@@ -793,25 +834,26 @@ class Bus:
             start = self._spread % same if same > 1 else 0
             ordered = picked[start:same] + picked[:start] + picked[same:]
 
-        def claim_some() -> list[tuple[Entry, Subscription, Claim | None]]:
-            got = []
+        def claim_some() -> tuple[list[tuple[Entry, Subscription, Claim | None]], list[Entry]]:
+            got: list[tuple[Entry, Subscription, Claim | None]] = []
+            untried: list[Entry] = []
             taken = 0
+            per_sub: dict[Subscription, int] = {}
             for e, sub in ordered:
-                if taken >= capacity:
-                    break
+                room = None if sub.prefetch is None else sub.prefetch - sub.in_flight
+                if taken >= capacity or (room is not None and per_sub.get(sub, 0) >= room):
+                    untried.append(e)
+                    continue
                 c = self._fs.claim(buckets[e.bucket_index], e.name, has_meta=_has_meta(e))
                 got.append((e, sub, c))
                 if c is not None:
                     taken += 1
-            return got
+                    per_sub[sub] = per_sub.get(sub, 0) + 1
+            return got, untried
 
-        results = await anyio.to_thread.run_sync(claim_some)
-        for e, _ in ordered[len(results) :]:
-            # Not tried this round: back on the heap.
-            if e.key not in self._ready_keys:
-                self._ready_keys.add(e.key)
-                self._ready_seq += 1
-                heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
+        results, untried = await anyio.to_thread.run_sync(claim_some)
+        for e in untried:  # not tried this round: back on the heap
+            self._push_ready(e)
         for e, sub, claim in results:
             if claim is None:
                 # Locked by another consumer, or gone: look again after retry_interval.
@@ -821,6 +863,7 @@ class Bus:
             msg = self._message(e, claim.payload, claim.meta, claim.attempts)
             self._free -= 1  # capacity was checked above: no wait here
             self._counts["delivered"] += 1
+            sub.in_flight += 1
             self._jobs_send.send_nowait((self._run_single, (sub, msg, claim, e.key)))
 
     async def _run_single(
@@ -865,6 +908,7 @@ class Bus:
                     await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))
                 self._counts["released"] += 1
             self._in_flight.discard(key)
+            sub.in_flight -= 1
             self._give_slot()
             if not self._closed:
                 self._waker.wake()
@@ -1010,6 +1054,15 @@ class Bus:
             in_flight=len(self._in_flight),
             inotify=self._waker.inotify_active,
         )
+
+
+def _is_async_callable(obj: object) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    while isinstance(obj, functools.partial):
+        obj = obj.func
+    return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(
+        getattr(obj, "__call__", None)  # noqa: B004
+    )
 
 
 def _has_meta(e: Entry) -> bool:

@@ -222,11 +222,12 @@ class BlockingBus:
         existing: bool = False,
         kind: Kind = "any",
         buffer: int = 64,
+        prefetch: int = 1,
     ) -> BlockingMessages:
         """Receive matching messages: ``with bus.messages("a.*") as it: it.get(timeout=1)``."""
         self._check_open()
         portal, bus = self._engine()
-        sub = BlockingMessages(portal, bus, pattern, existing, kind, buffer)
+        sub = BlockingMessages(portal, bus, pattern, existing, kind, buffer, prefetch)
         sub._on_exit = self._subscriptions.remove
         self._subscriptions.append(sub)
         return sub
@@ -296,10 +297,11 @@ class BlockingMessages:
         existing: bool,
         kind: Kind,
         buffer: int,
+        prefetch: int = 1,
     ) -> None:
         self._portal = portal
         self._cm = portal.wrap_async_context_manager(
-            bus.messages(pattern, existing=existing, kind=kind, buffer=buffer)
+            bus.messages(pattern, existing=existing, kind=kind, buffer=buffer, prefetch=prefetch)
         )
         self._it: MessageIterator | None = None
         self._done = False

@@ -148,8 +148,19 @@ async def test_payload_too_large(root: Path) -> None:
 @pytest.mark.asyncio
 async def test_handler_must_be_callable(root: Path) -> None:
     async with Bus(root) as bus:
-        with pytest.raises(UsageError, match="handler must be an async callable"):
+        with pytest.raises(UsageError, match="handler must be an async function"):
             await bus.subscribe("t", "not a function")  # type: ignore[arg-type]
+        assert bus.statistics().subscriptions == 0
+
+
+@pytest.mark.asyncio
+async def test_a_plain_function_handler_is_refused_before_any_delivery(root: Path) -> None:
+    def blocking(msg: object) -> None:  # would run, then fail when awaited
+        raise AssertionError("never called")
+
+    async with Bus(root) as bus:
+        with pytest.raises(UsageError, match=r"async def.*BlockingBus\.messages"):
+            await bus.subscribe("t", blocking)  # type: ignore[arg-type]
         assert bus.statistics().subscriptions == 0
 
 

@@ -155,3 +155,25 @@ async def test_receive_with_timeout_zero_polls(root: Path) -> None:
                 except TimeoutError:
                     await anyio.sleep(0.01)
     assert got.payload == b"waiting"
+
+
+@pytest.mark.asyncio
+async def test_an_iterator_claims_one_work_item_at_a_time_by_default(root: Path) -> None:
+    async with Bus(root) as bus:
+        infos = [await bus.publish("jobs", f"j{i}".encode(), single=True) for i in range(5)]
+        async with bus.messages("jobs") as it:
+            first = await it.receive(timeout=WAIT)
+            # The other four stay free for other consumers while this one works.
+            await wait_until(lambda: sum(is_flocked(i.path) for i in infos) == 1)
+            assert [i.name for i in infos if is_flocked(i.path)] == [first.name]
+            second = await it.receive(timeout=WAIT)  # acks the first
+            assert second.name != first.name
+
+
+@pytest.mark.asyncio
+async def test_prefetch_lets_an_iterator_hold_more(root: Path) -> None:
+    async with Bus(root) as bus:
+        infos = [await bus.publish("jobs", f"j{i}".encode(), single=True) for i in range(5)]
+        async with bus.messages("jobs", prefetch=3) as it:
+            await it.receive(timeout=WAIT)
+            await wait_until(lambda: sum(is_flocked(i.path) for i in infos) == 3)
