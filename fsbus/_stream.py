@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -29,6 +31,7 @@ from ._stream_format import (
     Record,
     RecordIn,
     check_stream_name,
+    encode_packed,
     prepare,
     prepare_parts,
     segment_name,
@@ -281,25 +284,82 @@ class Stream:
             return range(end, end)
         max_bytes = self._config.max_record_bytes
         batch: list[Any]
-        if all(type(x) is bytes for x in items):
+        types = set(map(type, items))
+        if types == {bytes}:
             batch = items
-        elif all(type(x) is bytes or type(x) is str for x in items):
-            batch = [x.encode() if type(x) is str else x for x in items]
+            biggest = max(map(len, batch))
         else:
-            # plain values stay bytes: runs of them are framed on the fast path
-            batch = [
-                x
-                if type(x) is bytes
-                else x.encode()
-                if type(x) is str
-                else prepare(x, max_record_bytes=max_bytes)
-                for x in items
-            ]
-        biggest = max((len(x) for x in batch if type(x) is bytes), default=0)
+            if types <= {bytes, str}:
+                batch = [x.encode() if type(x) is str else x for x in items]
+            else:
+                # plain values stay bytes: runs of them are framed on the fast path
+                batch = [
+                    x
+                    if type(x) is bytes
+                    else x.encode()
+                    if type(x) is str
+                    else prepare(x, max_record_bytes=max_bytes)
+                    for x in items
+                ]
+            biggest = max((len(x) for x in batch if type(x) is bytes), default=0)
         if biggest > max_bytes:
             raise _too_large(biggest, max_bytes)
         writer = self._get_writer()
         offsets = writer.append(batch, now_us=self._now_us)
+        self._after_append(writer)
+        return offsets
+
+    def append_values(
+        self, data: bytes | bytearray | memoryview, lengths: Sequence[int] | array[int]
+    ) -> range:
+        """Append ``len(lengths)`` plain records whose values lie back to back in ``data``.
+
+        The mirror of :meth:`read_columns` for bulk producers (Arrow, NumPy): ``lengths``
+        is each value's length (an ``array('I')`` is taken as is), and frames are cut
+        from the buffer with no object built per record. Otherwise as :meth:`append_batch`
+        of the same values (one hold of the append lock, same durability); returns the
+        offsets.
+        """
+        if isinstance(lengths, array) and lengths.typecode == "I":
+            lens = lengths
+        else:
+            try:
+                lens = array("I", lengths)
+            except (OverflowError, TypeError) as exc:
+                raise UsageError(
+                    f"lengths must be ints from 0 to 2**32 - 1 (one per value): {exc}"
+                ) from exc
+        view = memoryview(data).cast("B")
+        total = sum(lens)
+        if total != len(view):
+            raise UsageError(
+                f"the lengths add up to {total} bytes but data holds {len(view)}; "
+                "give one length per value, values back to back"
+            )
+        if not lens:
+            end = self.end_offset
+            return range(end, end)
+        max_bytes = self._config.max_record_bytes
+        biggest = max(lens)
+        if biggest > max_bytes:
+            raise _too_large(biggest, max_bytes)
+        writer = self._get_writer()
+        if self._config.durability == "record":
+            # a frame and a sync per record: the general path does that already
+            starts = list(accumulate(lens, initial=0))
+            offsets = writer.append(
+                [bytes(view[a:e]) for a, e in pairwise(starts)],
+                now_us=self._now_us,
+            )
+        else:
+            max_frame = self._config.max_frame_bytes
+            offsets = writer.append(
+                (None,),
+                now_us=self._now_us,
+                encode=lambda _, base, now: encode_packed(
+                    view, lens, base, now_us=now, max_frame_bytes=max_frame
+                ),
+            )
         self._after_append(writer)
         return offsets
 

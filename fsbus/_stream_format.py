@@ -45,7 +45,8 @@ import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, islice
+from itertools import accumulate, islice, repeat
+from operator import add
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -71,6 +72,7 @@ __all__ = [
     "encode_frames",
     "encode_generations",
     "encode_offsets_file",
+    "encode_packed",
     "encode_values",
     "frame_columns",
     "index_name",
@@ -251,6 +253,52 @@ def encode_values(values: Sequence[bytes], base_offset: int, ts_us: int) -> byte
     return _seal(frame)
 
 
+def encode_packed(
+    data: bytes | bytearray | memoryview,
+    lengths: array[int],
+    base_offset: int,
+    *,
+    now_us: int,
+    max_frame_bytes: int,
+) -> Encoded:
+    """Frames of plain values that lie back to back in ``data`` (``lengths``: ``array('I')``).
+
+    Each frame is its header, a slice of the lengths and a slice of the data: no object
+    per record. Frames hold as many records as fit in ``max_frame_bytes`` (one at least).
+    """
+    n = len(lengths)
+    if n == 0:
+        return Encoded(b"", (), base_offset)
+    # ends[i]: bytes that records [0, i) take in a frame (value and length entry)
+    ends = list(accumulate(map(add, lengths, repeat(4)), initial=0))
+    budget = max_frame_bytes - HEADER_SIZE
+    raw_lengths = lengths.tobytes()
+    if _BIG_ENDIAN:
+        swapped = array("I", lengths)
+        swapped.byteswap()
+        raw_lengths = swapped.tobytes()
+    values = memoryview(data)
+    parts: list[bytearray] = []
+    frames: list[tuple[int, int, int]] = []
+    pos = vpos = lo = 0
+    while lo < n:
+        hi = min(max(bisect.bisect_right(ends, ends[lo] + budget, lo + 1) - 1, lo + 1), n)
+        count = hi - lo
+        size = ends[hi] - ends[lo]
+        vlen = size - 4 * count
+        off = base_offset + lo
+        hdr = HEADER.pack(
+            0, MAGIC, VERSION, 0, HEADER_SIZE + size, off, count - 1, count, now_us, now_us
+        )
+        frame = bytearray(b"".join((hdr, raw_lengths[4 * lo : 4 * hi], values[vpos : vpos + vlen])))
+        parts.append(_seal(frame))
+        frames.append((off, pos, now_us))
+        pos += len(frame)
+        vpos += vlen
+        lo = hi
+    return Encoded(parts[0] if len(parts) == 1 else b"".join(parts), tuple(frames), base_offset + n)
+
+
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     """A record reduced to bytes, ready to frame."""
@@ -401,7 +449,7 @@ def encode_frames(
     """Frame a batch, split into frames of about ``max_frame_bytes`` at most.
 
     ``items`` may mix plain values (``bytes``) and prepared records: each run of plain
-    values is framed on the fast path (:func:`encode_values`), so one record with a key
+    values is framed on the fast path (:func:`encode_packed`), so one record with a key
     or headers does not send a whole batch through the general framing.
     """
     n = len(items)
@@ -411,24 +459,27 @@ def encode_frames(
     if n == 1 and type(first) is bytes:  # a single append: one frame, no splitting
         frame = encode_values((first,), base_offset, now_us)
         return Encoded(frame, ((base_offset, 0, now_us),), base_offset + 1)
-    parts: list[bytes | bytearray] = []
+    if set(map(type, items)) == {bytes}:
+        return _encode_plain(items, base_offset, now_us, max_frame_bytes)  # type: ignore[arg-type]
+    parts: list[bytes | bytearray | memoryview] = []
     frames: list[tuple[int, int, int]] = []
     pos = 0
     for lo, hi, plain in _runs(items, max_frame_bytes):
         off = base_offset + lo
         if plain:
-            frame = encode_values(items[lo:hi], off, now_us)  # type: ignore[arg-type]
-            max_ts = now_us
-        else:
-            frame = encode_frame(
-                [_as_prepared(x) for x in items[lo:hi]],
-                range(off, off + hi - lo),
-                base_offset=off,
-                last_delta=hi - lo - 1,
-                default_ts_us=now_us,
-            )
-            max_ts = HEADER.unpack_from(frame)[9]
-        frames.append((off, pos, max_ts))
+            enc = _encode_plain(items[lo:hi], off, now_us, max_frame_bytes)  # type: ignore[arg-type]
+            frames += [(o, pos + p, t) for o, p, t in enc.frames]
+            parts.append(enc.data)
+            pos += len(enc.data)
+            continue
+        frame = encode_frame(
+            [_as_prepared(x) for x in items[lo:hi]],
+            range(off, off + hi - lo),
+            base_offset=off,
+            last_delta=hi - lo - 1,
+            default_ts_us=now_us,
+        )
+        frames.append((off, pos, HEADER.unpack_from(frame)[9]))
         parts.append(frame)
         pos += len(frame)
     data = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -440,20 +491,14 @@ MIN_PLAIN_RUN: Final = 64
 
 
 def _runs(items: Sequence[_Prepared | bytes], max_frame_bytes: int) -> list[tuple[int, int, bool]]:
-    """Cut a batch into frames: ``(lo, hi, plain)``, plain meaning values only.
+    """Cut a mixed batch into runs ``(lo, hi, plain)``, plain meaning values only.
 
-    Runs of at least :data:`MIN_PLAIN_RUN` plain values (or a batch of nothing else) take
-    the fast path; the other records share general frames, so a mixed batch is not cut
-    into many small frames.
+    Runs of at least :data:`MIN_PLAIN_RUN` plain values take the fast path (the caller
+    cuts them into frames); the other records share general frames, cut here, so a mixed
+    batch is not cut into many small frames.
     """
     n = len(items)
     special = [i for i, x in enumerate(items) if type(x) is not bytes]
-    if not special:
-        sizes = list(map(len, items))  # type: ignore[arg-type]
-        if sum(sizes) + 4 * n + HEADER_SIZE <= max_frame_bytes:
-            return [(0, n, True)]
-        return [(a, b, True) for a, b in _split(sizes, max_frame_bytes)]
-    # alternate general and plain runs; short plain runs join the general ones
     runs: list[tuple[int, int, bool]] = []
     lo = 0
     for i in [*special, n]:
@@ -467,12 +512,23 @@ def _runs(items: Sequence[_Prepared | bytes], max_frame_bytes: int) -> list[tupl
     out: list[tuple[int, int, bool]] = []
     for lo, hi, plain in runs:
         if plain:
-            sizes = list(map(len, items[lo:hi]))  # type: ignore[arg-type]
-            out += [(lo + a, lo + b, True) for a, b in _split(sizes, max_frame_bytes)]
+            out.append((lo, hi, True))
         else:
             sizes = [_as_prepared(x).size for x in items[lo:hi]]
             out += [(lo + a, lo + b, False) for a, b in _split(sizes, max_frame_bytes)]
     return out
+
+
+def _encode_plain(
+    values: Sequence[bytes], base_offset: int, now_us: int, max_frame_bytes: int
+) -> Encoded:
+    return encode_packed(
+        b"".join(values),
+        array("I", map(len, values)),
+        base_offset,
+        now_us=now_us,
+        max_frame_bytes=max_frame_bytes,
+    )
 
 
 def _as_prepared(x: _Prepared | bytes) -> _Prepared:

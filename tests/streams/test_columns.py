@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from fsbus import ColumnBatch, OffsetOutOfRange, Record, RecordIn, Stream, StreamConfig, UsageError
+from fsbus import (
+    ColumnBatch,
+    OffsetOutOfRange,
+    PayloadTooLarge,
+    Record,
+    RecordIn,
+    Stream,
+    StreamConfig,
+    UsageError,
+)
 from fsbus._stream_format import encode_frame, encode_frames, frame_columns, prepare, scan_frames
 
 
@@ -137,3 +146,38 @@ def test_frame_columns_with_gaps() -> None:
     cols = frame_columns(frame, 0, fr, 11, 17)
     assert (list(cols.offsets), cols.values) == ([13], [b"b"])
     assert list(frame_columns(frame, 0, fr, 13).offsets) == [13, 17]
+
+
+def test_append_values_round_trips_with_read_columns(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", segment_bytes=4096, max_frame_bytes=512)
+    values = [b"v%d" % i * (i % 7) for i in range(300)]  # some empty
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        s.append(b"before")
+        got = s.append_values(b"".join(values), array("I", map(len, values)))
+        assert got == range(1, 301)
+        assert s.append_values(memoryview(b"xyz"), [1, 2]) == range(301, 303)
+        assert s.append_values(b"", []) == range(303, 303)
+        assert len(s.info().segments) > 1
+        assert [r.value for r in s.read(1)] == [*values, b"x", b"yz"]
+        batches = list(s.read_columns(1))
+        assert b"".join(bytes(b.value_data) for b in batches) == b"".join(values) + b"xyz"
+        assert all(len(b.value_data) + 4 * len(b) + 48 <= 512 for b in batches)
+
+
+@pytest.mark.parametrize("durability", ["batch", "record"])
+def test_append_values_durability_levels(tmp_path: Path, durability: str) -> None:
+    with Stream.open(tmp_path, "s", config=StreamConfig(durability=durability)) as s:  # type: ignore[arg-type]
+        assert s.append_values(b"abcdef", [1, 2, 3]) == range(3)
+        assert [r.value for r in s.read()] == [b"a", b"bc", b"def"]
+
+
+def test_append_values_refuses_bad_input_and_loses_nothing(stream: Stream) -> None:
+    stream.append(b"kept")
+    with pytest.raises(UsageError, match="add up to 3 bytes but data holds 4"):
+        stream.append_values(b"abcd", [1, 2])
+    with pytest.raises(UsageError, match="lengths must be ints"):
+        stream.append_values(b"ab", [-1, 3])
+    small = StreamConfig(durability="none", max_record_bytes=4)
+    with Stream.open(stream.root, "t", config=small) as t, pytest.raises(PayloadTooLarge):
+        t.append_values(b"abcdef", [1, 5])
+    assert [r.value for r in stream.read()] == [b"kept"]
