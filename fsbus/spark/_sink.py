@@ -29,11 +29,14 @@ depend on Spark recomputing identical rows.
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
@@ -281,12 +284,16 @@ def _prune(root: str, sink_id: str, batch: str) -> None:
 class _Rows:
     """A batch's staged rows, column by column (None: the column is absent or all empty)."""
 
-    values: list[bytes]
+    value_column: pa.ChunkedArray | None
     keys: list[bytes | None] | None
     headers: list[dict[str, str]] | None
 
     def __len__(self) -> int:
-        return len(self.values)
+        return 0 if self.value_column is None else len(self.value_column)
+
+    @cached_property
+    def values(self) -> list[bytes]:
+        return [] if self.value_column is None else self.value_column.to_pylist()
 
     def row(self, i: int) -> tuple[bytes, bytes | None, dict[str, str]]:
         key = self.keys[i] if self.keys is not None else None
@@ -296,7 +303,7 @@ class _Rows:
 
 def _stream_rows(table: pa.Table | None) -> _Rows:
     if table is None:
-        return _Rows([], None, None)
+        return _Rows(None, None, None)
     names = table.column_names
     keys = None
     if "key" in names and table.column("key").null_count < table.num_rows:
@@ -306,7 +313,7 @@ def _stream_rows(table: pa.Table | None) -> _Rows:
         column = table.column("headers")
         if any(len(chunk.keys) for chunk in column.chunks):
             headers = [dict(h) if h else {} for h in column.to_pylist()]
-    return _Rows(table.column("value").to_pylist(), keys, headers)
+    return _Rows(table.column("value"), keys, headers)
 
 
 def _append_to_stream(
@@ -327,12 +334,41 @@ def _append_to_stream(
             return len(rows)
         pending["parts"].append({"from": stream.end_offset, "skip": done})
         atomic_write_json(pending_path, pending)
-        stream.append_batch(_records(rows, done, f"{tag}:{done}" if mark_first else None))
+        if rows.keys is None and rows.headers is None and not mark_first:
+            assert rows.value_column is not None
+            stream.append_values(*packed_values(rows.value_column, done))
+        else:
+            stream.append_batch(_records(rows, done, f"{tag}:{done}" if mark_first else None))
     return len(rows)
 
 
+def packed_values(column: pa.ChunkedArray, skip: int = 0) -> tuple[bytes | memoryview, array[int]]:
+    """The values of a binary column from row ``skip`` on, back to back, and their lengths.
+
+    Read from the Arrow buffers as they are (no object per value; a copy only to join
+    several chunks): what :meth:`fsbus.Stream.append_values` takes.
+    """
+    datas: list[memoryview] = []
+    lengths: list[np.ndarray[Any, Any]] = []
+    for chunk in column.slice(skip).chunks:
+        n = len(chunk)
+        if n == 0:
+            continue
+        _, offsets_buf, data_buf = chunk.buffers()
+        ends = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=4 * chunk.offset)
+        first, last = int(ends[0]), int(ends[-1])
+        datas.append(memoryview(data_buf)[first:last] if data_buf is not None else memoryview(b""))
+        lengths.append(np.diff(ends))
+    lens = array("I")
+    if lengths:
+        lens.frombytes(np.concatenate(lengths).astype(np.uint32).tobytes())
+    data: bytes | memoryview = datas[0] if len(datas) == 1 else b"".join(datas)
+    return data, lens
+
+
 def _records(rows: _Rows, skip: int, mark: str | None) -> list[bytes | RecordIn]:
-    """What to append: plain values where possible (the Stream's fast path)."""
+    """What to append: plain values where possible (the Stream frames runs of them on its
+    fast path, so a marked first record does not slow down the rest)."""
     items: list[bytes | RecordIn]
     if rows.keys is None and rows.headers is None:
         items = list(rows.values[skip:])
