@@ -700,6 +700,16 @@ class Bus:
         self._counts["quarantined"] += q
         if q:
             log.warning("moved %d foreign file(s) from %s to %s", q, lay.messages, lay.quarantine)
+        lost_work = [e for e in expired if e.parsed.single and e.key not in self._in_flight]
+        if lost_work:
+            # A multi message expiring is its TTL doing its job; a work item expiring
+            # means nobody did it: that backlog is worth a warning.
+            log.warning(
+                "%d work-queue message(s) expired before any consumer took them (e.g. %r); "
+                "add consumers or raise single_ttl",
+                len(lost_work),
+                lost_work[0].topic,
+            )
         for bi, name in foreign:
             self._state.parsed.pop((bi, name), None)
 

@@ -74,6 +74,7 @@ EDGE_GROUPS: dict[str, tuple[str, ...]] = {
     "spark": ("fsbus/spark/**/*.py",),
     "pytest": ("fsbus/pytest_plugin.py", "fsbus/testing.py"),
     "demo": ("fsbus/demo.py", "fsbus/demo/**/*.py"),
+    "ui": ("fsbus/ui/**/*.py",),
     "bench": ("bench/**/*.py",),
     "stress": ("stress/**/*.py",),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -73,3 +74,21 @@ async def test_gc_loop_runs_on_its_own(root: Path) -> None:
         info = await bus.publish("t", b"x", ttl=0.05)
         await wait_until(lambda: bus.statistics().expired == 1)
         assert not await anyio.Path(info.path).exists()
+
+
+@pytest.mark.asyncio
+async def test_an_expired_work_item_is_logged_as_a_warning(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Bus(root) as bus:
+        await bus.publish("jobs.resize", b"j", single=True, ttl=0.01)
+        await bus.publish("news.old", b"m", ttl=0.01)
+        await anyio.sleep(0.05)  # let both TTLs pass (a clock condition, not an event)
+        with caplog.at_level(logging.WARNING, logger="fsbus.bus"):
+            await bus.subscribe("nothing.here", Inbox())
+            await wait_until(lambda: bus.statistics().expired == 2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "1 work-queue message(s) expired before any consumer took them (e.g. 'jobs.resize'); "
+        "add consumers or raise single_ttl"
+    ]
