@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import random
 import re
@@ -48,6 +49,7 @@ _MISSING = (errno.ENOENT, errno.ESTALE)
 # Files a reader passes over: links, unreadable files, directories, sockets.
 _SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO)
 _CHUNK = 1 << 20
+log = logging.getLogger("fsbus.fs")
 _NO_LINK = frozenset(
     e
     for e in (
@@ -118,6 +120,7 @@ class BusFS:
         self._file_mode = config.file_mode
         self._dir_mode = config.dir_mode
         self._update_fd: int | None = None
+        self._warned: set[str] = set()
         self._rand = random.Random()
         self.locking = "rename" if config.locking == "rename" else "flock"
         """How single messages are claimed here ("auto" is resolved by :meth:`setup`)."""
@@ -548,6 +551,8 @@ class BusFS:
             st = self.ops.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
                 return ReadResult(None, None)
+            if self._too_large(path, st.st_size - 1):
+                return ReadResult(None, None)
             payload = self._pread_all(fd, st.st_size - 1, 1)
         except OSError as exc:
             if exc.errno in _MISSING:
@@ -558,6 +563,22 @@ class BusFS:
             self.ops.close(fd)
         meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
         return ReadResult(payload, meta)
+
+    def _too_large(self, path: str, size: int) -> bool:
+        """A payload over ``max_payload_size`` is not read into memory (said once)."""
+        limit = self.config.max_payload_size
+        if size <= limit:
+            return False
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning(
+                "%s holds a %d-byte payload, over max_payload_size=%d; not delivered "
+                "(raise BusConfig.max_payload_size on this subscriber to take it)",
+                path,
+                size,
+                limit,
+            )
+        return True
 
     def _pread_all(self, fd: int, size: int, offset: int) -> bytes:
         data = self.ops.pread(fd, size, offset)
@@ -604,6 +625,11 @@ class BusFS:
                 return None
             if st.st_size == 0:
                 self._remove_message(bucket, name)
+                self._unlock_close(fd)
+                return None
+            if self._too_large(path, st.st_size - 1):
+                # Nobody here can take it: move it aside (under our lock) for a human.
+                self.quarantine(bucket, name, int(st.st_mtime * 1000))
                 self._unlock_close(fd)
                 return None
             payload = self._pread_all(fd, st.st_size - 1, 1)

@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import Bus, BusConfig, PayloadTooLarge
+from fsbus import BlockingBus, Bus, BusConfig, PayloadTooLarge
 
-from .conftest import Inbox, RecordingOps, files_under, message_files
+from .conftest import Inbox, RecordingOps, files_under, message_files, wait_until
 
 MB = 1 << 20
 
@@ -183,3 +183,22 @@ async def test_long_topic_matching_uses_the_whole_topic(root: Path) -> None:
         await other.wait_for(1)
     assert wanted.payloads == [b"1"]
     assert other.payloads == [b"2"]
+
+
+@pytest.mark.asyncio
+async def test_a_payload_over_the_subscribers_limit_is_not_read(root: Path) -> None:
+    small = BusConfig(max_payload_size=10)
+    inbox = Inbox()
+    with BlockingBus(root) as publisher:  # the publisher allows more than the subscriber
+        job = publisher.publish("big.job", b"x" * 100, single=True)
+    async with Bus(root, config=small) as bus:
+        await bus.subscribe("big.#", inbox)
+        publisher2 = BlockingBus(root)
+        with publisher2:
+            publisher2.publish("big.news", b"y" * 100)
+            publisher2.publish("big.ok", b"fits")
+        await inbox.wait_topic("big.ok")
+        # the oversized work item was moved aside rather than retried forever
+        await wait_until(lambda: not Path(job.path).exists())
+        assert list((root / "fsbus" / "quarantine").iterdir())
+    assert [m.topic for m in inbox.messages] == ["big.ok"]
