@@ -554,6 +554,8 @@ class BusFS:
             if self._too_large(path, st.st_size - 1):
                 return ReadResult(None, None)
             payload = self._pread_all(fd, st.st_size - 1, 1)
+            if len(payload) != st.st_size - 1:
+                return ReadResult(None, None)  # truncated under us: consumed
         except OSError as exc:
             if exc.errno in _MISSING:
                 # Removed under us through another mount (ESTALE on NFS): gone.
@@ -633,6 +635,11 @@ class BusFS:
                 self._unlock_close(fd)
                 return None
             payload = self._pread_all(fd, st.st_size - 1, 1)
+            if len(payload) != st.st_size - 1:
+                # Truncated since our fstat: another consumer acked it (a mount's
+                # cached attributes can show the old size). It is done: skip it.
+                self._unlock_close(fd)
+                return None
             meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
             attempts = self._read_attempts(bucket, name)
         except OSError as exc:
