@@ -123,6 +123,27 @@ class Namer:
             random_hex=next_unique(),
         )
 
+    def check_size(self, size: int) -> None:
+        """Refuse a payload over ``max_payload_size`` (before or while writing it)."""
+        limit = self._config.max_payload_size
+        if size > limit:
+            raise PayloadTooLarge(
+                f"payload of {size} bytes exceeds max_payload_size={limit}; raise "
+                "BusConfig.max_payload_size, or put large data in a stream"
+            )
+
+    def info(self, plan: PublishPlan, size: int) -> PublishInfo:
+        """What a publish wrote, for the caller."""
+        return PublishInfo(
+            topic=plan.topic,
+            name=plan.name,
+            bucket=plan.bucket,
+            path=self._layout.message_path(plan.bucket, plan.name),
+            single=plan.single,
+            expires=plan.expires_ms / 1000,
+            size=size,
+        )
+
 
 class Subscription:
     """A live subscription; close it with :meth:`aclose` or :meth:`Bus.unsubscribe`."""
@@ -372,7 +393,7 @@ class Bus:
             payload = payload.encode("utf-8")
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
-            self._check_size(len(data))
+            self._namer.check_size(len(data))
             try:
                 size = await self._publisher.submit((plan, data))
             except NameClash:  # astronomically rare: name it again
@@ -389,7 +410,7 @@ class Bus:
                 f"{type(payload).__name__}"
             )
         self._counts["published"] += 1
-        return self._info(plan, size)
+        return self._namer.info(plan, size)
 
     async def publish_many(
         self,
@@ -406,14 +427,14 @@ class Bus:
         plans = []
         for topic, payload in items:
             data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
-            self._check_size(len(data))
+            self._namer.check_size(len(data))
             plans.append((self.plan(topic, single, ttl, durable, headers, priority), data))
         results = await anyio.to_thread.run_sync(self._fs.publish_many, plans)
         out = []
         for (plan, _), r in zip(plans, results, strict=True):
             if isinstance(r, BaseException):
                 raise r
-            out.append(self._info(plan, r))
+            out.append(self._namer.info(plan, r))
         self._counts["published"] += len(out)
         return out
 
@@ -429,25 +450,6 @@ class Bus:
         """Validate a publish and name its file (no I/O)."""
         return self._namer.plan(topic, single, ttl, durable, headers, priority)
 
-    def _check_size(self, size: int) -> None:
-        if size > self.config.max_payload_size:
-            raise PayloadTooLarge(
-                f"payload of {size} bytes exceeds max_payload_size="
-                f"{self.config.max_payload_size}; raise BusConfig.max_payload_size or "
-                "send it as a stream"
-            )
-
-    def _info(self, plan: PublishPlan, size: int) -> PublishInfo:
-        return PublishInfo(
-            topic=plan.topic,
-            name=plan.name,
-            bucket=plan.bucket,
-            path=self.layout.message_path(plan.bucket, plan.name),
-            single=plan.single,
-            expires=plan.expires_ms / 1000,
-            size=size,
-        )
-
     async def _publish_stream(self, plan: PublishPlan, chunks: AsyncIterable[bytes]) -> int:
         fd = await anyio.to_thread.run_sync(self._fs.begin, plan)
         total = 0
@@ -459,7 +461,7 @@ class Bus:
                         "encode text chunks first (chunk.encode())"
                     )
                 total += len(chunk)
-                self._check_size(total)
+                self._namer.check_size(total)
                 await anyio.to_thread.run_sync(self._fs.write_chunk, fd, bytes(chunk), plan)
         except BaseException:
             with anyio.CancelScope(shield=True):

@@ -21,7 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._bus import Bus, Kind, MessageIterator, Namer, browse_messages, collect_garbage
 from ._config import BusConfig, make_config
-from ._errors import ClosedError, PayloadTooLarge, UsageError
+from ._errors import ClosedError, UsageError
 from ._fs import BusFS, NameClash
 from ._layout import Layout
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
@@ -130,7 +130,7 @@ class BlockingBus:
             payload = payload.encode("utf-8")
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
-            self._check_size(len(data))
+            self._namer.check_size(len(data))
             try:
                 size = self._fs.publish(plan, data)
             except NameClash:  # astronomically rare: name it again
@@ -146,7 +146,7 @@ class BlockingBus:
                 f"{type(payload).__name__}"
             )
         self._published += 1
-        return self._info(plan, size)
+        return self._namer.info(plan, size)
 
     def publish_many(
         self,
@@ -177,13 +177,6 @@ class BlockingBus:
     ) -> PublishPlan:
         return self._namer.plan(topic, single, ttl, durable, headers, priority)
 
-    def _check_size(self, size: int) -> None:
-        if size > self.config.max_payload_size:
-            raise PayloadTooLarge(
-                f"payload of {size} bytes exceeds max_payload_size="
-                f"{self.config.max_payload_size}; raise BusConfig.max_payload_size"
-            )
-
     def _publish_file(self, plan: PublishPlan, fileobj: IO[bytes]) -> int:
         fd = self._fs.begin(plan)
         total = 0
@@ -195,24 +188,13 @@ class BlockingBus:
                         "open it in binary mode ('rb')"
                     )
                 total += len(chunk)
-                self._check_size(total)
+                self._namer.check_size(total)
                 self._fs.write_chunk(fd, bytes(chunk), plan)
         except BaseException:
             self._fs.abort(plan, fd)
             raise
         self._fs.commit(plan, fd)
         return total
-
-    def _info(self, plan: PublishPlan, size: int) -> PublishInfo:
-        return PublishInfo(
-            topic=plan.topic,
-            name=plan.name,
-            bucket=plan.bucket,
-            path=self.layout.message_path(plan.bucket, plan.name),
-            single=plan.single,
-            expires=plan.expires_ms / 1000,
-            size=size,
-        )
 
     # ------------------------------------------------------------------ subscribe
     def messages(

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from interop_helpers import JsonLinesPeer
+
+from tests.peer_process import JsonLinesPeer
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "qlobber_peer.js"

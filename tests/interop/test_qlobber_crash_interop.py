@@ -16,9 +16,9 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
-from interop_helpers import TIMEOUT, JsonLinesPeer, locked_files, singles_on_disk
 
 from fsbus import Bus, Message
+from tests.peer_process import TIMEOUT, JsonLinesPeer, locked_files, singles_on_disk
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
-from interop_helpers import TIMEOUT, JsonLinesPeer
 
 from fsbus import BlockingBus, Bus, BusConfig, Message
+from tests.peer_process import TIMEOUT, JsonLinesPeer
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow]
 

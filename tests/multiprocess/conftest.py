@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mp_helpers import JsonLinesPeer
+
+from tests.peer_process import JsonLinesPeer
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "bus_child.py"

@@ -7,7 +7,6 @@ per subscriber. Payloads are message ids, topics come from fixed seeds.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import random
 import signal
@@ -18,9 +17,9 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from mp_helpers import TIMEOUT, Event, JsonLinesPeer
 
 from fsbus import BlockingBus
+from tests.peer_process import TIMEOUT, Event, JsonLinesPeer, locked_files
 
 pytestmark = pytest.mark.slow
 
@@ -65,27 +64,6 @@ def singles_on_disk(root: Path) -> list[str]:
     out: list[str] = []
     for bucket in (root / "messages").iterdir():
         out += [n for n in os.listdir(bucket) if "+s+" in n]
-    return out
-
-
-def locked_files(root: Path) -> set[str]:
-    """Every file under ``root`` on which some process holds a flock (probed, released)."""
-    out = set()
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                out.add(path)
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
     return out
 
 

@@ -1,4 +1,8 @@
-"""A child process that reports JSON lines, read in a thread and waited on with timeouts."""
+"""Child processes that report JSON lines, and flock probes.
+
+Shared by the interop and multi-process tests: a reader thread collects the lines and
+tests wait on them with timeouts.
+"""
 
 from __future__ import annotations
 
