@@ -45,8 +45,7 @@ import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, islice, repeat
-from operator import add
+from itertools import accumulate, islice, pairwise
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -269,34 +268,55 @@ def encode_packed(
     n = len(lengths)
     if n == 0:
         return Encoded(b"", (), base_offset)
-    # ends[i]: bytes that records [0, i) take in a frame (value and length entry)
-    ends = list(accumulate(map(add, lengths, repeat(4)), initial=0))
     budget = max_frame_bytes - HEADER_SIZE
     raw_lengths = lengths.tobytes()
     if _BIG_ENDIAN:
         swapped = array("I", lengths)
         swapped.byteswap()
         raw_lengths = swapped.tobytes()
-    values = memoryview(data)
-    parts: list[bytearray] = []
-    frames: list[tuple[int, int, int]] = []
-    pos = vpos = lo = 0
+    # Cut into frames: guess each frame's count from the previous one, then adjust by
+    # single records (values of similar sizes need few steps).
+    cuts = [0]
+    sizes: list[int] = []  # bytes after the header of each frame
+    lo = 0
+    step = max(1, budget * n // (len(data) + 4 * n or 1))
     while lo < n:
-        hi = min(max(bisect.bisect_right(ends, ends[lo] + budget, lo + 1) - 1, lo + 1), n)
-        count = hi - lo
-        size = ends[hi] - ends[lo]
-        vlen = size - 4 * count
-        off = base_offset + lo
-        hdr = HEADER.pack(
-            0, MAGIC, VERSION, 0, HEADER_SIZE + size, off, count - 1, count, now_us, now_us
-        )
-        frame = bytearray(b"".join((hdr, raw_lengths[4 * lo : 4 * hi], values[vpos : vpos + vlen])))
-        parts.append(_seal(frame))
-        frames.append((off, pos, now_us))
-        pos += len(frame)
-        vpos += vlen
+        hi = min(lo + step, n)
+        size = sum(lengths[lo:hi]) + 4 * (hi - lo)
+        while size > budget and hi > lo + 1:
+            hi -= 1
+            size -= lengths[hi] + 4
+        while hi < n and size + lengths[hi] + 4 <= budget:
+            size += lengths[hi] + 4
+            hi += 1
+        cuts.append(hi)
+        sizes.append(size)
+        step = hi - lo
         lo = hi
-    return Encoded(parts[0] if len(parts) == 1 else b"".join(parts), tuple(frames), base_offset + n)
+    # every frame written straight into one buffer: the values are copied once
+    out = bytearray(HEADER_SIZE * len(sizes) + sum(sizes))
+    values = memoryview(data)
+    view = memoryview(out)
+    frames: list[tuple[int, int, int]] = []
+    pos = vpos = 0
+    for (lo, hi), body in zip(pairwise(cuts), sizes, strict=True):
+        count = hi - lo
+        size = HEADER_SIZE + body
+        vlen = size - HEADER_SIZE - 4 * count
+        off = base_offset + lo
+        p = pos + HEADER_SIZE
+        view[p : p + 4 * count] = raw_lengths[4 * lo : 4 * hi]
+        p += 4 * count
+        view[p : p + vlen] = values[vpos : vpos + vlen]
+        HEADER.pack_into(
+            out, pos, 0, MAGIC, VERSION, 0, size, off, count - 1, count, now_us, now_us
+        )
+        _CHECKSUM.pack_into(out, pos, _xxh64(view[pos + 8 : pos + size]))
+        frames.append((off, pos, now_us))
+        pos += size
+        vpos += vlen
+    view.release()
+    return Encoded(out, tuple(frames), base_offset + n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,9 @@ def headers_array(headers: Sequence[Mapping[str, str]]) -> pa.Array:
 _INT32_MAX = 2**31 - 1
 
 
+@functools.lru_cache(maxsize=8)
 def _repeat(value: str, n: int) -> pa.Array:
+    # batches mostly have the same few lengths: build the stream column once for each
     return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
@@ -116,7 +119,7 @@ def columns_batch(stream: str, parts: Sequence[ColumnBatch]) -> pa.RecordBatch:
         pa.binary(), n, [None, pa.py_buffer(ends.astype(np.int32)), pa.py_buffer(data)]
     )
     if all(p.keys.count(None) == len(p) for p in parts):
-        keys = pa.nulls(n, pa.binary())
+        keys = _no_keys(n)
     else:
         keys = pa.array([k for p in parts for k in p.keys], pa.binary())
     if any(any(p.headers) for p in parts):
@@ -127,6 +130,12 @@ def columns_batch(stream: str, parts: Sequence[ColumnBatch]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=_STREAM_ARROW)
 
 
+@functools.lru_cache(maxsize=8)
+def _no_keys(n: int) -> pa.Array:
+    return pa.nulls(n, pa.binary())
+
+
+@functools.lru_cache(maxsize=8)
 def _no_headers(n: int) -> pa.Array:
     empty = pa.array([], pa.string())
     return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), empty, empty)

@@ -37,7 +37,7 @@ __all__ = [
     "resolve_offsets",
 ]
 
-ARROW_BATCH_ROWS = 16_384
+ARROW_BATCH_ROWS = 65_536
 """Records per Arrow batch handed to Spark (more when one frame holds more)."""
 ARROW_BATCH_BYTES = 64 << 20
 """Bytes of values after which an Arrow batch is handed to Spark."""
