@@ -8,7 +8,9 @@ Measures, on a local[2] Spark, records per second for
   Trigger.AvailableNow) into the ``noop`` sink, against Spark's text and JSON sources
   reading the same records from files (batch, and a streaming file source);
 * writing: a DataFrame of the same records into a Stream through ``format("fsbus")``,
-  against Spark writing them as text and JSON files.
+  against Spark writing them as text and JSON files; and a streaming query (the text
+  files as a streaming source, Trigger.AvailableNow) into the fsbus sink, against
+  Spark's streaming text and JSON file sinks.
 
 Rounds are interleaved (A B C A B C ...) and the median is reported, with the ratio of
 fsbus to each file source measured in the same run. Absolute figures depend on the
@@ -151,10 +153,28 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         with Stream.open(root, name, create=False) as s:
             assert s.end_offset == n
 
+    def stream_write(fmt: str) -> None:
+        # the same streaming source (the text files) into each sink, one micro-batch
+        run = next(counter)
+        query = spark.readStream.text(str(files / "text")).writeStream.format(fmt)
+        query = query.option("checkpointLocation", str(scratch / "ckpt" / str(run)))
+        if fmt == "fsbus":
+            query = query.options(path=str(root), stream=f"sw{run}")
+        else:
+            query = query.option("path", str(out / f"{fmt}-stream-{run}"))
+        q = query.trigger(availableNow=True).start()
+        q.awaitTermination()
+        if fmt == "fsbus":
+            with Stream.open(root, f"sw{run}", create=False) as s:
+                assert s.end_offset == n, f"the streaming sink appended {s.end_offset}, not {n}"
+
     writers: dict[str, Callable[[], None]] = {
         "write fsbus": write_fsbus,
         "write text files": lambda: data.write.mode("overwrite").text(str(out / "text")),
         "write json files": lambda: data.write.mode("overwrite").json(str(out / "json")),
+        "write fsbus (streaming)": lambda: stream_write("fsbus"),
+        "write text files (streaming)": lambda: stream_write("text"),
+        "write json files (streaming)": lambda: stream_write("json"),
     }
     # Warm-up (JIT, Python workers), not timed.
     noop(spark.read.format("fsbus").options(**fsbus_opts, endingOffsets="1000").load())
@@ -183,6 +203,7 @@ def report(result: dict[str, Any]) -> str:
         ("read", "(batch)"),
         ("read", "(streaming)"),
         ("write", ""),
+        ("write", "(streaming)"),
     ]
     for verb, mode in groups:
         suffix = f" {mode}" if mode else ""
