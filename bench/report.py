@@ -198,7 +198,12 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 def update_readme(readme: Path, out: Path) -> None:
     """Put the results in ``out`` into ``readme`` between the results markers."""
     data = json.loads((out / "results.json").read_text())
-    pngs = sorted(p.name for p in out.glob("*.png"))
+    rank = {"throughput": 0, "logs": 1, "latency": 2}
+
+    def order(name: str) -> tuple[int, str]:
+        return rank.get(name.split("-")[0].removesuffix(".png"), 9), name
+
+    pngs = sorted((p.name for p in out.glob("*.png")), key=order)
     rel = f"{out.resolve().relative_to(readme.resolve().parent)}/"
     body = markdown(data["results"], data["meta"], pngs, title=False, level="###", prefix=rel)
     text = readme.read_text()
