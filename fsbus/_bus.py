@@ -72,6 +72,14 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def pid_namespace() -> str:
+    """This process's pid namespace (its inode), or "" where there is none to read."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
 def next_unique() -> str:
     """12 hex digits unique on this host right now: pid, then a process-wide sequence.
 
@@ -253,7 +261,7 @@ class Bus:
         self.layout = Layout.of(self.root, self.config)
         self._fs = BusFS(self.layout, self.config, ops)
         self._hostname = socket.gethostname()
-        self._host = host_id(self._hostname)
+        self._host = host_id(self._hostname, pid_namespace())
         self._hosts: dict[str, str] = {self._host: self._hostname}
         self._namer = Namer(self.layout, self.config, self._host)
         self._trie: TopicTrie[Subscription] = TopicTrie()

@@ -185,6 +185,11 @@ def format_bucket(index: int, base: int, chars: int) -> str:
     return (out or "0").rjust(chars, "0")
 
 
-def host_id(hostname: str) -> str:
-    """Six hex digits naming a host in message names."""
-    return f"{xxhash.xxh32_intdigest(hostname.encode('utf-8')) & 0xFFFFFF:06x}"
+def host_id(hostname: str, namespace: str = "") -> str:
+    """Six hex digits naming a host in message names.
+
+    ``namespace`` tells apart hosts that share a name, such as containers on one kernel
+    (their pid namespaces differ), so that (host id, pid) stays unique.
+    """
+    key = f"{hostname}\0{namespace}" if namespace else hostname
+    return f"{xxhash.xxh32_intdigest(key.encode('utf-8')) & 0xFFFFFF:06x}"

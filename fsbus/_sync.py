@@ -19,7 +19,15 @@ from typing import IO, Self
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._bus import Bus, Kind, MessageIterator, Namer, browse_messages, collect_garbage
+from ._bus import (
+    Bus,
+    Kind,
+    MessageIterator,
+    Namer,
+    browse_messages,
+    collect_garbage,
+    pid_namespace,
+)
 from ._config import BusConfig, make_config
 from ._errors import ClosedError, UsageError
 from ._fs import BusFS, NameClash
@@ -57,7 +65,7 @@ class BlockingBus:
         self._ops = ops
         self._fs = BusFS(self.layout, self.config, ops)
         self._hostname = socket.gethostname()
-        self._host = host_id(self._hostname)
+        self._host = host_id(self._hostname, pid_namespace())
         self._hosts: dict[str, str] = {self._host: self._hostname}
         self._namer = Namer(self.layout, self.config, self._host)
         self._lock = threading.Lock()
