@@ -23,27 +23,33 @@ class Entry:
     """Its name taken apart."""
     topic: str | None
     """The decoded topic, or None while a long topic's spill is not read yet."""
+    key: tuple[int, str] = field(init=False, repr=False, compare=False)
+    """(bucket index, name): unique on the bus (computed once: it is used per scan)."""
+    rank: tuple[int, int, str] = field(init=False, repr=False, compare=False)
+    """Sort key: priority, publish time, then the publisher's sequence (FIFO).
+
+    Names from qlobber-fsq peers carry no priority or publish time: they sort by expiry
+    at the default priority."""
+
+    def __post_init__(self) -> None:
+        p = self.parsed
+        f = p.fields
+        rank = (
+            (50, p.expires_ms, p.unique)
+            if f is None
+            else (f.priority, f.published_ms, p.unique[-12:])
+        )
+        object.__setattr__(self, "key", (self.bucket_index, p.name))
+        object.__setattr__(self, "rank", rank)
 
     @property
     def name(self) -> str:
         """The file name."""
         return self.parsed.name
 
-    @property
-    def key(self) -> tuple[int, str]:
-        """(bucket index, name): unique on the bus."""
-        return (self.bucket_index, self.parsed.name)
-
     def order(self) -> tuple[int, int, str]:
-        """Sort key: priority, publish time, then the publisher's sequence (FIFO).
-
-        Names from qlobber-fsq peers carry no priority or publish time: they sort by
-        expiry at the default priority.
-        """
-        f = self.parsed.fields
-        if f is None:
-            return (50, self.parsed.expires_ms, self.parsed.unique)
-        return (f.priority, f.published_ms, self.parsed.unique[-12:])
+        """The sort key (see :attr:`rank`)."""
+        return self.rank
 
 
 @dataclass
@@ -65,7 +71,8 @@ class ScanDecision:
     present_multi: list[Entry] = field(default_factory=list)
     """Every unexpired multi message present (for subscribers asking for existing ones)."""
     singles: list[Entry] = field(default_factory=list)
-    """Every unexpired single message present (work items to try to claim)."""
+    """Every unexpired single message present (work items to try to claim), in listing
+    order: the engine's heap orders them by :meth:`Entry.order`."""
     expired: list[Entry] = field(default_factory=list)
     """Messages past their expiry (delete)."""
     foreign: list[tuple[int, str]] = field(default_factory=list)
@@ -126,7 +133,7 @@ def decide(
                     out.new_multi.append(entry)
         state.seen[bi] = current - keep_unseen
     out.new_multi.sort(key=Entry.order)
-    out.singles.sort(key=Entry.order)
+    # singles need no sort here: the engine keeps them in a priority heap
     return out
 
 
