@@ -607,9 +607,16 @@ class Bus:
             woken = await self._waker.wait(timeout)
             # List again on a filesystem event, a poll tick, a retry that fell due, a new
             # subscription, or when handlers are free and nothing known is left to claim.
+            fs_event = self._waker.take_fs_event()
+            if fs_event and woken and self._free <= 0 and self._ready:
+                # Every handler is busy and known work is waiting: listing now could not
+                # start anything. Keep the event for when a slot frees (fewer scans under
+                # load, more claimed per scan).
+                self._waker.keep_fs_event()
+                fs_event = False
             listing_due = (
                 not woken
-                or self._waker.take_fs_event()
+                or fs_event
                 or self._force_full
                 or bool(self._existing_pending)
                 or not self._ready

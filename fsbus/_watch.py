@@ -157,6 +157,10 @@ class Waker:
         """Wake the scanner (from the event loop); not a filesystem event."""
         self._event.set()
 
+    def keep_fs_event(self) -> None:
+        """Put back a filesystem event taken with :meth:`take_fs_event`."""
+        self._fs_event = True
+
     def take_fs_event(self) -> bool:
         """Whether the filesystem changed since the last call (inotify saw a write)."""
         seen, self._fs_event = self._fs_event, False
