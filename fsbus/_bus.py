@@ -394,6 +394,10 @@ class Bus:
         exactly one consumer handles; ``ttl`` is in seconds; ``durable`` syncs the file
         and its directory so the message survives power loss once this returns;
         ``priority`` (0-255, lower first) orders work-queue messages.
+
+        A message is all or nothing on disk. If the call is cancelled while the write is
+        under way in the worker thread, the message may still appear (published whole);
+        republishing after a cancellation can therefore deliver it twice.
         """
         self._check_open()
         plan = self.plan(topic, single, ttl, durable, headers, priority)
