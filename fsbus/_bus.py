@@ -172,6 +172,7 @@ class Subscription:
         self.kind = kind
         self.prefetch = prefetch
         self.in_flight = 0  # work-queue messages claimed for it and not yet settled
+        self.settled: anyio.Event | None = None  # set when in_flight drops to 0 (if asked)
         self.closed = False
 
     async def aclose(self) -> None:
@@ -583,6 +584,12 @@ class Bus:
             with anyio.CancelScope(shield=True):
                 await self.unsubscribe(sub)
                 it._close()
+                # Leave only when every message it took is settled on disk: acked ones
+                # consumed, the rest released (the engine does that in its handler tasks).
+                with anyio.move_on_after(10):
+                    while sub.in_flight and not self._closed:
+                        sub.settled = anyio.Event()
+                        await sub.settled.wait()
 
     # ------------------------------------------------------------------ scanning
     async def _scan_loop(self) -> None:
@@ -940,6 +947,8 @@ class Bus:
                 self._counts["released"] += 1
             self._in_flight.discard(key)
             sub.in_flight -= 1
+            if sub.in_flight == 0 and sub.settled is not None:
+                sub.settled.set()
             self._give_slot()
             if not self._closed:
                 self._waker.wake()
