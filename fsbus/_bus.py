@@ -95,10 +95,14 @@ class Namer:
 
     _MAX_FORMS = 4096
 
-    def __init__(self, layout: Layout, config: BusConfig, host: str) -> None:
+    def __init__(self, layout: Layout, config: BusConfig) -> None:
         self._layout = layout
         self._config = config
-        self._host = host
+        self.hostname = socket.gethostname()
+        """This host's name, as subscribers see it."""
+        self.host = host_id(self.hostname, pid_namespace())
+        """The host id written into names (host name and pid namespace)."""
+        self._host = self.host
         self._forms: dict[str, TopicForm] = {}
 
     def plan(
@@ -261,10 +265,8 @@ class Bus:
         self.root = os.path.abspath(os.fspath(root))
         self.layout = Layout.of(self.root, self.config)
         self._fs = BusFS(self.layout, self.config, ops)
-        self._hostname = socket.gethostname()
-        self._host = host_id(self._hostname, pid_namespace())
-        self._hosts: dict[str, str] = {self._host: self._hostname}
-        self._namer = Namer(self.layout, self.config, self._host)
+        self._namer = Namer(self.layout, self.config)
+        self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
@@ -322,7 +324,7 @@ class Bus:
 
     def _setup(self) -> None:
         self._fs.setup()
-        self._fs.register_host(self._host, self._hostname)
+        self._fs.register_host(self._namer.host, self._namer.hostname)
 
     async def __aexit__(
         self,

@@ -9,7 +9,6 @@ one implementation.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -26,14 +25,12 @@ from ._bus import (
     Namer,
     browse_messages,
     collect_garbage,
-    pid_namespace,
 )
 from ._config import BusConfig, make_config
 from ._errors import ClosedError, UsageError
 from ._fs import BusFS, NameClash
 from ._layout import Layout
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
-from ._names import host_id
 from ._ops import Ops
 from ._plan import PublishPlan
 
@@ -64,10 +61,8 @@ class BlockingBus:
         self.layout = Layout.of(self.root, self.config)
         self._ops = ops
         self._fs = BusFS(self.layout, self.config, ops)
-        self._hostname = socket.gethostname()
-        self._host = host_id(self._hostname, pid_namespace())
-        self._hosts: dict[str, str] = {self._host: self._hostname}
-        self._namer = Namer(self.layout, self.config, self._host)
+        self._namer = Namer(self.layout, self.config)
+        self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._lock = threading.Lock()
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
@@ -82,7 +77,7 @@ class BlockingBus:
         if self._open or self._closed:
             raise UsageError("a BlockingBus can be entered once; create a new one")
         self._fs.setup()
-        self._fs.register_host(self._host, self._hostname)
+        self._fs.register_host(self._namer.host, self._namer.hostname)
         self._open = True
         return self
 
