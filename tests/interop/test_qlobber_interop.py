@@ -469,6 +469,10 @@ async def test_a_dead_lettered_qlobber_job_reaches_a_qlobber_subscriber_intact(
         await in_thread(lambda: pub.wait_count("done", 1))
         (event,) = await anyio.to_thread.run_sync(lambda: graveyard.wait_count("message", 1))
         await eventually(lambda: bus.statistics().dead_lettered == 1, what="dead-lettered")
+        # The Node peer acks after its handler returns: stop it only once that is done.
+        await eventually(
+            lambda: left_on_disk(bus_root, kind="s") == [], what="dead letter consumed"
+        )
     assert graveyard.stop() == 0
     assert pub.wait_exit() == 0
 
