@@ -103,12 +103,12 @@ def alert_subscriber(root: Path, received: list[Message]) -> Iterator[threading.
 
 
 def spark_session(scratch: Path) -> Any:
-    """A local Spark for the example (Java 17 on PATH), with fsbus registered."""
+    """A local Spark for the example (Java 17 on PATH). Spark finds ``format("fsbus")`` on
+    its own (the ``pyspark_fsbus`` module fsbus installs); ``fsbus.spark.register(spark)``
+    would do it explicitly."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-
-    import fsbus.spark
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -122,7 +122,6 @@ def spark_session(scratch: Path) -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    fsbus.spark.register(spark)
     return spark
 
 

@@ -24,8 +24,9 @@ def spark_env() -> dict[str, str]:
     }
 
 
-def build_spark(tmp: Path, app: str = "fsbus-tests") -> Any:
-    """A local[2] SparkSession with its scratch space under ``tmp``, fsbus registered."""
+def build_spark(tmp: Path, app: str = "fsbus-tests", *, register: bool = True) -> Any:
+    """A local[2] SparkSession with its scratch space under ``tmp``, fsbus registered
+    (unless ``register`` is false: then Spark must find the data source on its own)."""
     from pyspark.sql import SparkSession
 
     import fsbus.spark
@@ -48,7 +49,8 @@ def build_spark(tmp: Path, app: str = "fsbus-tests") -> Any:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    fsbus.spark.register(spark)
+    if register:
+        fsbus.spark.register(spark)
     return spark
 
 
