@@ -1,9 +1,7 @@
 """fsbus as a PySpark data source and sink (install with ``pip install 'fsbus[spark]'``).
 
-Register once per SparkSession, then use the short name ``fsbus``::
-
-    import fsbus.spark
-    fsbus.spark.register(spark)
+Use the short name ``fsbus``: Spark finds it on its own (it imports the ``pyspark_fsbus``
+module this package installs); ``fsbus.spark.register(spark)`` registers it explicitly::
 
     # a Stream, as micro-batches (offsets {"<stream>": next offset} in the checkpoint)
     df = (spark.readStream.format("fsbus")
@@ -50,5 +48,10 @@ __all__ = (
 
 
 def register(spark: Any) -> None:
-    """Register the ``fsbus`` short name with ``spark`` (a SparkSession); idempotent."""
+    """Register the ``fsbus`` short name with ``spark`` (a SparkSession); idempotent.
+
+    Not needed when fsbus is installed where Spark's Python runs: Spark then finds the
+    data source through the ``pyspark_fsbus`` module. Useful in a session started before
+    fsbus was installed.
+    """
     spark.dataSource.register(FsBusDataSource)
