@@ -38,7 +38,7 @@ from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._names import FLAG_META, host_id
 from ._ops import Ops
 from ._plan import PublishPlan, TopicForm, plan_publish, topic_form
-from ._scan import Entry, ScanState, decide, long_names
+from ._scan import Entry, ScanDecision, ScanState, decide, long_names
 from ._topics import validate_pattern
 from ._trie import TopicTrie
 from ._watch import Waker
@@ -268,6 +268,9 @@ class Bus:
         self._namer = Namer(self.layout, self.config)
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
+        # Topic and kind ("m" or "s") -> subscriptions wanting it; a new dict whenever the
+        # subscriptions change (a worker thread may still read the previous one).
+        self._target_cache: dict[tuple[str, str], list[Subscription]] = {}
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
         self._state = ScanState()
@@ -521,6 +524,7 @@ class Bus:
         sub = Subscription(self, pattern, handler, existing, kind, prefetch)
         self._trie.add(pattern, sub)
         self._subs.append(sub)
+        self._target_cache = {}
         if existing:
             self._existing_pending.append(sub)
         if not self._scanning:
@@ -551,6 +555,7 @@ class Bus:
         sub.closed = True
         self._trie.remove(sub.pattern, sub)
         self._subs.remove(sub)
+        self._target_cache = {}
         if sub in self._existing_pending:
             self._existing_pending.remove(sub)
 
@@ -658,7 +663,9 @@ class Bus:
             self._existing_pending = []
         retry = {bi for (bi, _), at in self._retry_at.items() if at <= now}
         try:
-            update, listings, spills = await anyio.to_thread.run_sync(self._list, full, retry)
+            update, listings, decision, reads = await anyio.to_thread.run_sync(
+                self._list_and_read, full, retry, baseline, deliver, self._target_cache
+            )
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
             raise
@@ -666,7 +673,6 @@ class Bus:
             self._last_refresh = now
         self._last_update = update if update is not None else self._last_update
         self._counts["scans"] += 1
-        decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
         for key, at in list(self._retry_at.items()):
             if at <= now and key[0] in listings:
                 del self._retry_at[key]
@@ -690,13 +696,41 @@ class Bus:
                         # new as well: regular subscribers get it too
                         extra[e.key] = [*self._targets(e), *hits]
         if multis:
-            await self._deliver_multi(multis, extra)
+            await self._deliver_multi(multis, extra, reads)
         if self._ready and self._free > 0:
             await self._claim_ready()
 
     def _trie_test(self, entry: Entry, sub: Subscription) -> bool:
         assert entry.topic is not None
         return self._trie.test(entry.topic, sub)
+
+    def _list_and_read(
+        self,
+        full: bool,
+        retry: set[int],
+        baseline: bool,
+        deliver: bool,
+        cache: dict[tuple[str, str], list[Subscription]],
+    ) -> tuple[bytes | None, dict[int, list[str]], ScanDecision, dict[tuple[int, str], ReadResult]]:
+        """Blocking, one worker-thread hop per scan: list, decide, and read the new multi
+        messages whose topic is known (``cache``) to have subscribers.
+
+        Only the scan loop touches the scan state, and it waits for this call. Messages
+        whose topic is not in ``cache`` are read afterwards, once the engine has matched
+        them on its own thread (the trie is not read here).
+        """
+        update, listings, spills = self._list(full, retry)
+        decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
+        reads: dict[tuple[int, str], ReadResult] = {}
+        if deliver and decision.new_multi:
+            buckets = self.layout.buckets
+            for e in decision.new_multi[:_READ_BATCH]:
+                assert e.topic is not None
+                if cache.get((e.topic, "m")):
+                    reads[e.key] = self._fs.read_multi(
+                        buckets[e.bucket_index], e.name, has_meta=_has_meta(e)
+                    )
+        return update, listings, decision, reads
 
     def _list(
         self, full: bool, retry: set[int]
@@ -744,22 +778,34 @@ class Bus:
             self._state.parsed.pop((bi, name), None)
 
     def _targets(self, entry: Entry) -> list[Subscription]:
+        """The subscriptions a message goes to (cached per topic and kind; do not mutate)."""
         assert entry.topic is not None
-        unwanted = "multi" if entry.parsed.kind == "s" else "single"
-        subs = [s for s in self._trie.match(entry.topic) if s.kind != unwanted]
-        if not self.config.dedup or len(subs) < 2:
+        kind = entry.parsed.kind
+        cache = self._target_cache
+        subs = cache.get((entry.topic, kind))
+        if subs is not None:
             return subs
-        seen: set[Any] = set()
-        out = []
-        for s in subs:
-            h = s.handler
-            if h not in seen:
-                seen.add(h)
-                out.append(s)
-        return out
+        unwanted = "multi" if kind == "s" else "single"
+        subs = [s for s in self._trie.match(entry.topic) if s.kind != unwanted]
+        if self.config.dedup and len(subs) > 1:
+            seen: set[Any] = set()
+            out = []
+            for s in subs:
+                h = s.handler
+                if h not in seen:
+                    seen.add(h)
+                    out.append(s)
+            subs = out
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[(entry.topic, kind)] = subs
+        return subs
 
     async def _deliver_multi(
-        self, entries: list[Entry], extra: dict[tuple[int, str], list[Subscription]]
+        self,
+        entries: list[Entry],
+        extra: dict[tuple[int, str], list[Subscription]],
+        prefetched: dict[tuple[int, str], ReadResult],
     ) -> None:
         work: list[tuple[Entry, list[Subscription]]] = []
         for e in entries:
@@ -768,7 +814,11 @@ class Bus:
                 work.append((e, targets))
         for i in range(0, len(work), _READ_BATCH):
             chunk = work[i : i + _READ_BATCH]
-            reads = await anyio.to_thread.run_sync(self._read_many, [e for e, _ in chunk])
+            missing = [e for e, _ in chunk if e.key not in prefetched]
+            if missing:
+                got = await anyio.to_thread.run_sync(self._read_many, missing)
+                prefetched = {**prefetched, **{e.key: r for e, r in zip(missing, got, strict=True)}}
+            reads = [prefetched.pop(e.key) for e, _ in chunk]
             for (e, targets), r in zip(chunk, reads, strict=True):
                 if r.payload is None:
                     continue
