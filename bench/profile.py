@@ -94,7 +94,9 @@ def _pyspy() -> str:
     return found
 
 
-def profile(scenario: str, fs: str, n: int, size: int, rate: int, top: int) -> str:
+def profile(
+    scenario: str, fs: str, n: int, size: int, rate: int, top: int, consumers: int = 1
+) -> str:
     spy = _pyspy()
     out = Path(tempfile.mkdtemp(prefix="fsbus-profile-")) / "profile.raw"
     with scratch(fs) as place:
@@ -109,9 +111,14 @@ def profile(scenario: str, fs: str, n: int, size: int, rate: int, top: int) -> s
         else:
             shared = scenario == "workqueue"
             role = "worker" if shared else "sub"
-            cons = Child(python_cmd("fsbus_bus", role, {**base, "expect": None if shared else n}))
+            params = {**base, "expect": None if shared else n}
+            # The first consumer is sampled; the others compete with it (work queue) or
+            # read beside it (fan-out), as in the harness's 4-consumer scenarios.
+            group = [Child(python_cmd("fsbus_bus", role, params)) for _ in range(consumers)]
+            cons = group[0]
             try:
-                cons.wait_line("READY", time.monotonic() + 60)
+                for c in group:
+                    c.wait_line("READY", time.monotonic() + 60)
                 spy_proc = subprocess.Popen(
                     [spy, "record", "--nonblocking", "-r", str(rate), "-f", "raw", "-o", str(out),
                      "--pid", str(cons.proc.pid)],
@@ -121,13 +128,20 @@ def profile(scenario: str, fs: str, n: int, size: int, rate: int, top: int) -> s
                 pub = Child(python_cmd("fsbus_bus", "pub", {**base, "single": shared}))
                 pub.wait_result(time.monotonic() + 300)
                 deadline = time.monotonic() + 300
-                while cons.count < n and time.monotonic() < deadline:
-                    cons.poll(0.1)
-                cons.stop()
-                cons.wait_result(time.monotonic() + 30)
+                while time.monotonic() < deadline:
+                    for c in group:
+                        c.poll(0.02)
+                    counts = [c.count for c in group]
+                    if (sum(counts) if shared else min(counts)) >= n:
+                        break
+                for c in group:
+                    c.stop()
+                for c in group:
+                    c.wait_result(time.monotonic() + 30)
                 spy_proc.wait(timeout=60)
             finally:
-                cons.close()
+                for c in group:
+                    c.close()
     text = summarise(out, top, "BlockingBus.publish" if scenario == "publish" else None)
     shutil.rmtree(out.parent, ignore_errors=True)
     return text
@@ -141,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
     ap.add_argument("--rate", type=int, default=1000, help="samples per second")
     ap.add_argument("--top", type=int, default=40, help="rows to show")
+    ap.add_argument(
+        "--consumers", type=int, default=1, help="subscribers or workers (the first is sampled)"
+    )
     args = ap.parse_args(argv)
-    print(profile(args.scenario, args.fs, args.n, args.size, args.rate, args.top))
+    print(profile(args.scenario, args.fs, args.n, args.size, args.rate, args.top, args.consumers))
     return 0
 
 
