@@ -225,19 +225,24 @@ def publish(
     """Publish a batch's staged rows exactly once (runs on the driver); rows published.
 
     ``replayable`` batches (streaming micro-batches) keep their done marker so a replay
-    is recognised; a batch job's marker is dropped once it is complete.
+    is recognised. A batch job is never replayed (its key is new for every job, and Spark
+    does not rerun a job's commit), so its append to a Stream writes no markers at all.
     """
+    files = _ordered_files(messages)
+    if not replayable and opts.stream is not None:
+        try:
+            with Stream.open(opts.root, opts.stream, create=opts.create_stream) as stream:
+                return _append_plain(stream, _stream_rows(_load(files)), skip=0, mark=None)
+        finally:
+            remove_tree(staging_dir(opts.root, sink_id, batch))
     markers = commits_dir(opts.root, sink_id)
     done = markers / f"{batch}.done"
     if done.exists():
         remove_tree(staging_dir(opts.root, sink_id, batch))
         return 0
-    files = _ordered_files(messages)
     tag = f"{sink_id}/{batch}"
     if opts.stream is not None:
-        count = _append_to_stream(
-            opts, markers / f"{batch}.pending", files, tag, mark_first=replayable
-        )
+        count = _append_to_stream(opts, markers / f"{batch}.pending", files, tag)
     else:
         count = _publish_on_bus(opts, markers / f"{batch}.ledger", files, tag)
     atomic_write_json(done, {"batch": batch, "rows": count, "at": time.time()})
@@ -316,9 +321,7 @@ def _stream_rows(table: pa.Table | None) -> _Rows:
     return _Rows(table.column("value"), keys, headers)
 
 
-def _append_to_stream(
-    opts: SinkOptions, pending_path: Path, files: list[str], tag: str, *, mark_first: bool
-) -> int:
+def _append_to_stream(opts: SinkOptions, pending_path: Path, files: list[str], tag: str) -> int:
     assert opts.stream is not None
     pending = read_json(pending_path)
     if pending is not None:
@@ -334,11 +337,20 @@ def _append_to_stream(
             return len(rows)
         pending["parts"].append({"from": stream.end_offset, "skip": done})
         atomic_write_json(pending_path, pending)
-        if rows.keys is None and rows.headers is None and not mark_first:
-            assert rows.value_column is not None
-            stream.append_values(*packed_values(rows.value_column, done))
-        else:
-            stream.append_batch(_records(rows, done, f"{tag}:{done}" if mark_first else None))
+        _append_plain(stream, rows, skip=done, mark=f"{tag}:{done}")
+    return len(rows)
+
+
+def _append_plain(stream: Stream, rows: _Rows, *, skip: int, mark: str | None) -> int:
+    """Append ``rows[skip:]`` with one hold of the append lock; the first record carries
+    ``mark`` in the header :data:`BATCH_HEADER` if given. Returns ``len(rows)``."""
+    if skip >= len(rows):
+        return len(rows)
+    if rows.keys is None and rows.headers is None and mark is None:
+        assert rows.value_column is not None
+        stream.append_values(*packed_values(rows.value_column, skip))
+    else:
+        stream.append_batch(_records(rows, skip, mark))
     return len(rows)
 
 

@@ -209,3 +209,18 @@ def test_stream_commit_survives_two_crashes_in_a_row(tmp_path: Path) -> None:
         values = [r.value.decode() for r in stream.read()]
     ours = [r["value"] for r in rows]
     assert values == [*ours[:1000], "foreign 1", *ours[1000:1500], "foreign 2", *ours[1500:]]
+
+
+def test_batch_job_append_leaves_no_markers(tmp_path: Path) -> None:
+    # A batch job is never replayed: its rows go straight in, with no marker files and
+    # no marked record, and its staging is removed.
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out"}, streaming=False)
+    rows = [{"value": f"v{i}", "key": None, "headers": {}} for i in range(500)]
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=3), replayable=False) == 500
+    with Stream.open(root, "out", create=False) as stream:
+        stored = list(stream.read())
+    assert [r.value for r in stored] == [f"v{i}".encode() for i in range(500)]
+    assert all(not r.headers for r in stored)
+    assert not commits_dir(str(root), SINK).exists()
+    assert not staging_dir(str(root), SINK, BATCH).exists()
