@@ -265,6 +265,23 @@ def encode_packed(
     Each frame is its header, a slice of the lengths and a slice of the data: no object
     per record. Frames hold as many records as fit in ``max_frame_bytes`` (one at least).
     """
+    return _encode_values(data, lengths, base_offset, now_us, max_frame_bytes)
+
+
+def _encode_values(
+    data: bytes | bytearray | memoryview | list[bytes],
+    lengths: array[int],
+    base_offset: int,
+    now_us: int,
+    max_frame_bytes: int,
+) -> Encoded:
+    """:func:`encode_packed` of values given back to back, or as a list (``data``).
+
+    A list is joined frame by frame into the output: a batch of large values is then
+    copied once into the output plus once per frame through a buffer of frame size
+    (reused by the allocator), instead of through a second buffer of the batch's size
+    (fresh memory, page-faulted anew on every batch).
+    """
     n = len(lengths)
     if n == 0:
         return Encoded(b"", (), base_offset)
@@ -279,7 +296,9 @@ def encode_packed(
     cuts = [0]
     sizes: list[int] = []  # bytes after the header of each frame
     lo = 0
-    step = max(1, budget * n // (len(data) + 4 * n or 1))
+    parts = data if isinstance(data, list) else None
+    total = sum(lengths) if parts is not None else len(data)
+    step = max(1, budget * n // (total + 4 * n or 1))
     while lo < n:
         hi = min(lo + step, n)
         size = sum(lengths[lo:hi]) + 4 * (hi - lo)
@@ -293,9 +312,9 @@ def encode_packed(
         sizes.append(size)
         step = hi - lo
         lo = hi
-    # every frame written straight into one buffer: the values are copied once
+    # every frame written straight into one buffer
     out = bytearray(HEADER_SIZE * len(sizes) + sum(sizes))
-    values = memoryview(data)
+    values = memoryview(b"" if isinstance(data, list) else data)
     view = memoryview(out)
     frames: list[tuple[int, int, int]] = []
     pos = vpos = 0
@@ -307,7 +326,10 @@ def encode_packed(
         p = pos + HEADER_SIZE
         view[p : p + 4 * count] = raw_lengths[4 * lo : 4 * hi]
         p += 4 * count
-        view[p : p + vlen] = values[vpos : vpos + vlen]
+        if parts is not None:
+            view[p : p + vlen] = b"".join(parts[lo:hi])
+        else:
+            view[p : p + vlen] = values[vpos : vpos + vlen]
         HEADER.pack_into(
             out, pos, 0, MAGIC, VERSION, 0, size, off, count - 1, count, now_us, now_us
         )
@@ -542,12 +564,9 @@ def _runs(items: Sequence[_Prepared | bytes], max_frame_bytes: int) -> list[tupl
 def _encode_plain(
     values: Sequence[bytes], base_offset: int, now_us: int, max_frame_bytes: int
 ) -> Encoded:
-    return encode_packed(
-        b"".join(values),
-        array("I", map(len, values)),
-        base_offset,
-        now_us=now_us,
-        max_frame_bytes=max_frame_bytes,
+    listed = values if isinstance(values, list) else list(values)
+    return _encode_values(
+        listed, array("I", map(len, listed)), base_offset, now_us, max_frame_bytes
     )
 
 

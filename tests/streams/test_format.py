@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from fsbus._stream_format import (
     encode_frames,
     encode_index_entry,
     encode_offsets_file,
+    encode_packed,
     encode_values,
     parse_index,
     parse_segment_name,
@@ -83,6 +86,23 @@ def test_batch_is_split_by_frame_size() -> None:
     offs = [r[0] for r in _records(bytes(enc.data))]
     assert offs == list(range(50))
     assert [f[0] for f in enc.frames] == sorted(f[0] for f in enc.frames)
+
+
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=40), st.integers(64, 2000))
+def test_a_list_of_values_frames_as_the_same_values_back_to_back(
+    values: list[bytes], max_frame: int
+) -> None:
+    listed = encode_frames(values, 11, now_us=3, max_frame_bytes=max_frame)
+    packed = encode_packed(
+        b"".join(values),
+        array("I", map(len, values)),
+        11,
+        now_us=3,
+        max_frame_bytes=max_frame,
+    )
+    assert bytes(listed.data) == bytes(packed.data)
+    assert listed.frames == packed.frames
+    assert [r[3] for r in _records(bytes(listed.data))] == values
 
 
 @pytest.mark.parametrize("cut", [1, 10, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 3])
