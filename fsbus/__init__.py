@@ -39,6 +39,7 @@ from ._stream_maint import CompactionReport, RetentionReport
 from ._stream_queue import QueueEmpty, StreamQueue
 from ._stream_writer import RecoveryInfo
 from ._sync import BlockingBus, BlockingMessages
+from ._trie import TopicTrie
 
 __version__ = "0.1.0"
 
@@ -87,6 +88,7 @@ __all__ = (
     "StreamNotFound",
     "StreamQueue",
     "Subscription",
+    "TopicTrie",
     "UsageError",
     "WouldBlock",
     "__version__",

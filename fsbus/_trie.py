@@ -55,15 +55,28 @@ class _Node(Generic[V]):
 
 
 class TopicTrie(Generic[V]):
-    """A set of ``(pattern, value)`` bindings, queried by topic.
+    """A set of ``(pattern, value)`` bindings, queried by topic: the matcher the bus uses.
+
+    Patterns follow AMQP as qlobber (and so qlobber-fsq) does: words split on
+    ``"."``; ``"*"`` matches exactly one non-empty word; ``"#"`` matches zero or
+    more words, anywhere in the pattern. Values are any hashable objects.
+
+    ```python
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("orders.*", "audit")
+    trie.add("orders.#", "archive")
+    trie.match("orders.created")  # ['audit', 'archive']
+    ```
 
     Adding a binding that is already present changes nothing; each value comes
     out of :meth:`match` at most once, however many of its patterns match, in
-    the order its earliest matching binding was added.
+    the order its earliest matching binding was added. A match costs
+    ``O(words x live nodes)``, never exponential, whatever the wildcards.
 
-    Patterns are validated (:func:`~fsbus._topics.validate_pattern`) when added
-    or removed. Topics given to :meth:`match` are not validated: any ``str`` is
-    split and matched, so topics read from peers' files never raise here.
+    Patterns are checked when added or removed (a bad one raises
+    :class:`~fsbus.InvalidPattern`). Topics given to :meth:`match` are not:
+    any ``str`` is split and matched, so topics read from peers' files never raise.
+    Not thread-safe: guard it with a lock if several threads change it.
     """
 
     __slots__ = ("_by_pattern", "_count", "_root", "_seq")
@@ -78,7 +91,10 @@ class TopicTrie(Generic[V]):
     # --- bindings -------------------------------------------------------------
 
     def add(self, pattern: str, value: V) -> None:
-        """Bind ``value`` to ``pattern`` (no-op if already bound)."""
+        """Bind ``value`` to ``pattern`` (no-op if already bound).
+
+        Raises :class:`~fsbus.InvalidPattern` if ``pattern`` is not a valid pattern.
+        """
         validate_pattern(pattern)
         node = self._by_pattern.get(pattern)
         if node is None:
@@ -92,7 +108,7 @@ class TopicTrie(Generic[V]):
             self._count += 1
 
     def remove(self, pattern: str, value: V | _All = ALL) -> int:
-        """Unbind ``value`` from ``pattern``, or every value of it if ``value`` is :data:`ALL`.
+        """Unbind ``value`` from ``pattern``, or every value of it when ``value`` is left out.
 
         Returns how many bindings were removed (0 if there were none).
         """

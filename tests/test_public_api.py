@@ -31,6 +31,7 @@ EXPECTED = frozenset(
         "MessageIterator",
         "PublishInfo",
         "Subscription",
+        "TopicTrie",
         # streams
         "AsyncConsumerGroup",
         "AsyncStream",
@@ -138,7 +139,9 @@ def test_exported_dataclasses_are_frozen_with_a_docstring_per_field(name: str) -
     assert fields - documented == set(), f"{name}: fields without a docstring"
 
 
-@pytest.mark.parametrize("name", ["Bus", "BlockingBus", "MessageIterator", "BlockingMessages"])
+@pytest.mark.parametrize(
+    "name", ["Bus", "BlockingBus", "MessageIterator", "BlockingMessages", "TopicTrie"]
+)
 def test_public_methods_of_the_bus_faces_are_documented(name: str) -> None:
     cls = getattr(fsbus, name)
     for attr, value in vars(cls).items():
@@ -174,3 +177,14 @@ def test_version_matches_the_package_metadata() -> None:
     match = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE)
     assert match is not None
     assert fsbus.__version__ == match.group(1)
+
+
+def test_topic_trie_is_the_matcher_the_bus_uses() -> None:
+    trie: fsbus.TopicTrie[str] = fsbus.TopicTrie()
+    trie.add("orders.*", "audit")
+    trie.add("orders.#", "archive")
+    assert trie.match("orders.created") == ["audit", "archive"]
+    assert trie.match_set("orders") == {"archive"}
+    assert trie.remove("orders.#") == 1
+    with pytest.raises(fsbus.InvalidPattern):
+        trie.add("orders\nnew", "bad")  # control characters are refused
