@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+
+from fsbus import InvalidConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -15,11 +18,15 @@ if TYPE_CHECKING:
     from fsbus import ColumnBatch, MessageInfo
 
 __all__ = [
+    "ALL_STREAM_COLUMNS",
     "BUS_SCHEMA",
+    "STREAM_COLUMNS",
     "STREAM_SCHEMA",
+    "StreamColumns",
     "bus_batch",
     "columns_batch",
     "headers_array",
+    "stream_columns",
     "value_as_json",
     "value_as_string",
 ]
@@ -81,53 +88,185 @@ def headers_array(headers: Sequence[Mapping[str, str]]) -> pa.Array:
 
 _INT32_MAX = 2**31 - 1
 
+STREAM_COLUMNS = ("stream", "offset", "timestamp", "key", "value", "headers")
+"""The columns of a Stream read, in order."""
 
-@functools.lru_cache(maxsize=8)
-def _repeat(value: str, n: int) -> pa.Array:
-    # batches mostly have the same few lengths: build the stream column once for each
-    return pa.repeat(pa.scalar(value, pa.string()), n)
+# What Spark reports for each column's type (``DataType.simpleString()``).
+_SPARK_TYPES = {
+    "stream": "string",
+    "offset": "bigint",
+    "timestamp": "timestamp",
+    "key": "binary",
+    "value": "binary",
+    "headers": "map<string,string>",
+}
+_NULLABLE = frozenset({"key"})
+"""Columns that hold nulls (a record without a key)."""
 
 
-def columns_batch(stream: str, parts: Sequence[ColumnBatch]) -> pa.RecordBatch:
-    """One Arrow batch of ``STREAM_SCHEMA`` rows from column batches of one stream.
+@dataclass(frozen=True)
+class StreamColumns:
+    """The columns a Stream read returns: all of them, or those a narrower schema asks for."""
+
+    names: tuple[str, ...]
+    """Each returned column's name in ``STREAM_COLUMNS``, in the order returned."""
+    arrow: pa.Schema
+    """The Arrow schema of the returned batches (names spelled as the schema spells them)."""
+
+
+ALL_STREAM_COLUMNS = StreamColumns(STREAM_COLUMNS, _STREAM_ARROW)
+"""Every column, as ``STREAM_SCHEMA`` has them."""
+
+
+def stream_columns(schema: Any) -> StreamColumns:
+    """The columns a Stream read returns for ``schema``, the one Spark gives the reader.
+
+    That is ``STREAM_SCHEMA`` unless the query gave its own with ``.schema(...)``: any
+    subset of the columns, in any order, with the same types, returns just those (only
+    they are built and sent to Spark). Anything else is refused with what to do instead.
+    """
+    fields = list(schema.fields) if schema is not None else None
+    if fields is None or [(f.name, f.dataType.simpleString(), f.nullable) for f in fields] == [
+        (n, _SPARK_TYPES[n], True) for n in STREAM_COLUMNS
+    ]:
+        return ALL_STREAM_COLUMNS
+    rule = (
+        f"a Stream read returns the columns {STREAM_SCHEMA!r}; a schema given with "
+        ".schema(...) may name any of them, in any order, with those types"
+    )
+    if not fields:
+        raise InvalidConfig(f"the schema names no column; {rule}")
+    names: list[str] = []
+    for f in fields:
+        name = f.name.lower()
+        if name not in _SPARK_TYPES:
+            raise InvalidConfig(f"column {f.name!r} is not in a Stream's rows; {rule}")
+        if name in names:
+            raise InvalidConfig(f"the schema names column {f.name!r} twice; {rule}")
+        have, want = _SPARK_TYPES[name], f.dataType.simpleString()
+        if have != want:
+            raise InvalidConfig(
+                f"column {f.name!r} is {have} in a Stream's rows, not {want}; ask for {have} "
+                "and convert after loading (e.g. value_as_string(), .cast(...))"
+            )
+        if name in _NULLABLE and not f.nullable:
+            raise InvalidConfig(
+                f"column {f.name!r} is null for records without one; declare it nullable"
+            )
+        names.append(name)
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return StreamColumns(tuple(names), to_arrow_schema(schema, timezone="UTC"))
+
+
+def columns_batch(
+    stream: str, parts: Sequence[ColumnBatch], columns: StreamColumns = ALL_STREAM_COLUMNS
+) -> pa.RecordBatch:
+    """One Arrow batch of Stream rows (``columns`` of them) from column batches of one stream.
 
     No Python object per record in the common case: the values' buffer becomes the
     Arrow binary array's data as is (a copy only to join several parts), its offsets are
-    a cumulative sum of the value lengths, and offsets and timestamps are NumPy arrays.
+    a cumulative sum of the value lengths, and the other columns are NumPy buffers. Only
+    the requested columns are built. Nothing here imports pandas (``pa.array`` would).
     """
     n = sum(map(len, parts))
     if n == 0:
-        return pa.RecordBatch.from_pylist([], schema=_STREAM_ARROW)
+        return pa.RecordBatch.from_arrays(
+            [pa.nulls(0, f.type) for f in columns.arrow], schema=columns.arrow
+        )
+    arrays = [_COLUMN[name](stream, parts, n) for name in columns.names]
+    if columns is not ALL_STREAM_COLUMNS:
+        arrays = [
+            a if a.type == f.type else a.cast(f.type)
+            for a, f in zip(arrays, columns.arrow, strict=True)
+        ]
+    return pa.RecordBatch.from_arrays(arrays, schema=columns.arrow)
+
+
+def _stream_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.Array:
+    return _repeat(stream, n)
+
+
+def _offset_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.Array:
     offs = [p.offsets for p in parts]
     if all(isinstance(o, range) for o in offs) and offs[-1][-1] - offs[0][0] == n - 1:
-        offsets = pa.array(np.arange(offs[0][0], offs[0][0] + n, dtype=np.int64))
+        values = np.arange(offs[0][0], offs[0][0] + n, dtype=np.int64)
     else:
-        offsets = pa.array(np.concatenate([np.asarray(o, dtype=np.int64) for o in offs]))
+        values = np.concatenate([np.asarray(o, dtype=np.int64) for o in offs])
+    return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(values)])
+
+
+def _timestamp_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.Array:
     stamps = np.concatenate([np.frombuffer(p.timestamps, dtype=np.float64) for p in parts])
-    micros = pa.array(np.rint(stamps * 1_000_000).astype(np.int64)).view(_TS)
+    micros = np.rint(stamps * 1_000_000).astype(np.int64)
+    return pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(micros)])
+
+
+def _key_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.Array:
+    keys = [k for p in parts for k in p.keys]
+    if keys.count(None) == n:
+        return _no_keys(n)
+    present = np.fromiter((k is not None for k in keys), dtype=np.bool_, count=n)
+    lengths = np.fromiter((len(k) if k else 0 for k in keys), dtype=np.int64, count=n)
+    data = b"".join(k for k in keys if k)
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [
+            pa.py_buffer(np.packbits(present, bitorder="little")),
+            pa.py_buffer(_ends(lengths, "keys")),
+            pa.py_buffer(data),
+        ],
+    )
+
+
+def _value_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.Array:
     lengths = np.concatenate([np.frombuffer(p.value_lengths, dtype=np.uint32) for p in parts])
-    ends = np.empty(n + 1, dtype=np.int64)
+    data = parts[0].value_data if len(parts) == 1 else b"".join(p.value_data for p in parts)
+    return pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(_ends(lengths, "values")), pa.py_buffer(data)]
+    )
+
+
+def _headers_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.Array:
+    if any(any(p.headers) for p in parts):
+        return headers_array([h for p in parts for h in p.headers])
+    return _no_headers(n)
+
+
+def _ends(lengths: Any, what: str) -> Any:
+    """Arrow's int32 offsets (n + 1 of them) of items with these lengths."""
+    ends = np.empty(len(lengths) + 1, dtype=np.int64)
     ends[0] = 0
     np.cumsum(lengths, out=ends[1:])
     if ends[-1] > _INT32_MAX:
         raise ValueError(
-            f"{int(ends[-1])} bytes of values in one Arrow batch exceed Spark's binary column "
+            f"{int(ends[-1])} bytes of {what} in one Arrow batch exceed Spark's binary column "
             "limit (2 GiB); lower the stream's max_frame_bytes"
         )
-    data = parts[0].value_data if len(parts) == 1 else b"".join(p.value_data for p in parts)
-    values = pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(ends.astype(np.int32)), pa.py_buffer(data)]
+    return ends.astype(np.int32)
+
+
+_COLUMN = {
+    "stream": _stream_column,
+    "offset": _offset_column,
+    "timestamp": _timestamp_column,
+    "key": _key_column,
+    "value": _value_column,
+    "headers": _headers_column,
+}
+
+
+@functools.lru_cache(maxsize=8)
+def _repeat(value: str, n: int) -> pa.Array:
+    # batches mostly have the same few lengths: build the stream column once for each
+    raw = value.encode()
+    ends = np.arange(0, len(raw) * (n + 1), len(raw), dtype=np.int64)
+    if ends[-1] > _INT32_MAX:
+        raise ValueError(f"{n} rows of stream name {value!r} exceed an Arrow string column")
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(ends.astype(np.int32)), pa.py_buffer(raw * n)]
     )
-    if all(p.keys.count(None) == len(p) for p in parts):
-        keys = _no_keys(n)
-    else:
-        keys = pa.array([k for p in parts for k in p.keys], pa.binary())
-    if any(any(p.headers) for p in parts):
-        headers = headers_array([h for p in parts for h in p.headers])
-    else:
-        headers = _no_headers(n)
-    columns = [_repeat(stream, n), offsets, micros, keys, values, headers]
-    return pa.RecordBatch.from_arrays(columns, schema=_STREAM_ARROW)
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,8 +276,13 @@ def _no_keys(n: int) -> pa.Array:
 
 @functools.lru_cache(maxsize=8)
 def _no_headers(n: int) -> pa.Array:
-    empty = pa.array([], pa.string())
-    return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), empty, empty)
+    empty = pa.Array.from_buffers(
+        pa.string(), 0, [None, pa.py_buffer(np.zeros(1, dtype=np.int32)), pa.py_buffer(b"")]
+    )
+    offsets = pa.Array.from_buffers(
+        pa.int32(), n + 1, [None, pa.py_buffer(np.zeros(n + 1, dtype=np.int32))]
+    )
+    return pa.MapArray.from_arrays(offsets, empty, empty)
 
 
 def bus_batch(rows: Sequence[tuple[MessageInfo, bytes | None]]) -> pa.RecordBatch:

@@ -27,7 +27,7 @@ from fsbus import ColumnBatch, OffsetOutOfRange, Stream
 
 from ._options import OffsetSpec, StreamSourceOptions
 from ._plan import cap_offsets, split_ranges
-from ._schema import columns_batch
+from ._schema import ALL_STREAM_COLUMNS, StreamColumns, columns_batch, stream_columns
 
 __all__ = [
     "StreamBatchReader",
@@ -62,8 +62,10 @@ class StreamRangePartition(InputPartition):
         """Raise if retention removed part of the range (else read what is left)."""
 
 
-def read_range(part: StreamRangePartition) -> Iterator[pa.RecordBatch]:
-    """Read one partition's records as Arrow batches (runs on an executor)."""
+def read_range(
+    part: StreamRangePartition, columns: StreamColumns = ALL_STREAM_COLUMNS
+) -> Iterator[pa.RecordBatch]:
+    """Read one partition's records as Arrow batches of ``columns`` (runs on an executor)."""
     with Stream.open(part.root, part.stream, create=False) as stream:
         start = part.start
         first = stream.start_offset
@@ -81,13 +83,13 @@ def read_range(part: StreamRangePartition) -> Iterator[pa.RecordBatch]:
         rows = size = 0
         for cols in stream.read_columns(start, part.stop):
             if parts and (rows + len(cols) > ARROW_BATCH_ROWS or size > ARROW_BATCH_BYTES):
-                yield columns_batch(part.stream, parts)
+                yield columns_batch(part.stream, parts, columns)
                 parts, rows, size = [], 0, 0
             parts.append(cols)
             rows += len(cols)
             size += len(cols.value_data)
         if parts:
-            yield columns_batch(part.stream, parts)
+            yield columns_batch(part.stream, parts, columns)
 
 
 def _position(stream: Stream, name: str, spec: OffsetSpec, option: str) -> int:
@@ -150,10 +152,15 @@ def _partitions(
 
 
 class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of one or more streams; the checkpointed offset is ``{stream: next}``."""
+    """Micro-batches of one or more streams; the checkpointed offset is ``{stream: next}``.
 
-    def __init__(self, opts: StreamSourceOptions) -> None:
+    ``schema`` is the one Spark hands the source: a narrower one given with ``.schema()``
+    returns only its columns (see :func:`stream_columns`).
+    """
+
+    def __init__(self, opts: StreamSourceOptions, schema: Any = None) -> None:
         self.opts = opts
+        self.columns = stream_columns(schema)
         self._target: dict[str, int] | None = None
 
     def initialOffset(self) -> dict[str, int]:
@@ -182,7 +189,7 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, StreamRangePartition)
-        return read_range(partition)
+        return read_range(partition, self.columns)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the stream keeps its records; retention is the stream's business."""
@@ -193,10 +200,14 @@ class StreamMicroBatchReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
 
 class StreamBatchReader(DataSourceReader):
-    """A batch read of ``[starting, ending)`` of one or more streams (offsets or times)."""
+    """A batch read of ``[starting, ending)`` of one or more streams (offsets or times).
 
-    def __init__(self, opts: StreamSourceOptions) -> None:
+    ``schema`` as for :class:`StreamMicroBatchReader`.
+    """
+
+    def __init__(self, opts: StreamSourceOptions, schema: Any = None) -> None:
         self.opts = opts
+        self.columns = stream_columns(schema)
         start = resolve_offsets(opts, ending=False)
         end = resolve_offsets(opts, ending=True)
         self._parts = _partitions(opts, start, {n: max(end[n], start[n]) for n in end})
@@ -206,4 +217,4 @@ class StreamBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, StreamRangePartition)
-        return read_range(partition)
+        return read_range(partition, self.columns)

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from fsbus import RecordIn, Stream, StreamConfig
+from fsbus import InvalidConfig, RecordIn, Stream, StreamConfig
 
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from fsbus.spark._schema import columns_batch  # noqa: E402
+from pyspark.sql.types import (  # noqa: E402
+    BinaryType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from fsbus.spark._options import parse_stream_source_options  # noqa: E402
+from fsbus.spark._schema import (  # noqa: E402
+    _STREAM_ARROW,
+    ALL_STREAM_COLUMNS,
+    columns_batch,
+    stream_columns,
+)
 from fsbus.spark._sink import packed_values  # noqa: E402
+from fsbus.spark._stream_source import StreamBatchReader  # noqa: E402
 
 
 def _open(tmp_path: Path) -> Stream:
@@ -46,6 +65,95 @@ def test_columns_batch_of_plain_values_has_no_keys_or_headers(tmp_path: Path) ->
     assert batch.column("value").to_pylist() == [b"%d" % i for i in range(10, 90)]
     assert batch.column("key").null_count == 80
     assert batch.column("headers").to_pylist() == [[]] * 80
+
+
+def test_columns_batch_with_some_keys_missing(tmp_path: Path) -> None:
+    with _open(tmp_path) as s:
+        keys = [b"k%d" % i if i % 3 else None for i in range(30)]
+        keys[4] = b""  # an empty key is a key, not a missing one
+        s.append_batch([RecordIn(b"v%d" % i, key=k) for i, k in enumerate(keys)])
+        batch = columns_batch("s", list(s.read_columns(0)))
+    assert batch.schema == _STREAM_ARROW
+    assert batch.column("key").to_pylist() == keys
+    assert batch.column("value").to_pylist() == [b"v%d" % i for i in range(30)]
+
+
+def _struct(*fields: tuple[str, object, bool]) -> StructType:
+    return StructType([StructField(name, kind, nullable) for name, kind, nullable in fields])
+
+
+def test_a_narrower_schema_returns_only_its_columns(tmp_path: Path) -> None:
+    with _open(tmp_path) as s:
+        s.append_batch([b"%d" % i for i in range(50)])
+        parts = list(s.read_columns(5, 45))
+    cols = stream_columns(_struct(("Value", BinaryType(), True), ("offset", LongType(), False)))
+    assert cols.names == ("value", "offset")
+    batch = columns_batch("s", parts, cols)
+    assert batch.schema.names == ["Value", "offset"]  # spelled as the schema spells them
+    assert not batch.schema.field("offset").nullable
+    assert batch.column("Value").to_pylist() == [b"%d" % i for i in range(5, 45)]
+    assert batch.column("offset").to_pylist() == list(range(5, 45))
+
+
+def test_the_full_schema_reads_every_column() -> None:
+    # STREAM_SCHEMA as Spark parses it and hands it to the reader
+    full = _struct(
+        ("stream", StringType(), True),
+        ("offset", LongType(), True),
+        ("timestamp", TimestampType(), True),
+        ("key", BinaryType(), True),
+        ("value", BinaryType(), True),
+        ("headers", MapType(StringType(), StringType()), True),
+    )
+    assert stream_columns(full) is ALL_STREAM_COLUMNS
+    assert stream_columns(None) is ALL_STREAM_COLUMNS
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        (_struct(("payload", BinaryType(), True)), "'payload' is not in a Stream's rows"),
+        (_struct(("value", StringType(), True)), "'value' is binary in a Stream's rows"),
+        (_struct(("key", BinaryType(), False)), "declare it nullable"),
+        (
+            _struct(("value", BinaryType(), True), ("VALUE", BinaryType(), True)),
+            "names column 'VALUE' twice",
+        ),
+        (StructType([]), "names no column"),
+    ],
+)
+def test_a_schema_the_stream_cannot_fill_is_refused(schema: StructType, message: str) -> None:
+    with pytest.raises(InvalidConfig, match=message):
+        stream_columns(schema)
+
+
+def test_the_batch_reader_builds_only_the_requested_columns(tmp_path: Path) -> None:
+    with _open(tmp_path) as s:
+        s.append_batch([b"%d" % i for i in range(20)])
+    opts = parse_stream_source_options({"path": str(tmp_path), "stream": "s"})
+    reader = StreamBatchReader(opts, _struct(("offset", LongType(), True)))
+    batches = [b for p in reader.partitions() for b in reader.read(p)]
+    assert {b.schema.names[0] for b in batches} == {"offset"}
+    assert [o for b in batches for o in b.column(0).to_pylist()] == list(range(20))
+
+
+def test_reading_does_not_import_pandas(tmp_path: Path) -> None:
+    # pa.array() imports pandas (~0.1 s) the first time; a fresh Spark worker would pay it
+    with _open(tmp_path) as s:
+        s.append_batch([RecordIn(b"v", key=b"k" if i % 2 else None) for i in range(20)])
+    code = (
+        "import sys\n"
+        "from fsbus.spark._options import parse_stream_source_options\n"
+        "from fsbus.spark._stream_source import StreamBatchReader\n"
+        f"opts = parse_stream_source_options({{'path': {str(tmp_path)!r}, 'stream': 's'}})\n"
+        "reader = StreamBatchReader(opts)\n"
+        "rows = sum(b.num_rows for p in reader.partitions() for b in reader.read(p))\n"
+        "print(rows, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["20", "False"]
 
 
 def test_packed_values_reads_arrow_buffers() -> None:
