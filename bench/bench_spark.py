@@ -6,7 +6,9 @@ Measures, on a local[2] Spark, records per second for
 
 * reading: a Stream through ``format("fsbus")`` (batch read, and a streaming query with
   Trigger.AvailableNow) into the ``noop`` sink, against Spark's text and JSON sources
-  reading the same records from files (batch, and a streaming file source);
+  reading the same records from files (batch, and a streaming file source), and against
+  the floor of any Python data source: one that hands Spark ready-made Arrow batches of
+  the same rows and does nothing else (bench/spark_floor.py, as many tasks as fsbus);
 * writing: a DataFrame of the same records into a Stream through ``format("fsbus")``,
   against Spark writing them as text and JSON files; and a streaming query (the text
   files as a streaming source, Trigger.AvailableNow) into the fsbus sink, against
@@ -59,6 +61,13 @@ def spark_session(scratch: Path) -> Any:
     )
     spark.sparkContext.setLogLevel("ERROR")
     fsbus.spark.register(spark)
+    from pyspark import cloudpickle
+
+    from bench import spark_floor
+
+    # by value: Spark's Python workers need not find the bench package on their path
+    cloudpickle.register_pickle_by_value(spark_floor)
+    spark.dataSource.register(spark_floor.FloorDataSource)
     return spark
 
 
@@ -122,11 +131,16 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         assert rows == n, f"the streaming query read {rows} rows, not {n}"
 
     fsbus_opts = {"path": str(root), "stream": "bench"}
+    tasks = spark.read.format("fsbus").options(**fsbus_opts).load().rdd.getNumPartitions()
+    floor_opts = {"n": str(n), "size": str(size), "partitions": str(tasks)}
     readers: dict[str, Callable[[], None]] = {
         "read fsbus (batch)": lambda: noop(spark.read.format("fsbus").options(**fsbus_opts).load()),
         "read text files (batch)": lambda: noop(spark.read.text(str(files / "text"))),
         "read json files (batch)": lambda: noop(
             spark.read.schema("value string").json(str(files / "json"))
+        ),
+        "read no-op Python source (batch)": lambda: noop(
+            spark.read.format("fsbus-floor").options(**floor_opts).load()
         ),
         "read fsbus (streaming)": lambda: stream_to_noop(
             spark.readStream.format("fsbus").options(**fsbus_opts).load()
@@ -136,6 +150,9 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         ),
         "read json files (streaming)": lambda: stream_to_noop(
             spark.readStream.schema("value string").json(str(files / "json"))
+        ),
+        "read no-op Python source (streaming)": lambda: stream_to_noop(
+            spark.readStream.format("fsbus-floor").options(**floor_opts).load()
         ),
     }
     data = (
@@ -179,6 +196,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     # Warm-up (JIT, Python workers), not timed.
     noop(spark.read.format("fsbus").options(**fsbus_opts, endingOffsets="1000").load())
     noop(spark.read.text(str(files / "text")).limit(1000))
+    noop(spark.read.format("fsbus-floor").options(**{**floor_opts, "n": "1000"}).load())
 
     times: dict[str, list[float]] = {name: [] for name in (*readers, *writers)}
     for r in range(args.rounds):
@@ -196,7 +214,7 @@ def report(result: dict[str, Any]) -> str:
         f"Spark connector, {result['records']:,} records x {result['size']} B, local[2], "
         f"median of {result['rounds']} interleaved rounds",
         "",
-        "| operation | records/s | fsbus / text | fsbus / json |",
+        "| operation | records/s | / text files | / json files |",
         "|---|---:|---:|---:|",
     ]
     groups = [
@@ -207,13 +225,13 @@ def report(result: dict[str, Any]) -> str:
     ]
     for verb, mode in groups:
         suffix = f" {mode}" if mode else ""
-        ours = rates[f"{verb} fsbus{suffix}"]
-        for what in ("fsbus", "text files", "json files"):
+        floor = ("no-op Python source",) if verb == "read" else ()
+        for what in ("fsbus", *floor, "text files", "json files"):
             rate = rates[f"{verb} {what}{suffix}"]
             ratio = ""
-            if what == "fsbus":
-                text = ours / rates[f"{verb} text files{suffix}"]
-                js = ours / rates[f"{verb} json files{suffix}"]
+            if what in ("fsbus", *floor):
+                text = rate / rates[f"{verb} text files{suffix}"]
+                js = rate / rates[f"{verb} json files{suffix}"]
                 ratio = f"| {text:.2f} | {js:.2f} |"
             else:
                 ratio = "| | |"
