@@ -35,7 +35,7 @@ ALL: Final = _All.ALL
 class _Node(Generic[V]):
     """One trie node: the patterns that reached it through the same words."""
 
-    __slots__ = ("children", "hash", "is_hash", "key", "parent", "star", "values")
+    __slots__ = ("children", "closure", "hash", "is_hash", "key", "parent", "star", "values")
 
     def __init__(self, parent: _Node[V] | None, key: str) -> None:
         self.parent = parent
@@ -48,6 +48,9 @@ class _Node(Generic[V]):
         self.hash: _Node[V] | None = None
         # value -> binding sequence number, for patterns ending here.
         self.values: dict[V, int] = {}
+        # While ``hash`` is set: this node and the '#' nodes below it reached by matching
+        # zero words (``hash``, ``hash.hash``, ...), as an ordered set (kept by _refresh).
+        self.closure: dict[_Node[V], None] = {}
 
     def is_empty(self) -> bool:
         """Whether nothing ends here or passes through here (the node can go)."""
@@ -79,7 +82,7 @@ class TopicTrie(Generic[V]):
     Not thread-safe: guard it with a lock if several threads change it.
     """
 
-    __slots__ = ("_by_pattern", "_count", "_root", "_seq")
+    __slots__ = ("_by_pattern", "_count", "_hashes", "_root", "_seq")
 
     def __init__(self) -> None:
         self._root: _Node[V] = _Node(None, "")
@@ -87,6 +90,8 @@ class TopicTrie(Generic[V]):
         self._by_pattern: dict[str, _Node[V]] = {}
         self._count = 0
         self._seq = 0
+        # '#' nodes in the trie: without any, matching is a plain tree walk.
+        self._hashes = 0
 
     # --- bindings -------------------------------------------------------------
 
@@ -100,6 +105,8 @@ class TopicTrie(Generic[V]):
         if node is None:
             node = self._root
             for word in pattern.split(SEPARATOR):
+                if word == WILDCARD_SOME and node.hash is None:
+                    self._hashes += 1
                 node = _child(node, word)
             self._by_pattern[pattern] = node
         if value not in node.values:
@@ -127,7 +134,7 @@ class TopicTrie(Generic[V]):
         self._count -= removed
         if not node.values:
             del self._by_pattern[pattern]
-            _prune(node)
+            self._hashes -= _prune(node)
         return removed
 
     def clear(self) -> None:
@@ -135,6 +142,7 @@ class TopicTrie(Generic[V]):
         self._root = _Node(None, "")
         self._by_pattern.clear()
         self._count = 0
+        self._hashes = 0
 
     def __len__(self) -> int:
         """Number of ``(pattern, value)`` bindings."""
@@ -181,50 +189,67 @@ class TopicTrie(Generic[V]):
     def _walk(self, topic: str) -> list[_Node[V]]:
         """Nodes holding values whose pattern matches ``topic``.
 
-        ``live`` is the set of nodes reached after the words consumed so far,
-        closed under "a '#' may match zero words"; a '#' node stays live on every
-        following word (it absorbs it). Without '#' the trie is a tree walked
-        along distinct edges, so ``live`` holds no duplicates and needs no set.
+        ``live`` holds the nodes reached after the words consumed so far, closed under
+        "a '#' may match zero words" (each node's ``closure``); a '#' node stays live on
+        every following word (it absorbs it). Without any '#' the trie is a tree walked
+        along distinct edges, so ``live`` holds no duplicates and needs no set; with
+        some, ``live`` is an ordered set (a dict), so each node is visited once per word.
         """
         root = self._root
-        live = [root] if root.hash is None else _close([root])
+        if not self._hashes:
+            nodes = [root]
+            for word in topic.split(SEPARATOR):
+                step: list[_Node[V]] = []
+                for node in nodes:
+                    child = node.children.get(word)
+                    if child is not None:
+                        step.append(child)
+                    if word:
+                        child = node.star
+                        if child is not None:
+                            step.append(child)
+                if not step:
+                    return []
+                nodes = step
+            return [node for node in nodes if node.values]
+        live: dict[_Node[V], None] = {root: None} if root.hash is None else root.closure
         for word in topic.split(SEPARATOR):
-            step: list[_Node[V]] = []
-            hashy = False
+            reached: dict[_Node[V], None] = {}
             for node in live:
                 if node.is_hash:
-                    step.append(node)
-                    hashy = True
+                    reached[node] = None
                 child = node.children.get(word)
                 if child is not None:
-                    step.append(child)
-                    if child.hash is not None:
-                        hashy = True
+                    if child.hash is None:
+                        reached[child] = None
+                    else:
+                        reached.update(child.closure)
                 if word:
                     child = node.star
                     if child is not None:
-                        step.append(child)
-                        if child.hash is not None:
-                            hashy = True
-            if hashy:
-                step = _close(step)
-            elif not step:
+                        if child.hash is None:
+                            reached[child] = None
+                        else:
+                            reached.update(child.closure)
+            if not reached:
                 return []
-            live = step
+            live = reached
         return [node for node in live if node.values]
 
 
-def _close(nodes: list[_Node[V]]) -> list[_Node[V]]:
-    """``nodes`` plus the '#' children reachable by matching zero words, once each."""
-    seen: set[_Node[V]] = set()
-    out: list[_Node[V]] = []
-    for node in nodes:
-        cur: _Node[V] | None = node
-        while cur is not None and cur not in seen:
-            seen.add(cur)
-            out.append(cur)
-            cur = cur.hash
-    return out
+def _refresh(node: _Node[V]) -> None:
+    """Recompute ``closure`` of ``node`` and of the '#' chain above it (its hash changed)."""
+    cur: _Node[V] | None = node
+    while cur is not None:
+        below = cur.hash
+        if below is None:
+            cur.closure = {}
+        elif below.hash is None:
+            cur.closure = {cur: None, below: None}
+        else:
+            cur.closure = {cur: None, **below.closure}
+        parent = cur.parent
+        cur = parent if parent is not None and parent.hash is cur else None
 
 
 def _child(node: _Node[V], word: str) -> _Node[V]:
@@ -236,6 +261,7 @@ def _child(node: _Node[V], word: str) -> _Node[V]:
     if word == WILDCARD_SOME:
         if node.hash is None:
             node.hash = _Node(node, word)
+            _refresh(node)
         return node.hash
     child = node.children.get(word)
     if child is None:
@@ -243,14 +269,18 @@ def _child(node: _Node[V], word: str) -> _Node[V]:
     return child
 
 
-def _prune(node: _Node[V]) -> None:
-    """Detach ``node`` and its ancestors while they hold nothing."""
+def _prune(node: _Node[V]) -> int:
+    """Detach ``node`` and its ancestors while they hold nothing; return the '#' nodes gone."""
+    gone = 0
     parent = node.parent
     while parent is not None and node.is_empty():
         if node.key == WILDCARD_ONE and parent.star is node:
             parent.star = None
         elif node.key == WILDCARD_SOME and parent.hash is node:
             parent.hash = None
+            _refresh(parent)
+            gone += 1
         else:
             del parent.children[node.key]
         node, parent = parent, parent.parent
+    return gone

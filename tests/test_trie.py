@@ -328,6 +328,7 @@ def test_add_remove_round_trips(bindings: list[tuple[str, int]], data: st.DataOb
     for pattern, value in removed:
         assert trie.remove(pattern, value) == 1
     kept = [b for b in unique if b not in removed]
+    assert trie._hashes == _hash_nodes(trie._root)  # the '#'-free fast path stays honest
     assert sorted(trie.bindings()) == sorted(kept)
     assert len(trie) == len(kept)
     for topic in data.draw(st.lists(TOPICS, max_size=5)):
@@ -341,6 +342,12 @@ def test_add_remove_round_trips(bindings: list[tuple[str, int]], data: st.DataOb
         trie.remove(pattern)
     assert len(trie) == 0
     assert trie._root.is_empty()
+    assert trie._hashes == 0
+
+
+def _hash_nodes(node: Any) -> int:
+    kids = [*node.children.values(), node.star, node.hash]
+    return int(node.is_hash) + sum(_hash_nodes(k) for k in kids if k is not None)
 
 
 # --- against the real qlobber (the matcher inside qlobber-fsq 14) ------------------------
