@@ -158,12 +158,20 @@ def test_only_the_attempt_spark_kept_is_published(tmp_path: Path) -> None:
     assert not staging_dir(str(root), SINK, BATCH).exists()
 
 
+def plain_rows(n: int) -> list[dict[str, Any]]:
+    """Rows with a value only: the sink appends them as plain values (its fast path)."""
+    return [{"value": f"plain {i:05d}", "key": None, "headers": {}} for i in range(n)]
+
+
+@pytest.mark.parametrize("plain", [False, True])
 @pytest.mark.parametrize("appended", [1, 1234, 2999])
-def test_stream_commit_replay_after_a_torn_batch(tmp_path: Path, appended: int) -> None:
+def test_stream_commit_replay_after_a_torn_batch(
+    tmp_path: Path, appended: int, plain: bool
+) -> None:
     """A crash between two frames of one append leaves a prefix of the batch on disk."""
     root = tmp_path / "bus"
     opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
-    rows = stream_rows(3000)
+    rows = plain_rows(3000) if plain else stream_rows(3000)
     crash(tmp_path, opts, stage_rows(opts, rows, parts=2), "records", 0)  # pending, no rows
     torn_append(root, rows, 0, appended)
     with Stream.open(root, "out") as stream:
@@ -174,6 +182,24 @@ def test_stream_commit_replay_after_a_torn_batch(tmp_path: Path, appended: int) 
     assert values == [r["value"] for r in rows[:appended]] + ["foreign"] + [
         r["value"] for r in rows[appended:]
     ]
+    if plain:  # one marked record per attempt, the rest plain
+        with Stream.open(root, "out", create=False) as stream:
+            marked = [r.offset for r in stream.read() if r.headers]
+        assert marked == [0, appended + 1]
+
+
+def test_plain_stream_commit_replay_after_crash_before_done(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = plain_rows(5000)
+    crash(tmp_path, opts, stage_rows(opts, rows, parts=2), "done", 0)
+    with Stream.open(root, "out") as stream:
+        stream.append("foreign")
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=3), replayable=True) == 5000
+    with Stream.open(root, "out", create=False) as stream:
+        stored = list(stream.read())
+    assert [r.value.decode() for r in stored] == [r["value"] for r in rows] + ["foreign"]
+    assert [dict(r.headers) for r in stored if r.headers] == [{BATCH_HEADER: f"{SINK}/{BATCH}:0"}]
 
 
 def torn_append(root: Path, rows: list[dict[str, Any]], skip: int, stop: int) -> None:
