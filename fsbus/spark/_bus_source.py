@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from fsbus import BlockingBus, MessageInfo
-
 from ._options import BusSnapshotOptions
 from ._schema import bus_batch
+
+if TYPE_CHECKING:
+    from fsbus import MessageInfo
 
 __all__ = ["BusSnapshotReader"]
 
@@ -28,6 +30,8 @@ class BusSnapshotReader(DataSourceReader):
         return [InputPartition(self.opts.pattern)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from fsbus import BlockingBus  # here: Stream reads never load the Bus's engine
+
         rows: list[tuple[MessageInfo, bytes | None]] = []
         with BlockingBus(self.opts.root) as bus:
             for info in bus.browse(pattern=self.opts.pattern):
