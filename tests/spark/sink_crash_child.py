@@ -4,7 +4,8 @@
 
 ``point`` says where the process kills itself with a real SIGKILL:
 
-* ``records`` - inside the Stream append, after ``n`` records were handed to it;
+* ``records`` - inside the Stream append, after ``n`` records were handed to it (rows
+  appended as plain values from the Arrow buffers: only ``n`` = 0, before the append);
 * ``done`` - after the whole append or publish, just before the done marker;
 * ``ledger`` - after Bus message ``n`` is published, before the ledger records it.
 """
@@ -43,6 +44,14 @@ def main() -> None:
                 yield record
 
         _sink._records = records  # type: ignore[assignment]
+        if n == 0:
+            real_packed = _sink.packed_values
+
+            def packed(*args: Any) -> Any:
+                die()
+                return real_packed(*args)
+
+            _sink.packed_values = packed  # type: ignore[assignment]
     elif point == "done":
         real_write = _sink.atomic_write_json
 
