@@ -12,6 +12,7 @@ import json
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -77,8 +78,17 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Measurement:
+def measure(
+    sysobj: System, sc: Scenario, workdir: Path, timeout: float, *, keep: bool = False
+) -> Measurement:
+    """One round of one system in a fresh ``workdir``; deleted after unless ``keep``."""
     workdir.mkdir(parents=True)
+    # every system starts with the previous one's data on disk (`sync -f` = syncfs):
+    # nobody pays for another's writeback
+    t = time.monotonic()
+    subprocess.run(["sync", "-f", str(workdir)], check=False, timeout=120)
+    if time.monotonic() - t > 1:
+        log(f"  (sync before {sysobj.name} took {time.monotonic() - t:.1f}s)")
     try:
         return sysobj.run(sc, workdir, timeout=timeout)
     except ChildFailed as exc:
@@ -87,7 +97,25 @@ def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Meas
         note = lines[0] + (f": {lines[-1].strip()}" if len(lines) > 1 else "")
         return Measurement(None, ok=False, note=note[:240])
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _check_matches(rows: dict[str, Row]) -> None:
+    """Every matcher must find the same number of matches: mark all failed if not."""
+    found = {
+        name: {m.extra.get("matches") for m in row.rounds if m.value is not None}
+        for name, row in rows.items()
+    }
+    if len({x for xs in found.values() for x in xs}) <= 1:
+        return
+    note = "matchers disagree: " + ", ".join(
+        f"{name} {'/'.join(f'{x:,.0f}' for x in sorted(xs if None not in xs else ()))}"
+        for name, xs in found.items()
+    )
+    log(f"  {note}")
+    for row in rows.values():
+        row.rounds = [replace(m, ok=False, note=note) for m in row.rounds]
 
 
 def run_plan(
@@ -127,13 +155,18 @@ def run_plan(
                     k = r % max(1, len(runners))
                     for s in runners[k:] + runners[:k]:
                         t = time.monotonic()
-                        m = measure(s, sc, place.path / f"{s.name}-{sc.key}-{r}", timeout)
+                        # on the disk: a block group where creates are fast (bench.filesystems)
+                        name = f"{s.name}-{sc.key}-{r}"
+                        work = place.workdir(name) if sc.kind != "match" else place.path / name
+                        m = measure(s, sc, work, timeout, keep=place.keep_until_end)
                         cur[s.name].rounds.append(m)
                         shown = "FAILED" if m.value is None else f"{m.value:,.1f} {sc.unit}"
                         log(
                             f"  {sc.key:<22} r{r} {s.name:<14} {shown:>16}"
                             f"  ({time.monotonic() - t:.1f}s){'  ' + m.note if m.note else ''}"
                         )
+                if sc.kind == "match":
+                    _check_matches(cur)
                 rows += cur.values()
             for name, records, rounds in plan.suites:
                 suite = Suite(name, records, rounds, per_fs=name != "spark")
@@ -152,6 +185,8 @@ def run_plan(
                     continue
                 suites.setdefault(name, {})[fs if suite.per_fs else "once"] = figures
                 log(f"  suite {name}: {len(figures)} figures ({time.monotonic() - t:.1f}s)")
+            t_clean = time.monotonic()
+        log(f"  removed the scratch directory ({time.monotonic() - t_clean:.1f}s)")
     return [r.summary() for r in rows], fs_desc
 
 
