@@ -678,7 +678,19 @@ class Bus:
                 del self._retry_at[key]
         if decision.expired or decision.foreign:
             await self._housekeep(decision.expired, decision.foreign)
-        for e in decision.singles:
+        # Work items already on the heap, in flight or backing off need no second look:
+        # new ones go on the heap, and a full listing or a bucket listed again for a
+        # retry puts back everything it holds (what was dropped while busy, released...).
+        if full:
+            again = decision.singles
+        elif retry:
+            again = [
+                *decision.new_singles,
+                *(e for e in decision.singles if e.bucket_index in retry),
+            ]
+        else:
+            again = decision.new_singles
+        for e in again:
             self._push_ready(e)
         if not deliver:
             return

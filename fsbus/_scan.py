@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ._names import ParsedName, decode_topic, parse_name
 
-__all__ = ["Entry", "ScanDecision", "ScanState", "decide", "long_names"]
+__all__ = ["BucketView", "Entry", "ScanDecision", "ScanState", "decide", "long_names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,42 @@ class Entry:
 
 
 @dataclass
+class BucketView:
+    """What the last listing of one bucket held, sorted out (kept between scans)."""
+
+    multis: dict[str, Entry] = field(default_factory=dict)
+    """Unexpired multi messages, by name."""
+    singles: dict[str, Entry] = field(default_factory=dict)
+    """Unexpired single messages, by name."""
+    expired: dict[str, Entry] = field(default_factory=dict)
+    """Messages past their expiry still present, by name."""
+    foreign: set[str] = field(default_factory=set)
+    """Names that are not messages."""
+    next_expiry: int = 0
+    """The soonest expiry among :attr:`multis` and :attr:`singles` (0: none)."""
+
+    def drop(self, name: str) -> None:
+        """Forget a name that left the bucket."""
+        self.multis.pop(name, None)
+        self.singles.pop(name, None)
+        self.expired.pop(name, None)
+        self.foreign.discard(name)
+
+    def expire(self, now_ms: int) -> None:
+        """Move what expired by ``now_ms`` to :attr:`expired`."""
+        soonest = 0
+        for live in (self.multis, self.singles):
+            for name, e in list(live.items()):
+                t = e.parsed.expires_ms
+                if t <= now_ms:
+                    del live[name]
+                    self.expired[name] = e
+                elif soonest == 0 or t < soonest:
+                    soonest = t
+        self.next_expiry = soonest
+
+
+@dataclass
 class ScanState:
     """What the engine remembers between scans."""
 
@@ -60,6 +96,9 @@ class ScanState:
     """Bucket index -> names in its previous listing."""
     parsed: dict[tuple[int, str], Entry | None] = field(default_factory=dict)
     """Cache of parsed names (None: foreign) for names still present."""
+    buckets: dict[int, BucketView] = field(default_factory=dict)
+    """Bucket index -> its previous listing sorted out (only names that changed are
+    looked at again, and expiries only once the soonest one is due)."""
 
 
 @dataclass
@@ -71,8 +110,10 @@ class ScanDecision:
     present_multi: list[Entry] = field(default_factory=list)
     """Every unexpired multi message present (for subscribers asking for existing ones)."""
     singles: list[Entry] = field(default_factory=list)
-    """Every unexpired single message present (work items to try to claim), in listing
-    order: the engine's heap orders them by :meth:`Entry.order`."""
+    """Every unexpired single message present (work items to try to claim), in no
+    particular order: the engine's heap orders them by :meth:`Entry.order`."""
+    new_singles: list[Entry] = field(default_factory=list)
+    """Those of :attr:`singles` not in the previous listing (also on a baseline)."""
     expired: list[Entry] = field(default_factory=list)
     """Messages past their expiry (delete)."""
     foreign: list[tuple[int, str]] = field(default_factory=list)
@@ -95,20 +136,29 @@ def decide(
     ``spills`` maps long names to their spilled topic rest (None: the spill file was
     missing). Long names absent from ``spills`` are listed in ``need_spill``; neither kind
     is marked as seen, so they are looked at again next round.
+
+    Only the names that came or went since a bucket's previous listing are looked at one
+    by one; the rest of the decision comes from what that listing was sorted into.
     """
     out = ScanDecision()
+    parsed = state.parsed
     for bi, names in listings.items():
         prev = state.seen.get(bi)
+        view = state.buckets.get(bi)
         current = set(names)
-        # Forget cached parses of names that are gone.
-        if prev:
+        if prev is None or view is None:
+            view = state.buckets[bi] = BucketView()
+            added: list[str] | set[str] = names
+        else:
             for gone in prev - current:
-                state.parsed.pop((bi, gone), None)
+                parsed.pop((bi, gone), None)
+                view.drop(gone)
+            added = current - prev
         keep_unseen: set[str] = set()
-        for name in names:
+        for name in added:
             key = (bi, name)
-            if key in state.parsed:
-                entry = state.parsed[key]
+            if key in parsed:
+                entry = parsed[key]
             else:
                 entry = _parse(bi, name, spills)
                 if entry is not None and entry.topic is None:
@@ -117,21 +167,32 @@ def decide(
                         out.need_spill.append(key)
                     keep_unseen.add(name)
                     continue
-                state.parsed[key] = entry
+                parsed[key] = entry
             if entry is None:
-                out.foreign.append(key)
+                view.foreign.add(name)
                 continue
             p = entry.parsed
             if p.expires_ms <= now_ms:
-                out.expired.append(entry)
+                view.expired[name] = entry
                 continue
             if p.kind == "s":
-                out.singles.append(entry)
+                view.singles[name] = entry
+                out.new_singles.append(entry)
             elif p.kind == "m":
-                out.present_multi.append(entry)
-                if not baseline and (prev is None or name not in prev):
+                view.multis[name] = entry
+                if not baseline:
                     out.new_multi.append(entry)
-        state.seen[bi] = current - keep_unseen
+            else:
+                continue
+            if view.next_expiry == 0 or p.expires_ms < view.next_expiry:
+                view.next_expiry = p.expires_ms
+        if view.next_expiry and view.next_expiry <= now_ms:
+            view.expire(now_ms)  # only names seen before can expire here
+        out.singles.extend(view.singles.values())
+        out.present_multi.extend(view.multis.values())
+        out.expired.extend(view.expired.values())
+        out.foreign.extend((bi, name) for name in view.foreign)
+        state.seen[bi] = current - keep_unseen if keep_unseen else current
     out.new_multi.sort(key=Entry.order)
     # singles need no sort here: the engine keeps them in a priority heap
     return out

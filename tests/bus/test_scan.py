@@ -174,3 +174,35 @@ def test_undecodable_short_topic_is_foreign() -> None:
     bad = "ff@s+" + f"{NOW + 100:x}" + "+m+" + "0" * 32
     d = decide(ScanState(), {0: [bad]}, {}, NOW)
     assert d.foreign == [(0, bad)]
+
+
+def test_a_message_seen_before_expires_in_a_later_unchanged_listing() -> None:
+    st = ScanState()
+    m = name("m", expires=NOW + 10)
+    j = name("j", single=True, expires=NOW + 20)
+    listing = {0: [m, j]}
+    d = decide(st, listing, {}, NOW)
+    assert topics(d.present_multi) == ["m"]
+    d = decide(st, listing, {}, NOW + 10)
+    assert topics(d.expired) == ["m"]
+    assert d.present_multi == []
+    assert topics(d.singles) == ["j"]
+    d = decide(st, listing, {}, NOW + 20)
+    assert sorted(topics(d.expired)) == ["j", "m"]
+    assert d.singles == []
+    d = decide(st, {0: []}, {}, NOW + 30)
+    assert d.expired == []
+    assert st.buckets[0].expired == {}
+
+
+def test_new_singles_are_those_not_in_the_previous_listing_even_at_baseline() -> None:
+    st = ScanState()
+    a, b = name("a", single=True), name("b", single=True)
+    d = decide(st, {0: [a]}, {}, NOW, baseline=True)
+    assert topics(d.new_singles) == ["a"]
+    d = decide(st, {0: [a, b]}, {}, NOW)
+    assert topics(d.new_singles) == ["b"]
+    assert sorted(topics(d.singles)) == ["a", "b"]
+    d = decide(st, {0: [b]}, {}, NOW)
+    assert d.new_singles == []
+    assert topics(d.singles) == ["b"]
