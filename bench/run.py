@@ -78,13 +78,11 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def measure(
-    sysobj: System, sc: Scenario, workdir: Path, timeout: float, *, keep: bool = False
-) -> Measurement:
-    """One round of one system in a fresh ``workdir``; deleted after unless ``keep``."""
+def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Measurement:
+    """One round of one system in a fresh ``workdir``, deleted after."""
     workdir.mkdir(parents=True)
-    # every system starts with the previous one's data on disk (`sync -f` = syncfs):
-    # nobody pays for another's writeback
+    # the previous system's data and deletions on disk (`sync -f` = syncfs): nobody pays
+    # for another's writeback, and freed inodes are avoided for 1 minute, not 6
     t = time.monotonic()
     subprocess.run(["sync", "-f", str(workdir)], check=False, timeout=120)
     if time.monotonic() - t > 1:
@@ -97,8 +95,7 @@ def measure(
         note = lines[0] + (f": {lines[-1].strip()}" if len(lines) > 1 else "")
         return Measurement(None, ok=False, note=note[:240])
     finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _check_matches(rows: dict[str, Row]) -> None:
@@ -158,7 +155,7 @@ def run_plan(
                         # on the disk: a block group where creates are fast (bench.filesystems)
                         name = f"{s.name}-{sc.key}-{r}"
                         work = place.workdir(name) if sc.kind != "match" else place.path / name
-                        m = measure(s, sc, work, timeout, keep=place.keep_until_end)
+                        m = measure(s, sc, work, timeout)
                         cur[s.name].rounds.append(m)
                         shown = "FAILED" if m.value is None else f"{m.value:,.1f} {sc.unit}"
                         log(
