@@ -203,9 +203,9 @@ def _timestamp_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.A
 
 
 def _key_column(stream: str, parts: Sequence[ColumnBatch], n: int) -> pa.Array:
-    keys = [k for p in parts for k in p.keys]
-    if keys.count(None) == n:
+    if all(p.keys.count(None) == len(p) for p in parts):
         return _no_keys(n)
+    keys = [k for p in parts for k in p.keys]
     present = np.fromiter((k is not None for k in keys), dtype=np.bool_, count=n)
     lengths = np.fromiter((len(k) if k else 0 for k in keys), dtype=np.int64, count=n)
     data = b"".join(k for k in keys if k)
