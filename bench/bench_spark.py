@@ -1,6 +1,7 @@
 """Spark connector throughput against Spark's own file sources, side by side in one run.
 
     .venv/bin/python -m bench.bench_spark [--records 1000000] [--size 100] [--rounds 3]
+                                          [--only read|write]
 
 Measures, on a local[2] Spark, records per second for
 
@@ -66,7 +67,7 @@ def spark_session(scratch: Path) -> Any:
     from bench import spark_floor
 
     # by value: Spark's Python workers need not find the bench package on their path
-    cloudpickle.register_pickle_by_value(spark_floor)
+    cloudpickle.register_pickle_by_value(spark_floor)  # type: ignore[no-untyped-call]
     spark.dataSource.register(spark_floor.FloorDataSource)
     return spark
 
@@ -193,6 +194,10 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         "write text files (streaming)": lambda: stream_write("text"),
         "write json files (streaming)": lambda: stream_write("json"),
     }
+    if args.only == "read":
+        writers = {}
+    elif args.only == "write":
+        readers = {}
     # Warm-up (JIT, Python workers), not timed.
     noop(spark.read.format("fsbus").options(**fsbus_opts, endingOffsets="1000").load())
     noop(spark.read.text(str(files / "text")).limit(1000))
@@ -225,6 +230,8 @@ def report(result: dict[str, Any]) -> str:
     ]
     for verb, mode in groups:
         suffix = f" {mode}" if mode else ""
+        if f"{verb} fsbus{suffix}" not in rates:
+            continue  # not run (--only)
         floor = ("no-op Python source",) if verb == "read" else ()
         for what in ("fsbus", *floor, "text files", "json files"):
             rate = rates[f"{verb} {what}{suffix}"]
@@ -246,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scratch", type=Path, default=HERE / "scratch" / "spark")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--only", choices=("read", "write"), help="run only these operations")
     args = parser.parse_args(argv)
     if args.size < 20:
         parser.error("--size must be at least 20 bytes")
