@@ -21,7 +21,7 @@ import time
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
@@ -190,8 +190,9 @@ class Subscription:
 @dataclass
 class _Slot(Generic[T, R]):
     item: T
-    event: anyio.Event = field(default_factory=anyio.Event)
+    event: anyio.Event | None = None  # set when done (submit); None for post
     result: R | BaseException | None = None
+    done: Callable[[R | BaseException], None] | None = None  # called when done (post)
 
 
 class _Batcher(Generic[T, R]):
@@ -207,13 +208,24 @@ class _Batcher(Generic[T, R]):
     async def submit(self, item: T) -> R:
         if self._closed:
             raise ClosedError("the bus is closed; open a new Bus to publish")
-        slot: _Slot[T, R] = _Slot(item)
+        slot: _Slot[T, R] = _Slot(item, anyio.Event())
         self._queue.append(slot)
         self._wake.set()
+        assert slot.event is not None
         await slot.event.wait()
         if isinstance(slot.result, BaseException):
             raise slot.result
         return slot.result  # type: ignore[return-value]
+
+    def post(self, item: T, done: Callable[[R | BaseException], None]) -> None:
+        """Queue ``item`` without waiting; ``done(result)`` runs on the loop after its batch.
+
+        Posted items still queued when the batcher stops are run then, not dropped.
+        """
+        if self._closed:
+            raise ClosedError("the bus is closed")
+        self._queue.append(_Slot(item, done=done))
+        self._wake.set()
 
     async def run(self) -> None:
         try:
@@ -233,14 +245,28 @@ class _Batcher(Generic[T, R]):
                     self._queue[:0] = batch
                     raise
                 for s, r in zip(batch, results, strict=True):
-                    s.result = r
-                    s.event.set()
+                    if s.done is not None:
+                        s.done(r)
+                    else:
+                        assert s.event is not None
+                        s.result = r
+                        s.event.set()
         finally:
             self._closed = True
-            for s in self._queue:
-                s.result = ClosedError("the bus closed before this operation ran")
-                s.event.set()
-            self._queue = []
+            queued, self._queue = self._queue, []
+            posted = [s for s in queued if s.done is not None]
+            for s in queued:
+                if s.event is not None:
+                    s.result = ClosedError("the bus closed before this operation ran")
+                    s.event.set()
+            if posted:
+                with anyio.CancelScope(shield=True):
+                    results = await anyio.to_thread.run_sync(
+                        self._fn, [s.item for s in posted], abandon_on_cancel=False
+                    )
+                for s, r in zip(posted, results, strict=True):
+                    assert s.done is not None
+                    s.done(r)
 
 
 class Bus:
@@ -997,6 +1023,15 @@ class Bus:
                         msg.delivery_count,
                         exc,
                     )
+            if outcome == "ack":
+                # The common case: the finisher acks it in its next batch and settles it
+                # then (slot, in-flight count); this task is free at once.
+                try:
+                    self._finisher.post((claim, "ack"), functools.partial(self._acked, sub, key))
+                    outcome = "posted"
+                    return
+                except ClosedError:
+                    pass
             with anyio.CancelScope(shield=True):
                 try:
                     await self._finish(claim, msg, outcome)
@@ -1004,18 +1039,29 @@ class Bus:
                     log.error("could not settle %s (%s): %s; releasing it", msg.name, outcome, exc)
                     outcome = "release"
         finally:
-            if outcome == "release":
-                # Cancelled (shutdown): give it back without counting a failure.
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))
-                self._counts["released"] += 1
-            self._in_flight.discard(key)
-            sub.in_flight -= 1
-            if sub.in_flight == 0 and sub.settled is not None:
-                sub.settled.set()
-            self._give_slot()
-            if not self._closed:
-                self._waker.wake()
+            if outcome != "posted":
+                if outcome == "release":
+                    # Cancelled (shutdown): give it back without counting a failure.
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(
+                            lambda: self._fs.release(claim, failed=False)
+                        )
+                    self._counts["released"] += 1
+                self._settled(sub, key)
+
+    def _acked(self, sub: Subscription, key: tuple[int, str], _result: object) -> None:
+        self._counts["acked"] += 1
+        self._settled(sub, key)
+
+    def _settled(self, sub: Subscription, key: tuple[int, str]) -> None:
+        """A work item is acked or released on disk: free its slot and say so."""
+        self._in_flight.discard(key)
+        sub.in_flight -= 1
+        if sub.in_flight == 0 and sub.settled is not None:
+            sub.settled.set()
+        self._give_slot()
+        if not self._closed:
+            self._waker.wake()
 
     async def _finish(self, claim: Claim, msg: Message, outcome: str) -> None:
         if outcome.startswith("dead:"):
