@@ -315,6 +315,7 @@ class Bus:
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
         self._free = self.config.handler_concurrency
         self._freed = anyio.Event()
+        self._slot_waiters = 0  # tasks waiting in _take_slot
         # Handlers run in a fixed pool of worker tasks fed by this stream: cheaper than a
         # task per message. Slots (_free) bound what is queued plus what runs.
         # (made in __aenter__, closed in aclose)
@@ -879,13 +880,18 @@ class Bus:
     async def _take_slot(self) -> None:
         """Wait for a free handler slot (the backpressure point) and take it."""
         while self._free <= 0:
-            await self._freed.wait()
+            self._slot_waiters += 1
+            try:
+                await self._freed.wait()
+            finally:
+                self._slot_waiters -= 1
         self._free -= 1
 
     def _give_slot(self) -> None:
         self._free += 1
-        self._freed.set()
-        self._freed = anyio.Event()
+        if self._slot_waiters:  # a new Event per freed slot costs: only when awaited
+            self._freed.set()
+            self._freed = anyio.Event()
 
     def _read_many(self, entries: list[Entry]) -> list[ReadResult]:
         buckets = self.layout.buckets
