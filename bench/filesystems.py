@@ -16,25 +16,29 @@ raw loop used to swing between 4 k and 115 k messages/s with it. So that every s
 measures the same thing, the ``disk`` scratch directory is marked as a top of directory
 hierarchies (``chattr +T``: the Orlov allocator gives each new subdirectory the emptiest
 block group) and :meth:`Scratch.workdir` probes the group it got and moves on when creates
-there are slow. Measurement directories are still deleted right after each measurement:
-then their data was never written back, and deleting it is cheap (kept to the end and
-written back, 30,000 files took 65 s to delete here: the disk is mounted with ``discard``).
+there are slow. The allocator's first choice would be the group the previous measurement
+has just emptied (the slowest of all), so :meth:`Scratch.remove` leaves one empty directory
+in each group a measurement used, until the end. Files are still deleted right after each
+measurement: their data was never written back, so deleting it is cheap (kept to the end
+and written back, 30,000 files took 65 s to delete here: the disk is mounted ``discard``).
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 NAMES = ("disk", "ext4loop", "tmpfs")
@@ -51,7 +55,35 @@ class Scratch:
     description: str
     """What it is, for the report (type and mount options)."""
     probe: bool = False
-    """Check that creates are fast where :meth:`workdir` puts a directory (see above)."""
+    """Check that creates are fast where :meth:`workdir` puts a directory, and leave a
+    directory behind in every block group a measurement used (see above)."""
+    marked: set[int] = field(default_factory=set, compare=False)
+    """Inode ranges (:data:`MARK_INODES` inodes each) where a directory was left."""
+
+    def remove(self, workdir: Path) -> None:
+        """Delete a measurement directory; with :attr:`probe`, all but one directory per
+        inode range not marked yet (files go; they were not written back: cheap)."""
+        if not self.probe:
+            shutil.rmtree(workdir, ignore_errors=True)
+            return
+        for top, dirs, files in os.walk(workdir, topdown=False):
+            for f in files:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(top, f))
+            for d in (*dirs, None):
+                path = top if d is None else os.path.join(top, d)
+                try:
+                    st = os.lstat(path)
+                    if stat.S_ISLNK(st.st_mode):
+                        os.unlink(path)
+                        continue
+                    mark = st.st_ino // MARK_INODES
+                    if mark in self.marked:
+                        os.rmdir(path)
+                    else:
+                        self.marked.add(mark)
+                except OSError:
+                    pass  # kept below a marked one, or gone already
 
     def workdir(self, name: str) -> Path:
         """A path for a new measurement directory (not made yet; its parent exists).
@@ -108,6 +140,8 @@ def _describe(path: Path) -> str:
     return f"{fstype or '?'}{journal}"
 
 
+MARK_INODES = 2048
+"""Inodes per mark: no more than a block group holds (8192 with ext4's defaults)."""
 PROBE_TRIES = 8
 """Containers :meth:`Scratch.workdir` tries before it takes a slow one."""
 PROBE_FAST_US = 10.0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.filesystems import scratch, unavailable
+from bench.filesystems import Scratch, scratch, unavailable
 from bench.procs import ChildFailed
 from bench.scenarios import PLANS, Plan, Scenario, match_data
 from bench.suites import Suite
@@ -78,7 +77,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Measurement:
+def measure(
+    sysobj: System, sc: Scenario, workdir: Path, timeout: float, place: Scratch
+) -> Measurement:
     """One round of one system in a fresh ``workdir``, deleted after."""
     workdir.mkdir(parents=True)
     # the previous system's data and deletions on disk (`sync -f` = syncfs): nobody pays
@@ -98,7 +99,7 @@ def measure(sysobj: System, sc: Scenario, workdir: Path, timeout: float) -> Meas
         note = lines[0] + (f": {lines[-1].strip()}" if len(lines) > 1 else "")
         return Measurement(None, ok=False, note=note[:240])
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        place.remove(workdir)
 
 
 def _check_matches(rows: dict[str, Row]) -> None:
@@ -158,7 +159,7 @@ def run_plan(
                         # on the disk: a block group where creates are fast (bench.filesystems)
                         name = f"{s.name}-{sc.key}-{r}"
                         work = place.workdir(name) if sc.kind != "match" else place.path / name
-                        m = measure(s, sc, work, timeout)
+                        m = measure(s, sc, work, timeout, place)
                         cur[s.name].rounds.append(m)
                         shown = "FAILED" if m.value is None else f"{m.value:,.1f} {sc.unit}"
                         log(
