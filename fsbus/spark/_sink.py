@@ -34,14 +34,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
-from fsbus import BlockingBus, InvalidConfig, RecordIn, Stream, UsageError
+from fsbus import InvalidConfig, RecordIn, Stream, UsageError
 
 from ._files import (
     Ledger,
@@ -58,6 +58,9 @@ from ._files import (
     write_staged,
 )
 from ._options import SinkOptions
+
+if TYPE_CHECKING:
+    from fsbus import BlockingBus
 
 __all__ = [
     "BATCH_HEADER",
@@ -454,6 +457,8 @@ def _publish_on_bus(opts: SinkOptions, ledger_path: Path, files: list[str], tag:
         headers = [dict(h) if h else {} for h in table.column("headers").to_pylist()]
     else:
         headers = [{}] * n
+    from fsbus import BlockingBus  # here: appends to a Stream never load the Bus's engine
+
     try:
         with BlockingBus(opts.root) as bus:
             if header is not None:
