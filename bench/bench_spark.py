@@ -13,7 +13,8 @@ Measures, on a local[2] Spark, records per second for
 * writing: a DataFrame of the same records into a Stream through ``format("fsbus")``,
   against Spark writing them as text and JSON files; and a streaming query (the text
   files as a streaming source, Trigger.AvailableNow) into the fsbus sink, against
-  Spark's streaming text and JSON file sinks.
+  Spark's streaming text and JSON file sinks; and against the floor of any Python sink,
+  one that drops the rows (bench/spark_sink_floor.py).
 
 Rounds are interleaved (A B C A B C ...) and the median is reported, with the ratio of
 fsbus to each file source measured in the same run. Absolute figures depend on the
@@ -64,11 +65,13 @@ def spark_session(scratch: Path) -> Any:
     fsbus.spark.register(spark)
     from pyspark import cloudpickle
 
-    from bench import spark_floor
+    from bench import spark_floor, spark_sink_floor
 
     # by value: Spark's Python workers need not find the bench package on their path
     cloudpickle.register_pickle_by_value(spark_floor)  # type: ignore[no-untyped-call]
     spark.dataSource.register(spark_floor.FloorDataSource)
+    cloudpickle.register_pickle_by_value(spark_sink_floor)  # type: ignore[no-untyped-call]
+    spark.dataSource.register(spark_sink_floor.SinkFloorDataSource)
     return spark
 
 
@@ -178,6 +181,8 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         query = query.option("checkpointLocation", str(scratch / "ckpt" / str(run)))
         if fmt == "fsbus":
             query = query.options(path=str(root), stream=f"sw{run}")
+        elif fmt == "fsbus-sink-floor":
+            pass
         else:
             query = query.option("path", str(out / f"{fmt}-stream-{run}"))
         q = query.trigger(availableNow=True).start()
@@ -190,7 +195,11 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         "write fsbus": write_fsbus,
         "write text files": lambda: data.write.mode("overwrite").text(str(out / "text")),
         "write json files": lambda: data.write.mode("overwrite").json(str(out / "json")),
+        "write no-op Python sink": lambda: (
+            data.write.format("fsbus-sink-floor").mode("append").save()
+        ),
         "write fsbus (streaming)": lambda: stream_write("fsbus"),
+        "write no-op Python sink (streaming)": lambda: stream_write("fsbus-sink-floor"),
         "write text files (streaming)": lambda: stream_write("text"),
         "write json files (streaming)": lambda: stream_write("json"),
     }
@@ -207,6 +216,9 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     stream_to_noop(spark.readStream.format("fsbus").options(**fsbus_opts).load())
     stream_to_noop(spark.readStream.text(str(files / "text")))
     stream_to_noop(spark.readStream.format("fsbus-floor").options(**floor_opts).load())
+    small = data.limit(1000)
+    small.write.format("fsbus").mode("append").options(path=str(root), stream="warm").save()
+    small.write.format("fsbus-sink-floor").mode("append").save()
 
     times: dict[str, list[float]] = {name: [] for name in (*readers, *writers)}
     for r in range(args.rounds):
@@ -237,7 +249,7 @@ def report(result: dict[str, Any]) -> str:
         suffix = f" {mode}" if mode else ""
         if f"{verb} fsbus{suffix}" not in rates:
             continue  # not run (--only)
-        floor = ("no-op Python source",) if verb == "read" else ()
+        floor = ("no-op Python source",) if verb == "read" else ("no-op Python sink",)
         for what in ("fsbus", *floor, "text files", "json files"):
             rate = rates[f"{verb} {what}{suffix}"]
             ratio = ""
