@@ -28,9 +28,11 @@ from ._errors import (
 from ._stream_config import StreamConfig
 from ._stream_format import (
     ColumnBatch,
+    Encoded,
     Record,
     RecordIn,
     check_stream_name,
+    encode_frames,
     encode_packed,
     prepare,
     prepare_parts,
@@ -310,7 +312,11 @@ class Stream:
         return offsets
 
     def append_values(
-        self, data: bytes | bytearray | memoryview, lengths: Sequence[int] | array[int]
+        self,
+        data: bytes | bytearray | memoryview,
+        lengths: Sequence[int] | array[int],
+        *,
+        first_headers: Mapping[str, str] | None = None,
     ) -> range:
         """Append ``len(lengths)`` plain records whose values lie back to back in ``data``.
 
@@ -318,7 +324,8 @@ class Stream:
         is each value's length (an ``array('I')`` is taken as is), and frames are cut
         from the buffer with no object built per record. Otherwise as :meth:`append_batch`
         of the same values (one hold of the append lock, same durability); returns the
-        offsets.
+        offsets. ``first_headers``, if given, are the headers of the first record (a
+        marker a writer can find its batch by; the others stay plain).
         """
         if isinstance(lengths, array) and lengths.typecode == "I":
             lens = lengths
@@ -343,23 +350,43 @@ class Stream:
         biggest = max(lens)
         if biggest > max_bytes:
             raise _too_large(biggest, max_bytes)
+        head = None
+        if first_headers:
+            head = prepare_parts(
+                bytes(view[: lens[0]]),
+                key=None,
+                headers=first_headers,
+                timestamp=None,
+                max_record_bytes=max_bytes,
+            )
         writer = self._get_writer()
         if self._config.durability == "record":
             # a frame and a sync per record: the general path does that already
             starts = list(accumulate(lens, initial=0))
-            offsets = writer.append(
-                [bytes(view[a:e]) for a, e in pairwise(starts)],
-                now_us=self._now_us,
-            )
+            items: list[Any] = [bytes(view[a:e]) for a, e in pairwise(starts)]
+            if head is not None:
+                items[0] = head
+            offsets = writer.append(items, now_us=self._now_us)
         else:
             max_frame = self._config.max_frame_bytes
-            offsets = writer.append(
-                (None,),
-                now_us=self._now_us,
-                encode=lambda _, base, now: encode_packed(
-                    view, lens, base, now_us=now, max_frame_bytes=max_frame
-                ),
-            )
+
+            def encode(_: object, base: int, now: int) -> Encoded:
+                if head is None:
+                    return encode_packed(view, lens, base, now_us=now, max_frame_bytes=max_frame)
+                one = encode_frames([head], base, now_us=now, max_frame_bytes=max_frame)
+                if len(lens) == 1:
+                    return one
+                rest = encode_packed(
+                    view[lens[0] :], lens[1:], base + 1, now_us=now, max_frame_bytes=max_frame
+                )
+                shift = len(one.data)
+                return Encoded(
+                    b"".join((one.data, rest.data)),
+                    one.frames + tuple((o, p + shift, t) for o, p, t in rest.frames),
+                    rest.next_offset,
+                )
+
+            offsets = writer.append((None,), now_us=self._now_us, encode=encode)
         self._after_append(writer)
         return offsets
 

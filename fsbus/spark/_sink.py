@@ -349,9 +349,10 @@ def _append_plain(stream: Stream, rows: _Rows, *, skip: int, mark: str | None) -
     ``mark`` in the header :data:`BATCH_HEADER` if given. Returns ``len(rows)``."""
     if skip >= len(rows):
         return len(rows)
-    if rows.keys is None and rows.headers is None and mark is None:
+    if rows.keys is None and rows.headers is None:
         assert rows.value_column is not None
-        stream.append_values(*packed_values(rows.value_column, skip))
+        marker = {BATCH_HEADER: mark} if mark is not None else None
+        stream.append_values(*packed_values(rows.value_column, skip), first_headers=marker)
     else:
         stream.append_batch(_records(rows, skip, mark))
     return len(rows)

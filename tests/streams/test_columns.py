@@ -181,3 +181,22 @@ def test_append_values_refuses_bad_input_and_loses_nothing(stream: Stream) -> No
     with Stream.open(stream.root, "t", config=small) as t, pytest.raises(PayloadTooLarge):
         t.append_values(b"abcdef", [1, 5])
     assert [r.value for r in stream.read()] == [b"kept"]
+
+
+@pytest.mark.parametrize("durability", ["batch", "record"])
+def test_append_values_first_headers(tmp_path: Path, durability: str) -> None:
+    cfg = StreamConfig(durability=durability, max_frame_bytes=256)  # type: ignore[arg-type]
+    values = [b"v%03d" % i for i in range(200)]
+    with Stream.open(tmp_path, "s", config=cfg) as s:
+        s.append(b"before")
+        got = s.append_values(
+            b"".join(values), array("I", map(len, values)), first_headers={"mark": "m1"}
+        )
+        assert got == range(1, 201)
+        assert s.append_values(b"x", [1], first_headers={"mark": "m2"}) == range(201, 202)
+        records = list(s.read(1))
+    assert [r.value for r in records] == [*values, b"x"]
+    assert [dict(r.headers) for r in records if r.headers] == [{"mark": "m1"}, {"mark": "m2"}]
+    assert records[0].headers
+    assert records[-1].headers
+    assert all(r.key is None for r in records)
