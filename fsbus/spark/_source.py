@@ -60,7 +60,7 @@ class FsBusDataSource(DataSource):
         if reader_kind(self.options) == "bus":
             opts = parse_bus_snapshot_options(self.options)
             return BusSnapshotReader(replace(opts, root=absolute(opts.root)))
-        return StreamBatchReader(self._stream_options())
+        return StreamBatchReader(self._stream_options(), schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         if reader_kind(self.options) == "bus":
@@ -70,7 +70,7 @@ class FsBusDataSource(DataSource):
             )
         opts = self._stream_options()
         resolve_offsets(opts, ending=False)
-        return StreamMicroBatchReader(opts)
+        return StreamMicroBatchReader(opts, schema)
 
     def _stream_options(self) -> StreamSourceOptions:
         # Executors get an absolute root: their working directory may differ.

@@ -133,3 +133,34 @@ def test_batch_write_to_bus_topics(spark: Any, root: Path) -> None:
     expected = Counter((t, v.encode(), False) for t, v in rows)
     expected[("work.items", b"hello", True)] += 1
     assert seen == expected
+
+
+def test_a_narrower_schema_reads_only_its_columns(spark: Any, root: Path) -> None:
+    with Stream.open(root, "events") as stream:
+        stream.append_batch(RecordIn(f"v{i}".encode(), key=b"k") for i in range(50))
+
+    df = (
+        spark.read.format("fsbus")
+        .schema("value binary, offset long")
+        .option("path", str(root))
+        .option("stream", "events")
+        .load()
+    )
+    assert df.columns == ["value", "offset"]
+    rows = df.collect()
+    assert sorted((r.offset, bytes(r.value)) for r in rows) == [
+        (i, f"v{i}".encode()) for i in range(50)
+    ]
+
+
+def test_a_schema_the_stream_cannot_fill_is_refused(spark: Any, root: Path) -> None:
+    with Stream.open(root, "events") as stream:
+        stream.append(b"x")
+    reader = (
+        spark.read.format("fsbus")
+        .schema("value binary, colour string")
+        .option("path", str(root))
+        .option("stream", "events")
+    )
+    with pytest.raises(Exception, match="'colour' is not in a Stream's rows"):
+        reader.load().collect()

@@ -246,3 +246,23 @@ def test_query_keeps_up_with_a_live_producer(spark: Any, root: Path, tmp_path: P
     finally:
         query.stop()
     assert Counter(values_of(root, "out")) == Counter(f"p{i}" for i in range(3000))
+
+
+def test_a_narrower_schema_streams_only_its_columns(spark: Any, root: Path, tmp_path: Path) -> None:
+    fill(root, "in", range(40))
+    query = (
+        spark.readStream.format("fsbus")
+        .schema("offset long, value binary")
+        .option("path", str(root))
+        .option("stream", "in")
+        .load()
+        .writeStream.format("fsbus")
+        .option("path", str(root))
+        .option("stream", "out")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(90)
+    assert query.exception() is None
+    assert values_of(root, "out") == [f"v{i}" for i in range(40)]
