@@ -49,10 +49,18 @@ RATIOS = {
         ("append 1-by-1", "queuelib push"),
     ],
     "spark": [
-        ("read fsbus (batch)", "read text files (batch)"),
-        ("read fsbus (streaming)", "read text files (streaming)"),
-        ("write fsbus", "write text files"),
-        ("write fsbus", "write json files"),
+        (f"{op} {who}{mode}", f"{op} {ref}{mode}")
+        for op, who, mode in (
+            ("read", "fsbus", " (batch)"),
+            ("read", "no-op Python source", " (batch)"),
+            ("read", "fsbus", " (streaming)"),
+            ("read", "no-op Python source", " (streaming)"),
+            ("write", "fsbus", ""),
+            ("write", "no-op Python sink", ""),
+            ("write", "fsbus", " (streaming)"),
+            ("write", "no-op Python sink", " (streaming)"),
+        )
+        for ref in ("text files", "json files")
     ],
 }
 
