@@ -304,7 +304,9 @@ class Bus:
         self._last_refresh = 0.0
         self._retry_at: dict[tuple[int, str], float] = {}
         self._in_flight: set[tuple[int, str]] = set()
-        self._ready: list[tuple[tuple[int, int, str], int, Entry]] = []
+        # (priority, publish time, sequence, push order, entry): flat, so that a heap
+        # comparison is one tuple comparison rather than a nested one
+        self._ready: list[tuple[int, int, str, int, Entry]] = []
         self._ready_keys: set[tuple[int, str]] = set()
         self._ready_seq = 0
         self._force_full = False
@@ -913,7 +915,8 @@ class Bus:
         if e.key not in self._ready_keys:
             self._ready_keys.add(e.key)
             self._ready_seq += 1
-            heapq.heappush(self._ready, (e.order(), self._ready_seq, e))
+            r = e.rank
+            heapq.heappush(self._ready, (r[0], r[1], r[2], self._ready_seq, e))
 
     async def _claim_ready(self) -> None:
         """Claim work-queue messages from the ready heap, best priority first.
@@ -929,7 +932,7 @@ class Bus:
         deferred: list[Entry] = []
         picks: dict[Subscription, int] = {}
         while self._ready and len(picked) < capacity * 2 and len(deferred) < capacity * 4:
-            _, _, e = heapq.heappop(self._ready)
+            e = heapq.heappop(self._ready)[4]
             self._ready_keys.discard(e.key)
             if (
                 e.key in self._in_flight

@@ -13,9 +13,13 @@ from ._names import ParsedName, decode_topic, parse_name
 __all__ = ["BucketView", "Entry", "ScanDecision", "ScanState", "decide", "long_names"]
 
 
-@dataclass(frozen=True, slots=True)
 class Entry:
-    """A parsed message file seen in a bucket."""
+    """A parsed message file seen in a bucket (read-only by convention).
+
+    A plain class with ``__slots__`` rather than a frozen dataclass: one is built per
+    name listed, and a frozen dataclass's ``__init__`` costs several times as much."""
+
+    __slots__ = ("bucket_index", "key", "parsed", "rank", "topic")
 
     bucket_index: int
     """Index of its bucket."""
@@ -23,24 +27,40 @@ class Entry:
     """Its name taken apart."""
     topic: str | None
     """The decoded topic, or None while a long topic's spill is not read yet."""
-    key: tuple[int, str] = field(init=False, repr=False, compare=False)
+    key: tuple[int, str]
     """(bucket index, name): unique on the bus (computed once: it is used per scan)."""
-    rank: tuple[int, int, str] = field(init=False, repr=False, compare=False)
+    rank: tuple[int, int, str]
     """Sort key: priority, publish time, then the publisher's sequence (FIFO).
 
     Names from qlobber-fsq peers carry no priority or publish time: they sort by expiry
     at the default priority."""
 
-    def __post_init__(self) -> None:
-        p = self.parsed
-        f = p.fields
-        rank = (
-            (50, p.expires_ms, p.unique)
+    def __init__(self, bucket_index: int, parsed: ParsedName, topic: str | None) -> None:
+        self.bucket_index = bucket_index
+        self.parsed = parsed
+        self.topic = topic
+        self.key = (bucket_index, parsed.name)
+        f = parsed.fields
+        self.rank = (
+            (50, parsed.expires_ms, parsed.unique)
             if f is None
-            else (f.priority, f.published_ms, p.unique[-12:])
+            else (f.priority, f.published_ms, parsed.unique[-12:])
         )
-        object.__setattr__(self, "key", (self.bucket_index, p.name))
-        object.__setattr__(self, "rank", rank)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.bucket_index!r}, {self.parsed!r}, {self.topic!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        return (self.bucket_index, self.parsed, self.topic) == (
+            other.bucket_index,
+            other.parsed,
+            other.topic,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.bucket_index, self.parsed, self.topic))
 
     @property
     def name(self) -> str:
