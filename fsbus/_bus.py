@@ -981,11 +981,16 @@ class Bus:
                 if taken >= capacity or (room is not None and per_sub.get(sub, 0) >= room):
                     untried.append(e)
                     continue
-                c = self._fs.claim(buckets[e.bucket_index], e.name, has_meta=_has_meta(e))
+                c = self._fs.claim(
+                    buckets[e.bucket_index], e.name, has_meta=_has_meta(e), attempts=False
+                )
                 got.append((e, sub, c))
                 if c is not None:
                     taken += 1
                     per_sub[sub] = per_sub.get(sub, 0) + 1
+            # failure counts once the batch is held: one listing per bucket, not an
+            # open per claim
+            self._fs.fill_attempts(c for _, _, c in got if c is not None)
             return got, untried
 
         results, untried = await anyio.to_thread.run_sync(claim_some)

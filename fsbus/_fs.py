@@ -575,16 +575,19 @@ class BusFS:
             got += len(more)
         return b"".join(parts)
 
-    def claim(self, bucket: str, name: str, *, has_meta: bool) -> Claim | None:
+    def claim(
+        self, bucket: str, name: str, *, has_meta: bool, attempts: bool = True
+    ) -> Claim | None:
         """Lock a single message (LOCK_EX|LOCK_NB) and read it.
 
         None when someone else holds it, it vanished, or it was an empty leftover (then
         it is removed). The caller must :meth:`ack` or :meth:`release` the claim.
         With ``locking == "rename"`` the claim is an atomic rename instead (one winner
-        even where flock does not cross hosts).
+        even where flock does not cross hosts). ``attempts=False`` leaves the failure
+        count at 0 for :meth:`fill_attempts` to read for a batch of claims at once.
         """
         if self.locking == "rename":
-            return self._claim_by_rename(bucket, name, has_meta=has_meta)
+            return self._claim_by_rename(bucket, name, has_meta=has_meta, read_attempts=attempts)
         path = self.layout.message_path(bucket, name)
         try:
             fd = self.ops.open(path, _CLAIM)
@@ -620,7 +623,7 @@ class BusFS:
                 self._unlock_close(fd)
                 return None
             meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
-            attempts = self._read_attempts(bucket, name)
+            count = self._read_attempts(bucket, name) if attempts else 0
         except OSError as exc:
             self._unlock_close(fd)
             if exc.errno in _MISSING:
@@ -629,9 +632,36 @@ class BusFS:
         except BaseException:
             self._unlock_close(fd)
             raise
-        return Claim(bucket, name, fd, payload, meta, attempts)
+        return Claim(bucket, name, fd, payload, meta, count)
 
-    def _claim_by_rename(self, bucket: str, name: str, *, has_meta: bool) -> Claim | None:
+    def fill_attempts(self, claims: Iterable[Claim]) -> None:
+        """Read the failure counts of claims made with ``attempts=False``.
+
+        Where a bucket has several claims its counter directory is listed once and only
+        the counters present are opened (most messages never failed), instead of one
+        ``open`` per claim. Safe because the claims are held: a counter is written only
+        by a holder, before it lets go, so it is in the directory before our claim.
+        """
+        by_bucket: dict[str, list[Claim]] = {}
+        for c in claims:
+            by_bucket.setdefault(c.bucket, []).append(c)
+        for bucket, group in by_bucket.items():
+            present: set[str] | None = None
+            if len(group) > 1:
+                try:
+                    present = set(self.ops.listdir(f"{self.layout.private}/attempts/{bucket}"))
+                except OSError as exc:
+                    present = set() if exc.errno == errno.ENOENT else None
+            for c in group:
+                if present is None or c.name in present:
+                    try:
+                        c.attempts = self._read_attempts(bucket, c.name)
+                    except StorageError:
+                        c.attempts = 0  # the count is advisory, as when writing it
+
+    def _claim_by_rename(
+        self, bucket: str, name: str, *, has_meta: bool, read_attempts: bool = True
+    ) -> Claim | None:
         src = self.layout.message_path(bucket, name)
         dst = self._claim_path(bucket, name)
         try:
@@ -661,7 +691,7 @@ class BusFS:
                 return None
             payload = self._pread_all(fd, st.st_size - 1, 1)
             meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
-            attempts = self._read_attempts(bucket, name)
+            attempts = self._read_attempts(bucket, name) if read_attempts else 0
         except BaseException:
             self.ops.close(fd)
             self._return_claim(bucket, name)

@@ -1,0 +1,43 @@
+"""Failure counts read for a batch of claims at once (one listing per bucket)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import Bus, BusConfig, Message
+
+from .conftest import WAIT, files_under, message_files, wait_until
+
+
+@pytest.mark.asyncio
+async def test_every_claim_in_a_batch_gets_its_own_failure_count(
+    root: Path, fast: BusConfig
+) -> None:
+    # Two buckets and a backlog present before the worker starts: its first claims come
+    # in batches of several per bucket.
+    config = fast.model_copy(update={"bucket_base": 2, "bucket_num_chars": 1})
+    counts: dict[bytes, list[int]] = defaultdict(list)
+    done = anyio.Event()
+    sent = [f"job-{i}".encode() for i in range(12)]
+
+    async def fail_twice(msg: Message) -> None:
+        counts[msg.payload].append(msg.delivery_count)
+        if msg.delivery_count < 3:
+            raise RuntimeError("transient failure")
+        if all(len(counts[p]) == 3 for p in sent):
+            done.set()
+
+    async with Bus(root, config=config) as bus:
+        for p in sent:
+            await bus.publish("jobs.run", p, single=True)
+        await bus.subscribe("jobs.run", fail_twice)
+        with anyio.fail_after(WAIT):
+            await done.wait()
+        await wait_until(lambda: bus.statistics().acked == len(sent))
+    assert {p: counts[p] for p in sent} == {p: [1, 2, 3] for p in sent}
+    assert message_files(root) == []
+    assert files_under(root / "fsbus" / "attempts") == []
