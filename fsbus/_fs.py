@@ -647,7 +647,9 @@ class BusFS:
             by_bucket.setdefault(c.bucket, []).append(c)
         for bucket, group in by_bucket.items():
             present: set[str] | None = None
-            if len(group) > 1:
+            # With rename claims (network filesystems) a listing may be cached and miss a
+            # counter another host just wrote: open each one there, as before.
+            if len(group) > 1 and self.locking != "rename":
                 try:
                     present = set(self.ops.listdir(f"{self.layout.private}/attempts/{bucket}"))
                 except OSError as exc:
