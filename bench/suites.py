@@ -99,7 +99,11 @@ def _spark(p: dict[str, Any]) -> None:
         t0 = time.monotonic()
         out = bench_spark.run(
             argparse.Namespace(
-                records=int(p["records"]), size=100, rounds=int(p["rounds"]), scratch=scratch
+                records=int(p["records"]),
+                size=100,
+                rounds=int(p["rounds"]),
+                scratch=scratch,
+                only=None,
             )
         )
         result(rates=out["rates"], seconds=time.monotonic() - t0)
