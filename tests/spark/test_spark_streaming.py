@@ -34,8 +34,12 @@ def values_of(root: Path, name: str) -> list[str]:
         return [r.value.decode() for r in stream.read()]
 
 
-def copy_query(spark: Any, root: Path, checkpoint: Path, **source: str) -> Any:
+def copy_query(
+    spark: Any, root: Path, checkpoint: Path, *, schema: str | None = None, **source: str
+) -> Any:
     reader = spark.readStream.format("fsbus").option("path", str(root)).option("stream", "in")
+    if schema is not None:
+        reader = reader.schema(schema)
     for key, value in source.items():
         reader = reader.option(key, value)
     return (
@@ -250,19 +254,7 @@ def test_query_keeps_up_with_a_live_producer(spark: Any, root: Path, tmp_path: P
 
 def test_a_narrower_schema_streams_only_its_columns(spark: Any, root: Path, tmp_path: Path) -> None:
     fill(root, "in", range(40))
-    query = (
-        spark.readStream.format("fsbus")
-        .schema("offset long, value binary")
-        .option("path", str(root))
-        .option("stream", "in")
-        .load()
-        .writeStream.format("fsbus")
-        .option("path", str(root))
-        .option("stream", "out")
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = copy_query(spark, root, tmp_path / "ckpt", schema="offset long, value binary")
     query.awaitTermination(90)
     assert query.exception() is None
     assert values_of(root, "out") == [f"v{i}" for i in range(40)]
