@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import os
+import random
 import socket
 import time
 import typing
@@ -38,6 +39,7 @@ from ._message import BusStatistics, Message, MessageInfo, PublishInfo
 from ._names import FLAG_META, host_id
 from ._ops import Ops
 from ._plan import PublishPlan, TopicForm, plan_publish, topic_form
+from ._retry import Contention, RetrySchedule
 from ._scan import Entry, ScanDecision, ScanState, decide, long_names
 from ._topics import validate_pattern
 from ._trie import TopicTrie
@@ -269,6 +271,12 @@ class _Batcher(Generic[T, R]):
                     s.done(r)
 
 
+_CONTENDED_CHOICE = 8
+"""Claim candidates per free handler slot while other consumers keep winning them."""
+_LOST_ENOUGH = 4
+"""Claims lost in one round (and more than twice those won) after which it stops."""
+
+
 class Bus:
     """A message bus over a directory.
 
@@ -302,7 +310,8 @@ class Bus:
         self._state = ScanState()
         self._last_update: bytes | None = None
         self._last_refresh = 0.0
-        self._retry_at: dict[tuple[int, str], float] = {}
+        self._retries = RetrySchedule()
+        self._contention = Contention()
         self._in_flight: set[tuple[int, str]] = set()
         # (priority, publish time, sequence, push order, entry): flat, so that a heap
         # comparison is one tuple comparison rather than a nested one
@@ -332,7 +341,8 @@ class Bus:
         self._finisher: _Batcher[tuple[Claim, str], None] = _Batcher(self._finish_many, 256)
         self._counts = dict.fromkeys(
             (
-                "published delivered acked released failed dead_lettered expired quarantined scans"
+                "published delivered acked released failed dead_lettered expired quarantined scans "
+                "claims_lost"
             ).split(),
             0,
         )
@@ -647,27 +657,36 @@ class Bus:
                 # and keep trying; publishing and closing still work.
                 log.warning("scanning %s failed: %s; retrying", self.root, exc)
                 await anyio.sleep(max(self.config.poll_interval, 1.0))
+            now = time.monotonic()
             timeout = self.config.poll_interval
-            if self._retry_at:
-                soonest = min(self._retry_at.values()) - time.monotonic()
-                timeout = max(0.0, min(timeout, soonest))
+            due = self._retries.next_due()
+            if due is not None:
+                timeout = max(0.0, min(timeout, due - now))
+            quiet_until = self._contention.until
+            if quiet_until > now:
+                timeout = min(timeout, quiet_until - now)
+            self._waker.quiet_until = quiet_until
             woken = await self._waker.wait(timeout)
             # List again on a filesystem event, a poll tick, a retry that fell due, a new
             # subscription, or when handlers are free and nothing known is left to claim.
+            now = time.monotonic()
+            quiet = self._contention.quiet(now)
             fs_event = self._waker.take_fs_event()
-            if fs_event and woken and self._free <= 0 and self._ready:
+            if fs_event and woken and (quiet or (self._free <= 0 and self._ready)):
                 # Every handler is busy and known work is waiting: listing now could not
-                # start anything. Keep the event for when a slot frees (fewer scans under
-                # load, more claimed per scan).
+                # start anything. Or other consumers won the last claims: listing at once
+                # would race them again. Keep the event for when a slot frees or the
+                # quiet spell ends (fewer scans under load, more claimed per scan).
                 self._waker.keep_fs_event()
                 fs_event = False
+            due = self._retries.next_due()
             listing_due = (
                 not woken
                 or fs_event
                 or self._force_full
                 or bool(self._existing_pending)
-                or not self._ready
-                or any(at <= time.monotonic() for at in self._retry_at.values())
+                or (not self._ready and not quiet)
+                or (due is not None and due <= now)
             )
 
     async def _scan(self, *, baseline: bool, deliver: bool = True) -> None:
@@ -690,21 +709,21 @@ class Bus:
         existing_subs = self._existing_pending if deliver else []
         if deliver:
             self._existing_pending = []
-        retry = {bi for (bi, _), at in self._retry_at.items() if at <= now}
+        due = self._retries.take_due(now)
+        retry = {bi for bi, _ in due}
         try:
             update, listings, decision, reads = await anyio.to_thread.run_sync(
                 self._list_and_read, full, retry, baseline, deliver, self._target_cache
             )
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
+            self._retries.put_back(due, now)
             raise
         if full:
             self._last_refresh = now
         self._last_update = update if update is not None else self._last_update
         self._counts["scans"] += 1
-        for key, at in list(self._retry_at.items()):
-            if at <= now and key[0] in listings:
-                del self._retry_at[key]
+        self._retries.put_back((key for key in due if key[0] not in listings), now)
         if decision.expired or decision.foreign:
             await self._housekeep(decision.expired, decision.foreign)
         # Work items already on the heap, in flight or backing off need no second look:
@@ -928,26 +947,30 @@ class Bus:
         now = time.monotonic()
         now_ms = int(time.time() * 1000)
         capacity = self._free
+        # Candidates per free slot: twice as many (some claims fail); when other consumers
+        # keep winning the same candidates, a wider choice, so that each takes its own.
+        contended = self._contention.active
+        per_slot = _CONTENDED_CHOICE if contended else 2
         picked: list[tuple[Entry, Subscription]] = []
         deferred: list[Entry] = []
         picks: dict[Subscription, int] = {}
-        while self._ready and len(picked) < capacity * 2 and len(deferred) < capacity * 4:
+        while self._ready and len(picked) < capacity * per_slot and len(deferred) < capacity * 4:
             e = heapq.heappop(self._ready)[4]
             self._ready_keys.discard(e.key)
             if (
                 e.key in self._in_flight
-                or self._retry_at.get(e.key, 0) > now
+                or self._retries.backing_off(e.key, now)
                 or e.name not in self._state.seen.get(e.bucket_index, ())
                 or e.parsed.expires_ms <= now_ms
             ):
                 continue
             subs = [s for s in self._targets(e) if not s.closed]
-            # A subscription with a prefetch limit gets at most twice its free room in
-            # candidates (some claims fail) and at most its room in claims (below).
+            # A subscription with a prefetch limit gets at most per_slot times its free
+            # room in candidates and at most its room in claims (below).
             free = [
                 s
                 for s in subs
-                if s.prefetch is None or picks.get(s, 0) < 2 * (s.prefetch - s.in_flight)
+                if s.prefetch is None or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight)
             ]
             if free:
                 sub = free[hash(e.name) % len(free)]
@@ -968,24 +991,39 @@ class Bus:
             # handler slot the order stays strictly first-in, first-out.)
             best = picked[0][0].order()[0]
             same = sum(1 for e, _ in picked if e.order()[0] == best)
-            start = self._spread % same if same > 1 else 0
+            if same <= 1:
+                start = 0
+            elif contended:
+                start = random.randrange(same)
+            else:
+                start = self._spread % same
             ordered = picked[start:same] + picked[:start] + picked[same:]
 
         def claim_some() -> tuple[list[tuple[Entry, Subscription, Claim | None]], list[Entry]]:
             got: list[tuple[Entry, Subscription, Claim | None]] = []
             untried: list[Entry] = []
-            taken = 0
+            taken = lost = 0
             per_sub: dict[Subscription, int] = {}
             for e, sub in ordered:
                 room = None if sub.prefetch is None else sub.prefetch - sub.in_flight
-                if taken >= capacity or (room is not None and per_sub.get(sub, 0) >= room):
+                if (
+                    taken >= capacity
+                    or (room is not None and per_sub.get(sub, 0) >= room)
+                    or (lost >= _LOST_ENOUGH and lost > 2 * taken)
+                ):
+                    # done, or the listing these came from is stale: others are taking
+                    # them as they come (the contention wait sorts that out)
+                    untried.append(e)
+                    continue
                     untried.append(e)
                     continue
                 c = self._fs.claim(
                     buckets[e.bucket_index], e.name, has_meta=_has_meta(e), attempts=False
                 )
                 got.append((e, sub, c))
-                if c is not None:
+                if c is None:
+                    lost += 1
+                else:
                     taken += 1
                     per_sub[sub] = per_sub.get(sub, 0) + 1
             # failure counts once the batch is held: one listing per bucket, not an
@@ -994,12 +1032,15 @@ class Bus:
             return got, untried
 
         results, untried = await anyio.to_thread.run_sync(claim_some)
+        lost = sum(1 for _, _, c in results if c is None)
+        self._counts["claims_lost"] += lost
+        self._contention.round(len(results), lost, time.monotonic())
         for e in untried:  # not tried this round: back on the heap
             self._push_ready(e)
         for e, sub, claim in results:
             if claim is None:
                 # Locked by another consumer, or gone: look again after retry_interval.
-                self._retry_at[e.key] = now + self.config.retry_interval
+                self._retries.add(e.key, now + self.config.retry_interval)
                 continue
             self._in_flight.add(e.key)
             msg = self._message(e, claim.payload, claim.meta, claim.attempts)
@@ -1090,8 +1131,9 @@ class Bus:
             self._counts["acked"] += 1
         else:
             self._counts["released"] += 1
-            self._retry_at[(self.layout.buckets.index(claim.bucket), claim.name)] = (
-                time.monotonic() + self.config.retry_interval
+            self._retries.add(
+                (self.layout.buckets.index(claim.bucket), claim.name),
+                time.monotonic() + self.config.retry_interval,
             )
 
     def _finish_many(self, items: list[tuple[Claim, str]]) -> list[BaseException | None]:

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 
 import anyio
 import anyio.from_thread
@@ -38,6 +39,8 @@ class Waker:
         self._fd: int | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self.inotify_active = False
+        self.quiet_until = 0.0
+        """No filesystem wake-up before this time (``time.monotonic``); the scanner sets it."""
 
     def start(self) -> bool:
         """Start watching (call from the event loop).
@@ -90,6 +93,12 @@ class Waker:
             return
         try:
             while True:
+                # While the scanner is told to list less often (it keeps losing claims to
+                # other consumers), leave the events queued in the kernel: waking the
+                # loop for each would take CPU from the consumers doing the work.
+                rest = self.quiet_until - time.monotonic()
+                if rest > 0:
+                    await anyio.sleep(rest)
                 await anyio.wait_readable(fd)
                 try:
                     while os.read(fd, _READ_SIZE):

@@ -29,6 +29,7 @@ PURE_NAMES = (
     "_names.py",
     "_layout.py",
     "_scan.py",
+    "_retry.py",
     "_plan.py",
     "_message.py",
     "_errors.py",
