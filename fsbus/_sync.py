@@ -22,7 +22,6 @@ from ._bus import (
     Bus,
     Kind,
     MessageIterator,
-    Namer,
     browse_messages,
     collect_garbage,
 )
@@ -31,6 +30,7 @@ from ._errors import ClosedError, UsageError
 from ._fs import BusFS, NameClash
 from ._layout import Layout
 from ._message import BusStatistics, Message, MessageInfo, PublishInfo
+from ._namer import Namer
 from ._ops import Ops
 from ._plan import PublishPlan
 
