@@ -174,8 +174,8 @@ class _Batcher(Generic[T, R]):
                     s.done(r)
 
 
-_CONTENDED_CHOICE = 8
-"""Claim candidates per free handler slot while other consumers keep winning them."""
+_SPARE_CANDIDATES = 4
+"""Claim candidates beyond the free handler slots, for claims that fail."""
 _LOST_ENOUGH = 4
 """Claims lost in one round (and more than twice those won) after which it stops."""
 
@@ -221,8 +221,9 @@ class Bus:
         self._ready: list[tuple[int, int, str, int, Entry]] = []
         self._ready_keys: set[tuple[int, str]] = set()
         self._ready_seq = 0
+        # Buckets whose listing proved stale (a claim was lost there): listed next scan.
+        self._stale_buckets: set[int] = set()
         self._force_full = False
-        self._spread = int.from_bytes(os.urandom(2), "big")
         self._iterators: set[MessageIterator] = set()
         self._workers_started = False
         self._tg: anyio.abc.TaskGroup | None = None
@@ -549,7 +550,7 @@ class Bus:
                 if listing_due:
                     await self._scan(baseline=baseline)
                     baseline = False
-                elif self._ready and self._free > 0:
+                elif self._ready_keys and self._free > 0:
                     # Woken only because handlers finished: claim more of what the last
                     # listings showed, without listing again.
                     await self._claim_ready()
@@ -575,7 +576,7 @@ class Bus:
             now = time.monotonic()
             quiet = self._contention.quiet(now)
             fs_event = self._waker.take_fs_event()
-            if fs_event and woken and (quiet or (self._free <= 0 and self._ready)):
+            if fs_event and woken and (quiet or (self._free <= 0 and self._ready_keys)):
                 # Every handler is busy and known work is waiting: listing now could not
                 # start anything. Or other consumers won the last claims: listing at once
                 # would race them again. Keep the event for when a slot frees or the
@@ -588,7 +589,7 @@ class Bus:
                 or fs_event
                 or self._force_full
                 or bool(self._existing_pending)
-                or (not self._ready and not quiet)
+                or (not self._ready_keys and not quiet)
                 or (due is not None and due <= now)
             )
 
@@ -614,13 +615,15 @@ class Bus:
             self._existing_pending = []
         due = self._retries.take_due(now)
         retry = {bi for bi, _ in due}
+        relist, self._stale_buckets = retry | self._stale_buckets, set()
         try:
             update, listings, decision, reads = await anyio.to_thread.run_sync(
-                self._list_and_read, full, retry, baseline, deliver, self._target_cache
+                self._list_and_read, full, relist, baseline, deliver, self._target_cache
             )
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
             self._retries.put_back(due, now)
+            self._stale_buckets |= relist
             raise
         if full:
             self._last_refresh = now
@@ -660,7 +663,7 @@ class Bus:
                         extra[e.key] = [*self._targets(e), *hits]
         if multis:
             await self._deliver_multi(multis, extra, reads)
-        if self._ready and self._free > 0:
+        if self._ready_keys and self._free > 0:
             await self._claim_ready()
 
     def _trie_test(self, entry: Entry, sub: Subscription) -> bool:
@@ -850,14 +853,16 @@ class Bus:
         now = time.monotonic()
         now_ms = int(time.time() * 1000)
         capacity = self._free
-        # Candidates per free slot: twice as many (some claims fail); when other consumers
-        # keep winning the same candidates, a wider choice, so that each takes its own.
+        # Candidates: the best ones in order, a few spare for claims that fail. When other
+        # consumers keep winning the same candidates, twice as many, tried from a random
+        # place among those of the best priority, so that they collide less.
         contended = self._contention.active
-        per_slot = _CONTENDED_CHOICE if contended else 2
+        per_slot = 2 if contended else 1
+        wanted = capacity * per_slot + _SPARE_CANDIDATES
         picked: list[tuple[Entry, Subscription]] = []
         deferred: list[Entry] = []
         picks: dict[Subscription, int] = {}
-        while self._ready and len(picked) < capacity * per_slot and len(deferred) < capacity * 4:
+        while self._ready and len(picked) < wanted and len(deferred) < capacity * 4:
             e = heapq.heappop(self._ready)[4]
             self._ready_keys.discard(e.key)
             if (
@@ -869,11 +874,12 @@ class Bus:
                 continue
             subs = [s for s in self._targets(e) if not s.closed]
             # A subscription with a prefetch limit gets at most per_slot times its free
-            # room in candidates and at most its room in claims (below).
+            # room (and the spares) in candidates and at most its room in claims (below).
             free = [
                 s
                 for s in subs
-                if s.prefetch is None or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight)
+                if s.prefetch is None
+                or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight) + _SPARE_CANDIDATES
             ]
             if free:
                 sub = free[hash(e.name) % len(free)]
@@ -888,19 +894,12 @@ class Bus:
         buckets = self.layout.buckets
 
         ordered = picked
-        if capacity > 1:
-            # Competing consumers see the same best-first list; each starts at its own
-            # place among the equally good candidates, so they collide less. (With one
-            # handler slot the order stays strictly first-in, first-out.)
-            best = picked[0][0].order()[0]
-            same = sum(1 for e, _ in picked if e.order()[0] == best)
-            if same <= 1:
-                start = 0
-            elif contended:
+        if contended:
+            best = picked[0][0].rank[0]
+            same = sum(1 for e, _ in picked if e.rank[0] == best)
+            if same > 1:
                 start = random.randrange(same)
-            else:
-                start = self._spread % same
-            ordered = picked[start:same] + picked[:start] + picked[same:]
+                ordered = picked[start:same] + picked[:start] + picked[same:]
 
         def claim_some() -> tuple[list[tuple[Entry, Subscription, Claim | None]], list[Entry]]:
             got: list[tuple[Entry, Subscription, Claim | None]] = []
@@ -916,8 +915,6 @@ class Bus:
                 ):
                     # done, or the listing these came from is stale: others are taking
                     # them as they come (the contention wait sorts that out)
-                    untried.append(e)
-                    continue
                     untried.append(e)
                     continue
                 c = self._fs.claim(
@@ -942,8 +939,10 @@ class Bus:
             self._push_ready(e)
         for e, sub, claim in results:
             if claim is None:
-                # Locked by another consumer, or gone: look again after retry_interval.
+                # Locked by another consumer, or gone: look again after retry_interval,
+                # and list its bucket again at the next scan (what we saw there is stale).
                 self._retries.add(e.key, now + self.config.retry_interval)
+                self._stale_buckets.add(e.bucket_index)
                 continue
             self._in_flight.add(e.key)
             msg = self._message(e, claim.payload, claim.meta, claim.attempts)

@@ -75,12 +75,13 @@ class RetrySchedule:
 class Contention:
     """How long a consumer that loses its claims to other consumers lists less often.
 
-    When most claims of a round were lost, the listing it came from was already stale:
-    other consumers are taking the work as fast as it comes. Listing again at every
-    filesystem event would only repeat the race (with many consumers on few cores it
-    takes CPU from the ones that win), so the consumer waits a little, doubling the wait
-    from ``first`` to ``most`` while it keeps losing. A round that loses nothing ends it.
-    An idle consumer never loses, so its latency does not change.
+    When most claims of a round were lost, the listing they came from was already
+    stale: other consumers are taking the work as fast as it comes. Listing again at
+    every filesystem event would only repeat the race (with many consumers on few cores
+    it takes CPU from the ones that win), so the consumer waits a little, doubling the
+    wait from ``first`` to ``most`` while it keeps losing, and meanwhile tries its
+    candidates from a random place (see :attr:`active`). A round that loses nothing
+    ends it. An idle consumer never loses, so its latency does not change.
     """
 
     __slots__ = ("_wait", "first", "most", "until")
@@ -105,7 +106,7 @@ class Contention:
 
     @property
     def active(self) -> bool:
-        """Whether the last claim rounds were mostly lost (and none since lost nothing)."""
+        """Whether the last rounds were mostly lost (and none since lost nothing)."""
         return self._wait > 0
 
     def quiet(self, now: float) -> bool:

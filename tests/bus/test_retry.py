@@ -72,14 +72,17 @@ def test_contention_waits_double_while_claims_are_lost_and_end_on_a_clean_round(
     c.round(tried=8, lost=8, now=12.0)
     c.round(tried=8, lost=8, now=13.0)
     assert c.until == pytest.approx(13.004)  # capped at `most`
-    # half lost or fewer: no longer wait, but stay wide until a round loses nothing
+    # half lost or fewer: nothing changes (the wait runs out by itself)
     c.round(tried=8, lost=4, now=14.0)
     assert c.active
     assert c.until == pytest.approx(13.004)
     assert not c.quiet(14.0)
+    # a clean round ends it, and the next wait starts again from `first`
     c.round(tried=8, lost=0, now=15.0)
     assert not c.active
     assert not c.quiet(15.0)
+    c.round(tried=8, lost=8, now=16.0)
+    assert c.until == pytest.approx(16.001)
 
 
 def test_a_round_that_tried_nothing_changes_nothing() -> None:
@@ -89,3 +92,4 @@ def test_a_round_that_tried_nothing_changes_nothing() -> None:
     c.round(tried=4, lost=4, now=2.0)
     c.round(tried=0, lost=0, now=2.0005)
     assert c.active
+    assert c.quiet(2.0005)
