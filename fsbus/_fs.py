@@ -114,6 +114,10 @@ class BusFS:
         """How single messages are claimed here ("auto" is resolved by :meth:`setup`)."""
         self._staging = layout.staging
         self._messages = layout.messages
+        self._bucket_dirs = tuple(f"{layout.messages}/{b}/" for b in layout.buckets)
+        self._stamp_size = layout.stamp_size
+        self._stamp_bits = layout.stamp_size * 8
+        self._getrandbits = self._rand.getrandbits
         # The hot path calls the system directly unless a test injected its own Ops.
         plain = type(self.ops) is Ops
         self._open = os.open if plain else self.ops.open
@@ -243,8 +247,39 @@ class BusFS:
         return size
 
     def _publish_bytes(self, plan: PublishPlan, payload: bytes) -> int:
-        # The hot path: open, one writev, close, rename, stamp.
-        path = f"{self._staging}/{plan.name}"
+        if plan.durable or plan.spill is not None or plan.meta is not None:
+            fd = self._stage(f"{self._staging}/{plan.name}", payload)
+            self.commit(plan, fd)
+        else:
+            self.publish_plain(plan.name, plan.bucket_index, payload)
+        return len(payload)
+
+    def publish_plain(self, name: str, bucket_index: int, payload: bytes) -> str:
+        """Publish a plain message (no sync, spill or sidecar); returns its path.
+
+        The hot path: open, one writev, close, rename into the bucket, stamp.
+        """
+        path = f"{self._staging}/{name}"
+        fd = self._stage(path, payload)
+        try:
+            self._close(fd)
+        except OSError as exc:
+            self._unlink_quiet(path)
+            raise storage_error("writing a message", exc, path) from exc
+        final = self._bucket_dirs[bucket_index] + name
+        try:
+            self._place(path, final)
+        except NameClash:
+            self._unlink_quiet(path)
+            raise
+        except OSError as exc:
+            self._unlink_quiet(path)
+            raise storage_error("publishing a message", exc, path) from exc
+        self.stamp(bucket_index)
+        return final
+
+    def _stage(self, path: str, payload: bytes) -> int:
+        """Create a staging file (O_EXCL) holding 0x00 and the payload; returns the fd."""
         try:
             fd = self._open(path, _CREATE, 0o666)
         except FileExistsError:
@@ -263,25 +298,7 @@ class BusFS:
         except BaseException:
             self._discard(fd, path)
             raise
-        if plan.durable or plan.spill is not None or plan.meta is not None:
-            self.commit(plan, fd)
-            return len(payload)
-        # Plain message: close, rename into the bucket, stamp.
-        try:
-            self._close(fd)
-        except OSError as exc:
-            self._unlink_quiet(path)
-            raise storage_error("writing a message", exc, path) from exc
-        try:
-            self._place(path, f"{self._messages}/{plan.bucket}/{plan.name}")
-        except NameClash:
-            self._unlink_quiet(path)
-            raise
-        except OSError as exc:
-            self._unlink_quiet(path)
-            raise storage_error("publishing a message", exc, path) from exc
-        self.stamp(plan.bucket_index)
-        return len(payload)
+        return fd
 
     def publish_many(self, items: Iterable[tuple[PublishPlan, bytes]]) -> list[int | BaseException]:
         """Publish several messages in one call; each result is a size or the error."""
@@ -383,9 +400,11 @@ class BusFS:
         fd = self._update_fd
         if fd is None:
             return
-        size = self.layout.stamp_size
+        size = self._stamp_size
         try:
-            self._pwrite(fd, self._rand.randbytes(size), bucket_index * size)
+            # Random.randbytes(size), without its Python frame.
+            data = self._getrandbits(self._stamp_bits).to_bytes(size, "little")
+            self._pwrite(fd, data, bucket_index * size)
         except OSError as exc:
             raise storage_error("stamping the UPDATE file", exc, self.layout.update_file) from exc
 

@@ -6,19 +6,23 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-import time
+from dataclasses import fields
+from time import time
+
+import xxhash
 
 from ._config import BusConfig
 from ._errors import PayloadTooLarge
 from ._layout import Layout
 from ._message import PublishInfo
-from ._names import host_id
+from ._names import MAX_EXPIRES_MS, host_id
 from ._plan import PublishPlan, TopicForm, plan_publish, topic_form
 
-__all__ = ["Namer", "next_unique", "pid_namespace"]
+__all__ = ["Namer", "new_publish_info", "next_unique", "pid_namespace"]
 
 _SEQ = itertools.count(int.from_bytes(os.urandom(3), "big"))
 _PID = [f"{os.getpid() & 0xFFFFFF:06x}"]
+_xxh32 = xxhash.xxh32_intdigest
 
 
 def _after_fork() -> None:
@@ -46,6 +50,39 @@ def next_unique() -> str:
     return f"{_PID[0]}{next(_SEQ) & 0xFFFFFF:06x}"
 
 
+# PublishInfo is a frozen dataclass: its generated __init__ sets each field through
+# object.__setattr__, which costs a tenth of a publish on tmpfs. Its slots can be
+# filled directly instead; the result is the same object (same type, equality, repr).
+_INFO_FIELDS = ("topic", "name", "bucket", "path", "single", "expires", "size")
+if tuple(f.name for f in fields(PublishInfo)) != _INFO_FIELDS:  # pragma: no cover
+    raise RuntimeError("PublishInfo changed its fields: update new_publish_info")
+_new = object.__new__
+(
+    _set_topic,
+    _set_name,
+    _set_bucket,
+    _set_path,
+    _set_single,
+    _set_expires,
+    _set_size,
+) = (getattr(PublishInfo, f).__set__ for f in _INFO_FIELDS)
+
+
+def new_publish_info(
+    topic: str, name: str, bucket: str, path: str, single: bool, expires: float, size: int
+) -> PublishInfo:
+    """``PublishInfo(topic, name, ...)``, built at a third of the cost (same object)."""
+    info: PublishInfo = _new(PublishInfo)
+    _set_topic(info, topic)
+    _set_name(info, name)
+    _set_bucket(info, bucket)
+    _set_path(info, path)
+    _set_single(info, single)
+    _set_expires(info, expires)
+    _set_size(info, size)
+    return info
+
+
 class Namer:
     """Names messages for one publisher: validated topic forms are cached per topic."""
 
@@ -60,6 +97,14 @@ class Namer:
         """The host id written into names (host name and pid namespace)."""
         self._host = self.host
         self._forms: dict[str, TopicForm] = {}
+        # What every plain publish (default ttl and priority, no headers) shares, for
+        # name_plain: the kind and fsbus fields after the expiry, and the default ttl.
+        prio = config.default_priority
+        self._plain = (
+            (f"+m+f10{prio:02x}", round(config.multi_ttl * 1000)),
+            (f"+s+f10{prio:02x}", round(config.single_ttl * 1000)),
+        )
+        self._num_buckets = len(layout.buckets)
 
     def plan(
         self,
@@ -86,10 +131,33 @@ class Namer:
             durable=durable,
             headers=headers,
             priority=priority,
-            now_ms=int(time.time() * 1000),
+            now_ms=int(time() * 1000),
             host=self._host,
             random_hex=next_unique(),
         )
+
+    def name_plain(self, topic: object, single: bool) -> tuple[str, int, int] | None:
+        """Name a plain message: (name, bucket index, expiry ms), or None to :meth:`plan` it.
+
+        Plain means default ttl and priority, no headers, and a topic that :meth:`plan`
+        has already validated and that fits in the name (no spill file). The name is the
+        one :meth:`plan` would give at the same millisecond and unique part; only the
+        general checks are skipped, since nothing here can be wrong.
+        """
+        form = self._forms.get(topic) if type(topic) is str else None
+        if form is None or form.spill is not None:
+            return None
+        kind, ttl_ms = self._plain[1 if single else 0]
+        now_ms = int(time() * 1000)
+        expires_ms = now_ms + ttl_ms
+        if expires_ms > MAX_EXPIRES_MS:
+            expires_ms = MAX_EXPIRES_MS
+        name = (
+            f"{form.head}{expires_ms:x}{kind}{now_ms & MAX_EXPIRES_MS:011x}"
+            f"{self._host}{_PID[0]}{next(_SEQ) & 0xFFFFFF:06x}"
+        )
+        n = self._num_buckets
+        return name, (_xxh32(name.encode("ascii")) % n if n > 1 else 0), expires_ms
 
     def check_size(self, size: int) -> None:
         """Refuse a payload over ``max_payload_size`` (before or while writing it)."""
@@ -102,12 +170,12 @@ class Namer:
 
     def info(self, plan: PublishPlan, size: int) -> PublishInfo:
         """What a publish wrote, for the caller."""
-        return PublishInfo(
-            topic=plan.topic,
-            name=plan.name,
-            bucket=plan.bucket,
-            path=self._layout.message_path(plan.bucket, plan.name),
-            single=plan.single,
-            expires=plan.expires_ms / 1000,
-            size=size,
+        return new_publish_info(
+            plan.topic,
+            plan.name,
+            plan.bucket,
+            self._layout.message_path(plan.bucket, plan.name),
+            plan.single,
+            plan.expires_ms / 1000,
+            size,
         )
