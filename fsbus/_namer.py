@@ -104,6 +104,7 @@ class Namer:
             (f"+m+f10{prio:02x}", round(config.multi_ttl * 1000)),
             (f"+s+f10{prio:02x}", round(config.single_ttl * 1000)),
         )
+        self._buckets = layout.buckets
         self._num_buckets = len(layout.buckets)
 
     def plan(
@@ -116,6 +117,20 @@ class Namer:
         priority: int | None,
     ) -> PublishPlan:
         """Validate a publish call and name its file (no I/O)."""
+        if (
+            type(topic) is str
+            and ttl is None
+            and headers is None
+            and priority is None
+            and not durable
+        ):
+            # A plain call on a known topic: the same plan plan_publish would make.
+            named = self.name_plain(topic, single)
+            if named is not None:
+                name, bi, expires_ms = named
+                return PublishPlan(
+                    topic, name, self._buckets[bi], bi, None, None, False, bool(single), expires_ms
+                )
         form = self._forms.get(topic) if type(topic) is str else None
         if form is None:
             form = topic_form(topic, self._config.split_topic_at)

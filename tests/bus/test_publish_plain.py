@@ -85,6 +85,9 @@ def test_name_plain_is_the_name_the_general_plan_gives(
         assert plan.bucket_index == bucket_index == bucket_for(name, len(layout.buckets))
         assert plan.expires_ms == expires_ms
         assert (plan.spill, plan.meta, plan.durable, plan.single) == (None, None, False, single)
+        # Namer.plan takes the same shortcut for a plain call on a known topic.
+        fast_plan = namer.plan(topic, single, None, False, None, None)
+        assert fast_plan == general_plan_for(namer, layout, config, fast_plan.name, single)
 
 
 def test_name_plain_leaves_long_and_foreign_topics_to_the_general_plan() -> None:
