@@ -9,11 +9,11 @@ publishes are batched into worker-thread hops the same way.
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import inspect
 import logging
-import math
 import os
 import random
 import time
@@ -174,6 +174,49 @@ class _Batcher(Generic[T, R]):
                     s.done(r)
 
 
+class _JobQueue:
+    """Handler jobs for the pool of worker tasks: a deque, and one Event per idle worker.
+
+    Cheaper than a memory object stream, whose every receive makes a checkpoint, an
+    Event and a task lookup: here a busy worker takes the next job with a ``popleft``,
+    and a job wakes exactly one idle worker. At most ``handler_concurrency`` jobs are
+    queued (the engine's slots bound them), so a worker that takes job after job
+    without yielding returns to the loop soon.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._idle: collections.deque[anyio.Event] = collections.deque()
+
+    def put(self, job: _Job) -> None:
+        self._jobs.append(job)
+        if self._idle:
+            self._idle.popleft().set()
+
+    def take_all(self) -> list[_Job]:
+        """Remove and return every job not started (when closing)."""
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        return jobs
+
+    async def work(self) -> None:
+        """Run jobs one after another, for ever (a worker task; cancelled at close)."""
+        jobs = self._jobs
+        while True:
+            if jobs:
+                fn, args = jobs.popleft()
+                await fn(*args)
+                continue
+            wake = anyio.Event()
+            self._idle.append(wake)
+            try:
+                await wake.wait()
+            except BaseException:
+                if not wake.is_set():  # cancelled while idle (the bus is closing)
+                    self._idle.remove(wake)
+                raise
+
+
 _SPARE_CANDIDATES = 4
 """Claim candidates beyond the free handler slots, for claims that fail."""
 _LOST_ENOUGH = 4
@@ -231,11 +274,9 @@ class Bus:
         self._free = self.config.handler_concurrency
         self._freed = anyio.Event()
         self._slot_waiters = 0  # tasks waiting in _take_slot
-        # Handlers run in a fixed pool of worker tasks fed by this stream: cheaper than a
+        # Handlers run in a fixed pool of worker tasks fed by this queue: cheaper than a
         # task per message. Slots (_free) bound what is queued plus what runs.
-        # (made in __aenter__, closed in aclose)
-        self._jobs_send: MemoryObjectSendStream[_Job]
-        self._jobs_recv: MemoryObjectReceiveStream[_Job]
+        self._jobs = _JobQueue()
         self._scanning = False
         self._open = False
         self._closed = False
@@ -256,7 +297,6 @@ class Bus:
         if self._open or self._closed:
             raise UsageError("a Bus can be entered once; create a new one")
         await anyio.to_thread.run_sync(self._setup)
-        self._jobs_send, self._jobs_recv = anyio.create_memory_object_stream[_Job](math.inf)
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -293,14 +333,7 @@ class Bus:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
         # Work claimed but never started goes back, uncounted.
-        queued: list[Claim] = []
-        while True:
-            try:
-                fn, args = self._jobs_recv.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                break
-            if fn == self._run_single:
-                queued.append(args[2])
+        queued = [args[2] for fn, args in self._jobs.take_all() if fn == self._run_single]
         if queued:
 
             def give_back() -> None:
@@ -310,8 +343,6 @@ class Bus:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(give_back)
             self._counts["released"] += len(queued)
-        self._jobs_send.close()
-        self._jobs_recv.close()
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._waker.stop)
         self._fs.close()
@@ -478,7 +509,7 @@ class Bus:
                 # Handlers of the first scan (existing messages) need the pool running.
                 self._workers_started = True
                 for _ in range(self.config.handler_concurrency):
-                    tg.start_soon(self._worker)
+                    tg.start_soon(self._jobs.work)
             try:
                 await self._scan(baseline=True, deliver=False)
             except BaseException:
@@ -798,11 +829,7 @@ class Bus:
                     await self._take_slot()
                     self._counts["delivered"] += 1
                     self._check_open()
-                    self._jobs_send.send_nowait((self._run_multi, (sub, msg)))
-
-    async def _worker(self) -> None:
-        async for fn, args in self._jobs_recv:
-            await fn(*args)
+                    self._jobs.put((self._run_multi, (sub, msg)))
 
     async def _take_slot(self) -> None:
         """Wait for a free handler slot (the backpressure point) and take it."""
@@ -949,7 +976,7 @@ class Bus:
             self._free -= 1  # capacity was checked above: no wait here
             self._counts["delivered"] += 1
             sub.in_flight += 1
-            self._jobs_send.send_nowait((self._run_single, (sub, msg, claim, e.key)))
+            self._jobs.put((self._run_single, (sub, msg, claim, e.key)))
 
     async def _run_single(
         self, sub: Subscription, msg: Message, claim: Claim, key: tuple[int, str]
