@@ -259,9 +259,8 @@ class Bus:
         self._retries = RetrySchedule()
         self._contention = Contention()
         self._in_flight: set[tuple[int, str]] = set()
-        # (priority, publish time, sequence, push order, entry): flat, so that a heap
-        # comparison is one tuple comparison rather than a nested one
-        self._ready: list[tuple[int, int, str, int, Entry]] = []
+        # (rank, push order, entry): a heap comparison is one integer comparison
+        self._ready: list[tuple[int, int, Entry]] = []
         self._ready_keys: set[tuple[int, str]] = set()
         self._ready_seq = 0
         # Buckets whose listing proved stale (a claim was lost there): listed next scan.
@@ -867,8 +866,7 @@ class Bus:
         if e.key not in self._ready_keys:
             self._ready_keys.add(e.key)
             self._ready_seq += 1
-            r = e.rank
-            heapq.heappush(self._ready, (r[0], r[1], r[2], self._ready_seq, e))
+            heapq.heappush(self._ready, (e.rank, self._ready_seq, e))
 
     async def _claim_ready(self) -> None:
         """Claim work-queue messages from the ready heap, best priority first.
@@ -890,7 +888,7 @@ class Bus:
         deferred: list[Entry] = []
         picks: dict[Subscription, int] = {}
         while self._ready and len(picked) < wanted and len(deferred) < capacity * 4:
-            e = heapq.heappop(self._ready)[4]
+            e = heapq.heappop(self._ready)[2]
             self._ready_keys.discard(e.key)
             if (
                 e.key in self._in_flight
@@ -922,8 +920,8 @@ class Bus:
 
         ordered = picked
         if contended:
-            best = picked[0][0].rank[0]
-            same = sum(1 for e, _ in picked if e.rank[0] == best)
+            best = picked[0][0].priority
+            same = sum(1 for e, _ in picked if e.priority == best)
             if same > 1:
                 start = random.randrange(same)
                 ordered = picked[start:same] + picked[:start] + picked[same:]

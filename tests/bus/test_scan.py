@@ -8,6 +8,10 @@ from fsbus._scan import Entry, ScanState, decide, long_names
 NOW = 1_800_000_000_000
 
 
+def by_rank(e: Entry) -> int:
+    return e.rank
+
+
 def name(
     topic: str,
     *,
@@ -106,9 +110,9 @@ def test_singles_are_work_items_whenever_present_even_at_baseline() -> None:
     st = ScanState()
     j = name("job", single=True)
     d = decide(st, {0: [j]}, {}, NOW, baseline=True)
-    assert topics(sorted(d.singles, key=Entry.order)) == ["job"]
+    assert topics(sorted(d.singles, key=by_rank)) == ["job"]
     d = decide(st, {0: [j]}, {}, NOW)
-    assert topics(sorted(d.singles, key=Entry.order)) == ["job"]  # still there: try again
+    assert topics(sorted(d.singles, key=by_rank)) == ["job"]  # still there: try again
     assert d.new_multi == []
 
 
@@ -120,7 +124,8 @@ def test_singles_sort_by_priority_then_publish_time() -> None:
         name("p50-early", single=True, priority=50, published=NOW + 1),
     ]
     d = decide(ScanState(), {0: names[:2], 1: names[2:]}, {}, NOW)
-    assert topics(sorted(d.singles, key=Entry.order)) == ["p0", "p50-early", "p50-late", "p200"]
+    assert topics(sorted(d.singles, key=by_rank)) == ["p0", "p50-early", "p50-late", "p200"]
+    assert [e.priority for e in sorted(d.singles, key=by_rank)] == [0, 50, 50, 200]
 
 
 def test_foreign_peer_singles_sort_at_the_default_priority_by_expiry() -> None:
@@ -129,7 +134,18 @@ def test_foreign_peer_singles_sort_at_the_default_priority_by_expiry() -> None:
     urgent = name("c", single=True, priority=0)
     relaxed = name("d", single=True, priority=60)
     d = decide(ScanState(), {0: [relaxed, peer_late, urgent, peer_soon]}, {}, NOW)
-    assert topics(sorted(d.singles, key=Entry.order)) == ["c", "k", "j", "d"]
+    assert topics(sorted(d.singles, key=by_rank)) == ["c", "k", "j", "d"]
+    assert [e.priority for e in sorted(d.singles, key=by_rank)] == [0, 50, 50, 60]
+
+
+def test_singles_published_in_one_millisecond_sort_in_publish_order() -> None:
+    # The publisher's sequence (the last 12 hex digits of the unique part) breaks ties.
+    first, second, third = (
+        name(t, single=True, priority=50, published=NOW, rand=f"00000a{k:06x}")
+        for t, k in (("a", 0xFFF), ("b", 0x1000), ("c", 0x1001))
+    )
+    d = decide(ScanState(), {0: [third, first], 1: [second]}, {}, NOW)
+    assert topics(sorted(d.singles, key=by_rank)) == ["a", "b", "c"]
 
 
 def test_direct_kind_is_neither_multi_nor_single() -> None:
