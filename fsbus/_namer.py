@@ -117,19 +117,21 @@ class Namer:
         priority: int | None,
     ) -> PublishPlan:
         """Validate a publish call and name its file (no I/O)."""
-        if (
-            type(topic) is str
-            and ttl is None
-            and headers is None
-            and priority is None
-            and not durable
-        ):
-            # A plain call on a known topic: the same plan plan_publish would make.
+        if type(topic) is str and ttl is None and headers is None and priority is None:
+            # Default ttl and priority on a known topic: the plan plan_publish would make.
             named = self.name_plain(topic, single)
             if named is not None:
                 name, bi, expires_ms = named
                 return PublishPlan(
-                    topic, name, self._buckets[bi], bi, None, None, False, bool(single), expires_ms
+                    topic,
+                    name,
+                    self._buckets[bi],
+                    bi,
+                    None,
+                    None,
+                    bool(durable),
+                    bool(single),
+                    expires_ms,
                 )
         form = self._forms.get(topic) if type(topic) is str else None
         if form is None:

@@ -32,7 +32,7 @@ from fsbus._names import bucket_for, parse_name
 from fsbus._ops import Ops
 from fsbus._plan import PublishPlan, plan_publish, topic_form
 
-from .conftest import FailingOps, files_under, message_files
+from .conftest import FailingOps, RecordingOps, files_under, message_files
 
 CONFIGS = {
     "defaults": BusConfig(),
@@ -44,7 +44,7 @@ CONFIGS = {
 
 
 def general_plan_for(
-    namer: Namer, layout: Layout, config: BusConfig, name: str, single: bool
+    namer: Namer, layout: Layout, config: BusConfig, name: str, single: bool, durable: bool = False
 ) -> PublishPlan:
     """What the general path plans for the same topic, millisecond and unique part."""
     parsed = parse_name(name)
@@ -57,7 +57,7 @@ def general_plan_for(
         topic_form(topic, config.split_topic_at),
         single=single,
         ttl=None,
-        durable=False,
+        durable=durable,
         headers=None,
         priority=None,
         now_ms=parsed.fields.published_ms,
@@ -85,9 +85,11 @@ def test_name_plain_is_the_name_the_general_plan_gives(
         assert plan.bucket_index == bucket_index == bucket_for(name, len(layout.buckets))
         assert plan.expires_ms == expires_ms
         assert (plan.spill, plan.meta, plan.durable, plan.single) == (None, None, False, single)
-        # Namer.plan takes the same shortcut for a plain call on a known topic.
-        fast_plan = namer.plan(topic, single, None, False, None, None)
-        assert fast_plan == general_plan_for(namer, layout, config, fast_plan.name, single)
+        # Namer.plan takes the same shortcut for a plain call on a known topic, durable or not.
+        for durable in (False, True):
+            fast_plan = namer.plan(topic, single, None, durable, None, None)
+            general = general_plan_for(namer, layout, config, fast_plan.name, single, durable)
+            assert fast_plan == general
 
 
 def test_name_plain_leaves_long_and_foreign_topics_to_the_general_plan() -> None:
@@ -277,3 +279,21 @@ def test_a_forked_child_publishing_through_the_parents_bus_makes_new_names(
     payloads = sorted((root / "messages" / f).read_bytes()[1:].decode() for f in files)
     expected = sorted(["warm-up"] + [f"{who}-{i}" for who in ("parent", "child") for i in range(n)])
     assert payloads == expected
+
+
+def test_a_durable_publish_on_a_known_topic_is_still_synced(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    ops = RecordingOps()
+    with BlockingBus(root, ops=ops) as bus:
+        bus.publish("d", b"x")  # known from now on: Namer.plan's shortcut names the next
+        ops.calls.clear()
+        info = bus.publish("d", b"y", durable=True)
+        fast = bus.publish("d", b"z")
+    n, b = info.name, info.bucket
+    staging, messages = f"{root}/staging", f"{root}/messages"
+    assert ops.calls == [
+        ("fdatasync", f"{staging}/{n}"),
+        ("place", f"{staging}/{n} -> {messages}/{b}/{n}"),
+        ("fsync", f"{messages}/{b}"),
+        ("place", f"{staging}/{fast.name} -> {fast.path}"),
+    ]
