@@ -1186,6 +1186,7 @@ class Bus:
             subscriptions=len(self._subs),
             in_flight=len(self._in_flight),
             inotify=self._waker.inotify_active,
+            claims_lost=c["claims_lost"],
         )
 
 

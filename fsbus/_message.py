@@ -129,3 +129,8 @@ class BusStatistics:
     """Handlers running now."""
     inotify: bool
     """Whether inotify wake-ups are active (else polling only)."""
+    claims_lost: int = 0
+    """Work-queue claims lost to other consumers (or to a message gone meanwhile).
+
+    Many, next to few ``delivered``, means more consumers than the work needs: each one
+    lists and races for the same messages (see "Many consumers on one queue")."""

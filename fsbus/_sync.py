@@ -8,6 +8,7 @@ one implementation.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -284,20 +285,7 @@ class BlockingBus:
             s = self._portal.call(_stats, self._bus)
         else:
             s = BusStatistics(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, False)
-        return BusStatistics(
-            published=s.published + self._published,
-            delivered=s.delivered,
-            acked=s.acked,
-            released=s.released,
-            failed=s.failed,
-            dead_lettered=s.dead_lettered,
-            expired=s.expired,
-            quarantined=s.quarantined,
-            scans=s.scans,
-            subscriptions=s.subscriptions,
-            in_flight=s.in_flight,
-            inotify=s.inotify,
-        )
+        return dataclasses.replace(s, published=s.published + self._published)
 
 
 async def _stats(bus: Bus) -> BusStatistics:

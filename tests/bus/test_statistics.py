@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
 from pathlib import Path
 
 import anyio
@@ -72,7 +74,31 @@ def test_statistics_are_frozen() -> None:
         "subscriptions",
         "in_flight",
         "inotify",
+        "claims_lost",
     ]
+
+
+@pytest.mark.asyncio
+async def test_a_claim_lost_to_another_holder_is_counted_and_tried_again(root: Path) -> None:
+    cfg = BusConfig(poll_interval=0.05, retry_interval=0.05)
+    inbox = Inbox()
+    async with Bus(root, config=cfg) as bus:
+        await bus.publish("jobs.one", b"job", single=True)
+        (path,) = message_files(root)
+        # Another consumer holds it: an exclusive flock on another open of the file.
+        fd = os.open(root / "messages" / path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            await bus.subscribe("jobs.one", inbox)
+            await wait_until(lambda: bus.statistics().claims_lost >= 1)
+            assert inbox.payloads == []
+        finally:
+            os.close(fd)  # the holder lets go without consuming it
+        await wait_until(lambda: inbox.payloads == [b"job"])
+        await wait_until(lambda: bus.statistics().acked == 1)
+        lost = bus.statistics().claims_lost
+    assert lost >= 1
+    assert message_files(root) == []
 
 
 @pytest.mark.asyncio
