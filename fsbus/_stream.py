@@ -379,11 +379,12 @@ class Stream:
                 rest = encode_packed(
                     view[lens[0] :], lens[1:], base + 1, now_us=now, max_frame_bytes=max_frame
                 )
-                shift = len(one.data)
+                shift = one.size
                 return Encoded(
-                    b"".join((one.data, rest.data)),
+                    one.parts + rest.parts,
                     one.frames + tuple((o, p + shift, t) for o, p, t in rest.frames),
                     rest.next_offset,
+                    one.size + rest.size,
                 )
 
             offsets = writer.append((None,), now_us=self._now_us, encode=encode)

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, islice, pairwise
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import xxhash
 
@@ -100,6 +100,9 @@ MAX_TIMESTAMP: Final = 9.0e12  # seconds: µs still fit in an i64
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 _SEGMENT_RE = re.compile(r"(\d{20})\.log")
 _xxh64 = xxhash.xxh64_intdigest
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+"""Bytes to write: frames are written from buffers like these without a copy."""
 
 EMPTY_HEADERS: Final[Mapping[str, str]] = MappingProxyType({})
 
@@ -277,27 +280,61 @@ def _encode_values(
 ) -> Encoded:
     """:func:`encode_packed` of values given back to back, or as a list (``data``).
 
-    A list is joined frame by frame into the output: a batch of large values is then
-    copied once into the output plus once per frame through a buffer of frame size
-    (reused by the allocator), instead of through a second buffer of the batch's size
-    (fresh memory, page-faulted anew on every batch).
+    Values given back to back are not copied: each frame is a buffer of its header and
+    lengths, then a slice of ``data``, checksummed in place and written with one vectored
+    write. A list is joined, with the frame headers between its values, into one buffer
+    (one copy of each value), and each frame's checksum is then taken over that buffer.
+    A list's values are not written where they lie: on a batch of large values that
+    saved a copy but cost more than it saved in a fresh process (glibc's heap, handed
+    back to the system when the caller dropped the batch, page-faulted anew on the
+    next one; the batch-sized buffer keeps it).
     """
     n = len(lengths)
     if n == 0:
-        return Encoded(b"", (), base_offset)
-    budget = max_frame_bytes - HEADER_SIZE
+        return Encoded((), (), base_offset, 0)
     raw_lengths = lengths.tobytes()
     if _BIG_ENDIAN:
         swapped = array("I", lengths)
         swapped.byteswap()
         raw_lengths = swapped.tobytes()
-    # Cut into frames: guess each frame's count from the previous one, then adjust by
-    # single records (values of similar sizes need few steps).
+    if not isinstance(data, list):
+        cuts, sizes = _cut_frames(lengths, len(data), max_frame_bytes - HEADER_SIZE)
+        return _scatter_values(memoryview(data), raw_lengths, cuts, sizes, base_offset, now_us)
+    cuts, sizes = _cut_frames(lengths, sum(lengths), max_frame_bytes - HEADER_SIZE)
+    pieces: list[bytes] = []
+    frames: list[tuple[int, int, int]] = []
+    pos = 0
+    for (lo, hi), body in zip(pairwise(cuts), sizes, strict=True):
+        count = hi - lo
+        size = HEADER_SIZE + body
+        off = base_offset + lo
+        pieces.append(
+            HEADER.pack(0, MAGIC, VERSION, 0, size, off, count - 1, count, now_us, now_us)
+        )
+        pieces.append(raw_lengths[4 * lo : 4 * hi])
+        pieces += data[lo:hi]
+        frames.append((off, pos, now_us))
+        pos += size
+    out = bytearray().join(pieces)
+    view = memoryview(out)
+    pack = _CHECKSUM.pack_into
+    for (_, at, _), body in zip(frames, sizes, strict=True):
+        pack(out, at, _xxh64(view[at + 8 : at + HEADER_SIZE + body]))
+    view.release()
+    return Encoded((out,), tuple(frames), base_offset + n, pos)
+
+
+def _cut_frames(lengths: array[int], total: int, budget: int) -> tuple[list[int], list[int]]:
+    """Cut values into frames of at most ``budget`` bytes after the header (one value at least).
+
+    Returns the index of each frame's first value (and, last, the number of values) and
+    each frame's bytes after its header. Each frame's count is guessed from the previous
+    one, then adjusted by single values (values of similar sizes need few steps).
+    """
+    n = len(lengths)
     cuts = [0]
-    sizes: list[int] = []  # bytes after the header of each frame
+    sizes: list[int] = []
     lo = 0
-    parts = data if isinstance(data, list) else None
-    total = sum(lengths) if parts is not None else len(data)
     step = max(1, budget * n // (total + 4 * n or 1))
     while lo < n:
         hi = min(lo + step, n)
@@ -312,33 +349,38 @@ def _encode_values(
         sizes.append(size)
         step = hi - lo
         lo = hi
-    # every frame written straight into one buffer
-    out = bytearray(HEADER_SIZE * len(sizes) + sum(sizes))
-    values = memoryview(b"" if isinstance(data, list) else data)
-    view = memoryview(out)
+    return cuts, sizes
+
+
+def _scatter_values(
+    values: memoryview,
+    raw_lengths: bytes,
+    cuts: list[int],
+    sizes: list[int],
+    base_offset: int,
+    now_us: int,
+) -> Encoded:
+    """Frames of values that stay where they lie: per frame, a head buffer, then a slice."""
+    parts: list[Buffer] = []
     frames: list[tuple[int, int, int]] = []
     pos = vpos = 0
     for (lo, hi), body in zip(pairwise(cuts), sizes, strict=True):
         count = hi - lo
         size = HEADER_SIZE + body
-        vlen = size - HEADER_SIZE - 4 * count
         off = base_offset + lo
-        p = pos + HEADER_SIZE
-        view[p : p + 4 * count] = raw_lengths[4 * lo : 4 * hi]
-        p += 4 * count
-        if parts is not None:
-            view[p : p + vlen] = b"".join(parts[lo:hi])
-        else:
-            view[p : p + vlen] = values[vpos : vpos + vlen]
-        HEADER.pack_into(
-            out, pos, 0, MAGIC, VERSION, 0, size, off, count - 1, count, now_us, now_us
-        )
-        _CHECKSUM.pack_into(out, pos, _xxh64(view[pos + 8 : pos + size]))
+        head = bytearray(HEADER_SIZE)
+        head += raw_lengths[4 * lo : 4 * hi]
+        HEADER.pack_into(head, 0, 0, MAGIC, VERSION, 0, size, off, count - 1, count, now_us, now_us)
+        vlen = body - 4 * count
+        piece = values[vpos : vpos + vlen]
+        hasher = xxhash.xxh64(memoryview(head)[8:])
+        hasher.update(piece)
+        _CHECKSUM.pack_into(head, 0, hasher.intdigest())
+        parts += (head, piece)
         frames.append((off, pos, now_us))
         pos += size
         vpos += vlen
-    view.release()
-    return Encoded(out, tuple(frames), base_offset + n)
+    return Encoded(tuple(parts), tuple(frames), base_offset + len(raw_lengths) // 4, pos)
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,12 +515,44 @@ def encode_frame(
 class Encoded:
     """Frames ready to write, and what the writer needs to know about them."""
 
-    data: bytes | bytearray | memoryview
-    """The frames, back to back."""
+    parts: tuple[Buffer, ...]
+    """The frames, back to back, as buffers to write in this order (one when the frames
+    were packed into a buffer; a head buffer and the values of each frame when they were
+    not copied)."""
     frames: tuple[tuple[int, int, int], ...]
-    """(first offset, position in ``data``, largest timestamp in the frame) per frame."""
+    """(first offset, position in the frames' bytes, largest timestamp in the frame) per
+    frame."""
     next_offset: int
     """The offset after the last record."""
+    size: int
+    """Bytes of all the frames."""
+
+    @property
+    def data(self) -> Buffer:
+        """The frames as one buffer (joined on each access when there are several parts)."""
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def cut(self, start: int, end: int) -> list[Buffer]:
+        """The parts covering bytes ``start`` to ``end`` of the frames (sliced, not copied)."""
+        out: list[Buffer] = []
+        at = 0
+        for part in self.parts:
+            n = len(part)
+            if at + n > start and at < end:
+                if start <= at and at + n <= end:
+                    out.append(part)
+                else:
+                    out.append(memoryview(part)[max(start - at, 0) : min(end - at, n)])
+            at += n
+            if at >= end:
+                break
+        return out
+
+
+def encoded(data: Buffer, frames: tuple[tuple[int, int, int], ...], next_offset: int) -> Encoded:
+    """An :class:`Encoded` of frames held in one buffer."""
+    return Encoded((data,) if data else (), frames, next_offset, len(data))
 
 
 def encode_frames(
@@ -496,14 +570,14 @@ def encode_frames(
     """
     n = len(items)
     if n == 0:
-        return Encoded(b"", (), base_offset)
+        return Encoded((), (), base_offset, 0)
     first = items[0]
     if n == 1 and type(first) is bytes:  # a single append: one frame, no splitting
         frame = encode_values((first,), base_offset, now_us)
-        return Encoded(frame, ((base_offset, 0, now_us),), base_offset + 1)
+        return encoded(frame, ((base_offset, 0, now_us),), base_offset + 1)
     if set(map(type, items)) == {bytes}:
         return _encode_plain(items, base_offset, now_us, max_frame_bytes)  # type: ignore[arg-type]
-    parts: list[bytes | bytearray | memoryview] = []
+    parts: list[Buffer] = []
     frames: list[tuple[int, int, int]] = []
     pos = 0
     for lo, hi, plain in _runs(items, max_frame_bytes):
@@ -511,8 +585,8 @@ def encode_frames(
         if plain:
             enc = _encode_plain(items[lo:hi], off, now_us, max_frame_bytes)  # type: ignore[arg-type]
             frames += [(o, pos + p, t) for o, p, t in enc.frames]
-            parts.append(enc.data)
-            pos += len(enc.data)
+            parts += enc.parts
+            pos += enc.size
             continue
         frame = encode_frame(
             [_as_prepared(x) for x in items[lo:hi]],
@@ -524,8 +598,7 @@ def encode_frames(
         frames.append((off, pos, HEADER.unpack_from(frame)[9]))
         parts.append(frame)
         pos += len(frame)
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
-    return Encoded(data, tuple(frames), base_offset + n)
+    return Encoded(tuple(parts), tuple(frames), base_offset + n, pos)
 
 
 MIN_PLAIN_RUN: Final = 64

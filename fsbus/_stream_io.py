@@ -13,9 +13,18 @@ import fcntl
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["StreamOps"]
+__all__ = ["IOV_MAX", "StreamOps"]
+
+_HAS_PWRITEV = hasattr(os, "pwritev")
+IOV_MAX: int = 1024
+"""Most buffers one vectored write takes (the system's limit where it says)."""
+try:
+    IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (AttributeError, ValueError, OSError):
+    pass
 
 
 class StreamOps:
@@ -126,6 +135,28 @@ class StreamOps:
                 raise OSError(errno.EIO, "short write")
             view = view[n:]
             pos += n
+
+    def pwritev(self, fd: int, parts: Sequence[bytes | bytearray | memoryview], pos: int) -> None:
+        """Write all of ``parts``, one after another, at ``pos``: one vectored write per
+        :data:`IOV_MAX` buffers, and the rest again after a short write."""
+        if not _HAS_PWRITEV:
+            self.pwrite(fd, b"".join(parts), pos)
+            return
+        todo = list(parts)
+        i = 0
+        while i < len(todo):
+            chunk = todo[i : i + IOV_MAX]
+            n = os.pwritev(fd, chunk, pos)
+            if n <= 0 and any(chunk):
+                raise OSError(errno.EIO, "short write")
+            pos += n
+            for part in chunk:  # skip what was written; keep the rest of a part cut short
+                size = len(part)
+                if n < size:
+                    todo[i] = memoryview(part)[n:]
+                    break
+                n -= size
+                i += 1
 
     def write(self, fd: int, data: bytes | bytearray) -> None:
         """Write all of ``data`` at the current position (O_APPEND files)."""

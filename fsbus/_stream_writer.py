@@ -318,10 +318,9 @@ class Writer:
         limit = self._config.segment_bytes
         frames = enc.frames
         n = len(frames)
-        if n <= 1 or self._size + len(enc.data) <= limit:
+        if n <= 1 or self._size + enc.size <= limit:
             self._write(enc, sync=sync)
             return
-        data = memoryview(enc.data)
         i = 0
         while i < n:
             if self._size >= limit:
@@ -331,11 +330,12 @@ class Writer:
             j = i + 1
             while j < n and frames[j][1] - start < room:
                 j += 1
-            end = frames[j][1] if j < n else len(data)
+            end = frames[j][1] if j < n else enc.size
             part = Encoded(
-                data[start:end],
+                tuple(enc.cut(start, end)),
                 tuple((off, pos - start, mts) for off, pos, mts in frames[i:j]),
                 frames[j][0] if j < n else enc.next_offset,
+                end - start,
             )
             self._write(part, sync=sync and j == n)
             i = j
@@ -347,8 +347,12 @@ class Writer:
         if not enc.frames:
             return
         pos = self._size
+        parts = enc.parts
         try:
-            ops.pwrite(self._seg_fd, enc.data, pos)
+            if len(parts) == 1:
+                ops.pwrite(self._seg_fd, parts[0], pos)
+            else:
+                ops.pwritev(self._seg_fd, parts, pos)
         except OSError as exc:
             try:
                 ops.truncate(self._seg_fd, pos)  # leave no partial frame behind
@@ -367,7 +371,7 @@ class Writer:
                 self._last_index_pos = at
             if fmax > max_ts:
                 max_ts = fmax
-        self._size = pos + len(enc.data)
+        self._size = pos + enc.size
         self._next = enc.next_offset
         self._max_ts = max_ts
         try:
