@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -103,6 +104,34 @@ def test_a_list_of_values_frames_as_the_same_values_back_to_back(
     assert bytes(listed.data) == bytes(packed.data)
     assert listed.frames == packed.frames
     assert [r[3] for r in _records(bytes(listed.data))] == values
+
+
+def _big_values(n: int, size: int = 10_240) -> list[bytes]:
+    """Distinct values of about ``size`` bytes (the index first, then filler)."""
+    return [b"%08d" % i + bytes([65 + i % 26]) * (size - 8 - i % 3) for i in range(n)]
+
+
+@pytest.mark.parametrize("max_frame", [64 << 10, 1 << 20])
+def test_a_batch_of_10kb_values_frames_byte_for_byte_as_one_frame_each_would(
+    max_frame: int,
+) -> None:
+    values = _big_values(300)
+    listed = encode_frames(values, 5, now_us=77, max_frame_bytes=max_frame)
+    packed = encode_packed(
+        b"".join(values), array("I", map(len, values)), 5, now_us=77, max_frame_bytes=max_frame
+    )
+    assert len(listed.parts) == 1  # a list is joined into one buffer
+    assert len(packed.parts) == 2 * len(packed.frames)  # head + slice of the caller's buffer
+    data = bytes(listed.data)
+    assert bytes(packed.data) == data
+    assert listed.frames == packed.frames
+    assert listed.size == packed.size == len(data)
+    # each frame is what the one-frame encoder makes of its values
+    starts = [*listed.frames, (listed.next_offset, len(data), 0)]
+    for (off, pos, ts), (next_off, end, _) in pairwise(starts):
+        assert data[pos:end] == bytes(encode_values(values[off - 5 : next_off - 5], off, ts))
+    assert [r[3] for r in _records(data)] == values
+    assert b"".join(bytes(p) for p in packed.cut(100, len(data) - 100)) == data[100:-100]
 
 
 @pytest.mark.parametrize("cut", [1, 10, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 3])

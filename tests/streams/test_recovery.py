@@ -6,10 +6,12 @@ import errno
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from helpers import Worker
+from stream_workers import BIG, big_values
 
 from fsbus import CorruptDataError, DiskFull, LockingUnsupported, Stream, StreamConfig
 from fsbus._stream_io import StreamOps
@@ -22,10 +24,13 @@ def _segments(root: Path, name: str = "s") -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", ["small", "batch", "values"])
 def test_sigkill_mid_frame_is_cut_and_reported(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
-    w = Worker("torn", tmp_path, "s")
+    """``small``: short records; ``batch`` and ``values``: 10 KB records written from one
+    joined buffer (append_batch) and from a head and a slice per frame (append_values)."""
+    w = Worker("torn", tmp_path, "s", how)
     try:
         committed = int(w.expect("committed")[1])
         _, pos, written = w.expect("torn")
@@ -35,9 +40,10 @@ def test_sigkill_mid_frame_is_cut_and_reported(
         w.stop()
     seg = _segments(tmp_path)[-1]
     assert seg.stat().st_size == int(pos) + int(written)
-    with Stream.open(tmp_path, "s", config=FAST) as s:
+    kept = [b"committed"] * committed if how == "small" else big_values("committed", committed)
+    with Stream.open(tmp_path, "s", config=FAST if how == "small" else BIG) as s:
         # readers never see the partial frame
-        assert [r.value for r in s.read()] == [b"committed"] * committed
+        assert [r.value for r in s.read()] == kept
         with caplog.at_level(logging.WARNING, logger="fsbus.stream"):
             (info,) = s.recover()
         assert info.cut_bytes == int(written)
@@ -45,7 +51,7 @@ def test_sigkill_mid_frame_is_cut_and_reported(
         assert info.next_offset == committed
         assert "cut a torn tail of" in caplog.text
         assert s.append(b"after") == committed
-        assert [r.value for r in s.read()] == [b"committed"] * committed + [b"after"]
+        assert [r.value for r in s.read()] == [*kept, b"after"]
     assert seg.stat().st_size > int(pos)
 
 
@@ -159,22 +165,40 @@ class _FullDisk(StreamOps):
             raise OSError(errno.ENOSPC, "No space left on device")
         super().pwrite(fd, data, pos)
 
+    def pwritev(self, fd: int, parts: Sequence[bytes | bytearray | memoryview], pos: int) -> None:
+        if self.full:
+            # the first buffer (a frame's head) and half of the next
+            super().pwritev(fd, [parts[0], memoryview(parts[1])[: len(parts[1]) // 2]], pos)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().pwritev(fd, parts, pos)
 
-def test_disk_full_leaves_no_partial_frame(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("how", ["small", "batch", "values"])
+def test_disk_full_leaves_no_partial_frame(tmp_path: Path, how: str) -> None:
     ops = _FullDisk()
-    s = Stream._open(tmp_path, "s", config=FAST, create=True, ops=ops)
+    s = Stream._open(tmp_path, "s", config=FAST if how == "small" else BIG, create=True, ops=ops)
+    kept = [b"kept"] * 3 if how == "small" else big_values("kept", 3)
+    failed = [b"x" * 100] * 3 if how == "small" else big_values("x", 200)  # several frames
+
+    def write() -> object:
+        if how == "values":
+            return s.append_values(b"".join(failed), [len(v) for v in failed])
+        return s.append_batch(failed)
+
     try:
-        s.append_batch([b"kept"] * 3)
+        s.append_batch(kept)
+        size = _segments(tmp_path)[0].stat().st_size
         ops.full = True
         with pytest.raises(DiskFull, match="free space") as err:
-            s.append_batch([b"x" * 100] * 3)
+            write()
         assert isinstance(err.value.__cause__, OSError)
         assert err.value.path is not None
         assert err.value.path.endswith(".log")
+        assert _segments(tmp_path)[0].stat().st_size == size
         ops.full = False
         assert s.recover() == ()  # the failed append cut its own partial frame
         assert s.append(b"after") == 3
-        assert [r.value for r in s.read()] == [b"kept"] * 3 + [b"after"]
+        assert [r.value for r in s.read()] == [*kept, b"after"]
     finally:
         s.close()
 
