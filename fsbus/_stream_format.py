@@ -242,14 +242,8 @@ def encode_values(values: Sequence[bytes], base_offset: int, ts_us: int) -> byte
     """One frame of plain values that share a timestamp (the fast path of a batch)."""
     n = len(values)
     lens = struct.pack(f"<{n}I", *map(len, values))
-    frame = bytearray(
-        b"".join(
-            (
-                HEADER.pack(0, MAGIC, VERSION, 0, 0, base_offset, n - 1, n, ts_us, ts_us),
-                lens,
-                *values,
-            )
-        )
+    frame = bytearray().join(
+        (HEADER.pack(0, MAGIC, VERSION, 0, 0, base_offset, n - 1, n, ts_us, ts_us), lens, *values)
     )
     struct.pack_into("<I", frame, 12, len(frame))
     return _seal(frame)
@@ -504,7 +498,7 @@ def encode_frame(
             data.append(r.headers)
         data.append(r.value)
     hdr = HEADER.pack(0, MAGIC, VERSION, flags, 0, base_offset, last_delta, n, first_ts, max_ts)
-    frame = bytearray(b"".join((hdr, *cols, *data)))
+    frame = bytearray().join((hdr, *cols, *data))
     if len(frame) > MAX_FRAME_LEN:
         raise PayloadTooLarge(f"a frame of {len(frame)} bytes exceeds the 4 GiB frame limit")
     struct.pack_into("<I", frame, 12, len(frame))
