@@ -292,8 +292,9 @@ def _encode_values(
         swapped.byteswap()
         raw_lengths = swapped.tobytes()
     if not isinstance(data, list):
-        cuts, sizes = _cut_frames(lengths, len(data), max_frame_bytes - HEADER_SIZE)
-        return _scatter_values(memoryview(data), raw_lengths, cuts, sizes, base_offset, now_us)
+        view = memoryview(data).cast("B")  # bytes, whatever the buffer's item format
+        cuts, sizes = _cut_frames(lengths, len(view), max_frame_bytes - HEADER_SIZE)
+        return _scatter_values(view, raw_lengths, cuts, sizes, base_offset, now_us)
     cuts, sizes = _cut_frames(lengths, sum(lengths), max_frame_bytes - HEADER_SIZE)
     pieces: list[bytes] = []
     frames: list[tuple[int, int, int]] = []

@@ -288,3 +288,11 @@ def test_mixed_batches_roundtrip(runs: list[tuple[bool, int]], max_frame: int) -
     assert [g[2] for g in got] == [
         None if type(x) is bytes else b"%d" % i for i, x in enumerate(items)
     ]
+
+
+def test_packed_values_are_bytes_whatever_the_item_format_of_the_buffer() -> None:
+    values = [b"abcd" * 3, b"wxyz" * 2]
+    lengths = array("I", [12, 8])
+    wide = memoryview(b"".join(values)).cast("I")  # 5 items of 4 bytes
+    packed = encode_packed(wide, lengths, 0, now_us=1, max_frame_bytes=1000)
+    assert bytes(packed.data) == bytes(encode_values(values, 0, 1))
