@@ -325,7 +325,9 @@ class Stream:
         from the buffer with no object built per record. Otherwise as :meth:`append_batch`
         of the same values (one hold of the append lock, same durability); returns the
         offsets. ``first_headers``, if given, are the headers of the first record (a
-        marker a writer can find its batch by; the others stay plain).
+        marker a writer can find its batch by; the others stay plain). A read-only buffer
+        (``bytes``, an Arrow buffer) is written from where it lies; a writable one
+        (``bytearray``, a NumPy array) is copied once first.
         """
         if isinstance(lengths, array) and lengths.typecode == "I":
             lens = lengths

@@ -274,14 +274,14 @@ def _encode_values(
 ) -> Encoded:
     """:func:`encode_packed` of values given back to back, or as a list (``data``).
 
-    Values given back to back are not copied: each frame is a buffer of its header and
-    lengths, then a slice of ``data``, checksummed in place and written with one vectored
-    write. A list is joined, with the frame headers between its values, into one buffer
-    (one copy of each value), and each frame's checksum is then taken over that buffer.
-    A list's values are not written where they lie: on a batch of large values that
-    saved a copy but cost more than it saved in a fresh process (glibc's heap, handed
-    back to the system when the caller dropped the batch, page-faulted anew on the
-    next one; the batch-sized buffer keeps it).
+    Values given back to back are not copied (unless ``data`` is writable): each frame is
+    a buffer of its header and lengths, then a slice of ``data``, checksummed in place and
+    written with one vectored write. A list is joined, with the frame headers between its
+    values, into one buffer (one copy of each value), and each frame's checksum is then
+    taken over that buffer. A list's values are not written where they lie: on a batch of
+    large values that saved a copy but cost more than it saved in a fresh process
+    (glibc's heap, handed back to the system when the caller dropped the batch, was
+    page-faulted anew on the next one; the batch-sized buffer keeps it).
     """
     n = len(lengths)
     if n == 0:
@@ -293,6 +293,10 @@ def _encode_values(
         raw_lengths = swapped.tobytes()
     if not isinstance(data, list):
         view = memoryview(data).cast("B")  # bytes, whatever the buffer's item format
+        if not view.readonly:
+            # a frame is checksummed, then written: bytes changed in between (by another
+            # thread) would leave a frame that fails its checksum, so write from a copy
+            view = memoryview(view.tobytes())
         cuts, sizes = _cut_frames(lengths, len(view), max_frame_bytes - HEADER_SIZE)
         return _scatter_values(view, raw_lengths, cuts, sizes, base_offset, now_us)
     cuts, sizes = _cut_frames(lengths, sum(lengths), max_frame_bytes - HEADER_SIZE)

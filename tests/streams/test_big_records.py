@@ -89,6 +89,17 @@ def test_the_files_are_those_the_packing_encoder_wrote(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview])
+def test_append_values_takes_read_only_and_writable_buffers(
+    tmp_path: Path, wrap: type[bytes | bytearray | memoryview]
+) -> None:
+    values = big_values("w", 120)
+    data = wrap(bytearray(b"".join(values)))
+    with Stream.open(tmp_path, "s", config=SMALL_SEGMENTS) as s:
+        assert s.append_values(data, [len(v) for v in values]) == range(120)
+        assert [r.value for r in s.read()] == values
+
+
 def test_a_mixed_batch_with_10kb_values_reads_back(tmp_path: Path) -> None:
     values = big_values("m", 150)
     items: list[bytes | str | RecordIn] = list(values)
