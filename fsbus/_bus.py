@@ -597,7 +597,8 @@ class Bus:
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))
             quiet_until = self._contention.until
-            if quiet_until > now:
+            if quiet_until > now and self._waker.fs_event_pending:
+                # an event kept back during the quiet spell: list when the spell ends
                 timeout = min(timeout, quiet_until - now)
             self._waker.quiet_until = quiet_until
             woken = await self._waker.wait(timeout)

@@ -170,6 +170,11 @@ class Waker:
         """Put back a filesystem event taken with :meth:`take_fs_event`."""
         self._fs_event = True
 
+    @property
+    def fs_event_pending(self) -> bool:
+        """Whether a filesystem event is waiting to be taken (or was kept)."""
+        return self._fs_event
+
     def take_fs_event(self) -> bool:
         """Whether the filesystem changed since the last call (inotify saw a write)."""
         seen, self._fs_event = self._fs_event, False
