@@ -39,6 +39,12 @@ class Child:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Whether glibc hands a freed large buffer back to the kernel depends on the heap's
+        # layout, so a payload-heavy child (10 KB records, a 10 MB batch at a time) ran in
+        # one of two modes, one of them page-faulting every batch anew. Every child gets
+        # the same fixed thresholds instead (see "Method" in bench/README.md).
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", str(256 << 20))
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
         self.cmd = list(cmd)
         self.proc = subprocess.Popen(
             self.cmd,
