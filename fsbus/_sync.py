@@ -162,7 +162,7 @@ class BlockingBus:
                             len(data),
                         )
         self._check_open()
-        plan = self._plan(topic, single, ttl, durable, headers, priority)
+        plan = self._namer.plan(topic, single, ttl, durable, headers, priority)
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
         if isinstance(payload, bytes | bytearray | memoryview):
@@ -171,7 +171,7 @@ class BlockingBus:
             try:
                 size = self._fs.publish(plan, data)
             except NameClash:  # astronomically rare: name it again
-                plan = self._plan(topic, single, ttl, durable, headers, priority)
+                plan = self._namer.plan(topic, single, ttl, durable, headers, priority)
                 size = self._fs.publish(plan, data)
         elif isinstance(payload, os.PathLike):
             size = self._fs.publish(plan, payload)
@@ -202,17 +202,6 @@ class BlockingBus:
             )
             for t, p in items
         ]
-
-    def _plan(
-        self,
-        topic: object,
-        single: bool,
-        ttl: float | None,
-        durable: bool,
-        headers: object,
-        priority: int | None,
-    ) -> PublishPlan:
-        return self._namer.plan(topic, single, ttl, durable, headers, priority)
 
     def _publish_file(self, plan: PublishPlan, fileobj: IO[bytes]) -> int:
         fd = self._fs.begin(plan)
