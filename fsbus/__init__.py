@@ -30,21 +30,21 @@ from ._errors import (
 )
 
 if _typing.TYPE_CHECKING:
-    from ._bus import Bus, Handler, MessageIterator, Subscription
+    from ._bus.blocking import BlockingBus, BlockingMessages
+    from ._bus.doctor import DoctorCheck, DoctorReport, check_directory
+    from ._bus.engine import Bus, Handler, MessageIterator, Subscription
+    from ._bus.fs import probe_locking
+    from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo
     from ._config import BusConfig
-    from ._doctor import DoctorCheck, DoctorReport, check_directory
-    from ._fs import probe_locking
-    from ._message import BusStatistics, Message, MessageInfo, PublishInfo
-    from ._stream import SegmentInfo, Stream, StreamInfo, list_streams
-    from ._stream_async import AsyncConsumerGroup, AsyncStream
-    from ._stream_config import StreamConfig
-    from ._stream_format import ColumnBatch, Record, RecordIn
-    from ._stream_groups import ConsumerGroup, GroupInfo
-    from ._stream_maint import CompactionReport, RetentionReport
-    from ._stream_queue import QueueEmpty, StreamQueue
-    from ._stream_writer import RecoveryInfo
-    from ._sync import BlockingBus, BlockingMessages
-    from ._trie import TopicTrie
+    from ._core.trie import TopicTrie
+    from ._stream.aio import AsyncConsumerGroup, AsyncStream
+    from ._stream.config import StreamConfig
+    from ._stream.framing import ColumnBatch, Record, RecordIn
+    from ._stream.groups import ConsumerGroup, GroupInfo
+    from ._stream.log import SegmentInfo, Stream, StreamInfo, list_streams
+    from ._stream.maint import CompactionReport, RetentionReport
+    from ._stream.queue import QueueEmpty, StreamQueue
+    from ._stream.writer import RecoveryInfo
 
 __version__ = "0.1.0"
 
@@ -106,39 +106,39 @@ __all__ = (
 # modules that need only a part of it (a Spark worker reading a Stream never starts the
 # Bus's event loop machinery) stay cheap to import.
 _LAZY = {
-    "AsyncConsumerGroup": "._stream_async",
-    "AsyncStream": "._stream_async",
-    "BlockingBus": "._sync",
-    "BlockingMessages": "._sync",
-    "Bus": "._bus",
+    "AsyncConsumerGroup": "._stream.aio",
+    "AsyncStream": "._stream.aio",
+    "BlockingBus": "._bus.blocking",
+    "BlockingMessages": "._bus.blocking",
+    "Bus": "._bus.engine",
     "BusConfig": "._config",
-    "BusStatistics": "._message",
-    "ColumnBatch": "._stream_format",
-    "CompactionReport": "._stream_maint",
-    "ConsumerGroup": "._stream_groups",
-    "DoctorCheck": "._doctor",
-    "DoctorReport": "._doctor",
-    "GroupInfo": "._stream_groups",
-    "Handler": "._bus",
-    "Message": "._message",
-    "MessageInfo": "._message",
-    "MessageIterator": "._bus",
-    "PublishInfo": "._message",
-    "QueueEmpty": "._stream_queue",
-    "Record": "._stream_format",
-    "RecordIn": "._stream_format",
-    "RecoveryInfo": "._stream_writer",
-    "RetentionReport": "._stream_maint",
-    "SegmentInfo": "._stream",
-    "Stream": "._stream",
-    "StreamConfig": "._stream_config",
-    "StreamInfo": "._stream",
-    "StreamQueue": "._stream_queue",
-    "Subscription": "._bus",
-    "TopicTrie": "._trie",
-    "check_directory": "._doctor",
-    "list_streams": "._stream",
-    "probe_locking": "._fs",
+    "BusStatistics": "._bus.message",
+    "ColumnBatch": "._stream.framing",
+    "CompactionReport": "._stream.maint",
+    "ConsumerGroup": "._stream.groups",
+    "DoctorCheck": "._bus.doctor",
+    "DoctorReport": "._bus.doctor",
+    "GroupInfo": "._stream.groups",
+    "Handler": "._bus.engine",
+    "Message": "._bus.message",
+    "MessageInfo": "._bus.message",
+    "MessageIterator": "._bus.engine",
+    "PublishInfo": "._bus.message",
+    "QueueEmpty": "._stream.queue",
+    "Record": "._stream.framing",
+    "RecordIn": "._stream.framing",
+    "RecoveryInfo": "._stream.writer",
+    "RetentionReport": "._stream.maint",
+    "SegmentInfo": "._stream.log",
+    "Stream": "._stream.log",
+    "StreamConfig": "._stream.config",
+    "StreamInfo": "._stream.log",
+    "StreamQueue": "._stream.queue",
+    "Subscription": "._bus.engine",
+    "TopicTrie": "._core.trie",
+    "check_directory": "._bus.doctor",
+    "list_streams": "._stream.log",
+    "probe_locking": "._bus.fs",
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 try:
-    from ._cli import main
+    from ._cli.main import main
 except KeyboardInterrupt:  # Ctrl-C while starting up: nothing to clean, no traceback
     raise SystemExit(130) from None
 

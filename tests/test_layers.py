@@ -1,5 +1,10 @@
 """The layering of the package, read from the source with ``ast``.
 
+* the tree is the architecture: the root holds the errors and the config, ``_core/`` what
+  every face shares, then one subpackage per face (``_bus/``, ``_stream/``); a package
+  imports only the packages below it (``PACKAGE_RULES``), never a face beside or above it;
+* no import circle between fsbus modules, counting ``TYPE_CHECKING`` and function-level
+  imports;
 * pure modules (topic rules and trie, name codec, layout, scan decisions, publish
   plan, message objects, errors, config, stream framing) do no I/O: they import no
   filesystem, clock or async module, call no ``open``, and import only other pure
@@ -24,18 +29,30 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fsbus"
 
 PURE_NAMES = (
-    "_topics.py",
-    "_trie.py",
-    "_names.py",
-    "_layout.py",
-    "_scan.py",
-    "_retry.py",
-    "_plan.py",
-    "_message.py",
+    "_core/topics.py",
+    "_core/trie.py",
+    "_bus/names.py",
+    "_bus/layout.py",
+    "_bus/scan.py",
+    "_bus/retry.py",
+    "_bus/plan.py",
+    "_bus/message.py",
+    "_stream/framing.py",
+    "_stream/config.py",
     "_errors.py",
     "_config.py",
 )
-PURE_PREFIXES = ("_stream_format",)
+
+ROOT_MODULES = ("fsbus._errors", "fsbus._config")
+# What each private package may import from fsbus, besides its own modules. A package
+# not named here is an edge (checked below to use only public names).
+PACKAGE_RULES: dict[str, tuple[str, ...]] = {
+    "fsbus._errors": (),
+    "fsbus._config": ("fsbus._errors",),
+    "fsbus._core": ROOT_MODULES,
+    "fsbus._bus": (*ROOT_MODULES, "fsbus._core"),
+    "fsbus._stream": (*ROOT_MODULES, "fsbus._core"),
+}
 
 # Standard and third-party modules that mean I/O, a clock or an event loop.
 FORBIDDEN_IN_PURE = frozenset(
@@ -71,7 +88,7 @@ OS_ALLOWED: dict[str, frozenset[str]] = {
 
 # Edge groups: a module may import private modules of its own group only.
 EDGE_GROUPS: dict[str, tuple[str, ...]] = {
-    "cli": ("fsbus/_cli*.py", "fsbus/__main__.py"),
+    "cli": ("fsbus/_cli/**/*.py", "fsbus/__main__.py"),
     "spark": ("fsbus/spark/**/*.py",),
     "pytest": ("fsbus/pytest_plugin.py", "fsbus/testing.py"),
     "demo": ("fsbus/demo.py", "fsbus/demo/**/*.py"),
@@ -179,10 +196,7 @@ def edge_violations(tree: ast.AST, module: str, own: set[str], is_package: bool)
 
 
 def pure_files() -> list[Path]:
-    files = [PACKAGE / name for name in PURE_NAMES]
-    for prefix in PURE_PREFIXES:
-        files += sorted(PACKAGE.glob(f"{prefix}*.py"))
-    return [f for f in files if f.exists()]
+    return [PACKAGE / name for name in PURE_NAMES]
 
 
 def edge_files() -> dict[str, list[Path]]:
@@ -204,7 +218,7 @@ EDGES = [(group, path) for group, paths in edge_files().items() for path in path
 
 def test_the_pure_layer_is_found() -> None:
     names = {p.name for p in PURE}
-    assert {"_topics.py", "_trie.py", "_errors.py", "_config.py"} <= names
+    assert {"topics.py", "trie.py", "_errors.py", "_config.py"} <= names
 
 
 @pytest.mark.parametrize("path", PURE, ids=lambda p: p.name)
@@ -294,3 +308,146 @@ def test_edge_checker(source: str, module: str, ok: bool) -> None:
     own = {"fsbus._cli", "fsbus._cli_format", "fsbus.spark.reader", "fsbus.spark._offsets"}
     problems = edge_violations(ast.parse(source), module, own, is_package=False)
     assert (problems == []) is ok, problems
+
+
+# --- packages: each imports only what lies below it, and nothing imports in a circle -----
+
+
+def package_of(module: str) -> str:
+    """The rule that governs ``module``: its entry in ``PACKAGE_RULES``, or '' for none."""
+    for name in sorted(PACKAGE_RULES, key=len, reverse=True):
+        if module == name or module.startswith(name + "."):
+            return name
+    return ""
+
+
+def package_violations(tree: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Imports by which a module of a private package reaches a package it may not use."""
+    own = package_of(module)
+    if not own:
+        return []
+    allowed = (own, *PACKAGE_RULES[own])
+    problems = []
+    for imp in imports(tree, module, is_package):
+        for target in fsbus_targets(imp):
+            if target == "fsbus":
+                problems.append(f"line {imp.line}: imports the public facade; import the module")
+            elif not any(target == a or target.startswith(a + ".") for a in allowed):
+                problems.append(
+                    f"line {imp.line}: imports {target}; {own} may import only "
+                    f"{', '.join(allowed[1:]) or 'nothing else of fsbus'}"
+                )
+    return problems
+
+
+def package_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if package_of(module_name(p)))
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Module -> fsbus modules it imports, at any depth of the file (the facade left out)."""
+    known = {module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        mod = module_name(path)
+        targets: set[str] = set()
+        for imp in imports(parse(path), mod, path.name == "__init__.py"):
+            # ``from pkg import sub`` reaches the submodule; the package only for other names.
+            subs = {f"{imp.module}.{n}" for n in imp.names} & known
+            if not imp.names or len(subs) < len(imp.names):
+                subs.add(imp.module)
+            targets |= {t for t in subs if t in known and t != mod}
+        graph[mod] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+PACKAGED = package_modules()
+
+
+def test_every_face_has_a_package() -> None:
+    names = {p.relative_to(PACKAGE).parts[0] for p in PACKAGED}
+    assert {"_core", "_bus", "_stream", "_errors.py", "_config.py"} <= names
+    loose = sorted(
+        p.name
+        for p in PACKAGE.glob("_*.py")
+        if p.name not in {"__init__.py", "__main__.py", "_errors.py", "_config.py"}
+    )
+    assert loose == [], f"modules at the package root that belong in a subpackage: {loose}"
+
+
+@pytest.mark.parametrize("path", PACKAGED, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_packages_import_only_what_lies_below(path: Path) -> None:
+    problems = package_violations(parse(path), module_name(path), path.name == "__init__.py")
+    assert not problems, f"{path.relative_to(ROOT)}:\n" + "\n".join(problems)
+
+
+def test_no_import_circle() -> None:
+    found = circles(import_graph(sorted(PACKAGE.rglob("*.py"))))
+    assert found == [], f"modules that import each other in a circle: {found}"
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "found"),
+    [
+        ("from .._stream.log import Stream", "fsbus._bus.engine", "fsbus._stream.log"),
+        ("from .._bus.fs import BusFiles", "fsbus._core.watch", "fsbus._bus.fs"),
+        ("from ..engine import Bus", "fsbus._core.trie", "fsbus.engine"),
+        ("from .. import Bus", "fsbus._bus.engine", "public facade"),
+        ("from .._cli import main", "fsbus._stream.log", "fsbus._cli"),
+        ("from ._core.trie import TopicTrie", "fsbus._errors", "fsbus._core.trie"),
+        ("def f():\n    from .._bus import names", "fsbus._stream.log", "imports fsbus._bus;"),
+    ],
+)
+def test_package_checker_catches(source: str, module: str, found: str) -> None:
+    problems = package_violations(ast.parse(source), module, is_package=False)
+    assert any(found in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("source", "module"),
+    [
+        ("from .names import parse_name\nfrom .._core.trie import TopicTrie", "fsbus._bus.scan"),
+        ("from .._errors import InvalidTopic\nfrom .._config import BusConfig", "fsbus._core.x"),
+        ("from .framing import Record\nfrom .._core.watch import Waker", "fsbus._stream.log"),
+    ],
+)
+def test_package_checker_accepts(source: str, module: str) -> None:
+    assert package_violations(ast.parse(source), module, is_package=False) == []
+
+
+def test_circle_finder() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from fsbus import InvalidPattern, InvalidTopic, UsageError
-from fsbus._topics import (
+from fsbus._core.topics import (
     MAX_TOPIC_BYTES,
     MAX_WORDS,
     split_words,

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsbus import InvalidPattern
-from fsbus._topics import MAX_WORDS
-from fsbus._trie import ALL, TopicTrie
+from fsbus._core.topics import MAX_WORDS
+from fsbus._core.trie import ALL, TopicTrie
 
 VECTORS: dict[str, Any] = json.loads(
     (Path(__file__).parent / "data" / "rabbitmq_topic_vectors.json").read_text("utf-8")

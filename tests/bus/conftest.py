@@ -1,7 +1,7 @@
 """Shared fixtures and helpers of the in-process bus tests.
 
 Everything here runs on real temporary directories with the real :class:`fsbus.Bus`;
-faults are injected through an :class:`fsbus._ops.Ops` subclass (the I/O seam), never
+faults are injected through an :class:`fsbus._bus.ops.Ops` subclass (the I/O seam), never
 by mocking. Waiting is always on a condition with a deadline, never a bare sleep.
 """
 
@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from fsbus import BusConfig, Message
-from fsbus._ops import Ops
+from fsbus._bus.ops import Ops
 
 WAIT = 30.0
 """Seconds any single wait in these tests may take before it fails the test."""

@@ -20,7 +20,7 @@ from fsbus import (
     PayloadTooLarge,
     UsageError,
 )
-from fsbus._names import MAX_EXPIRES_MS
+from fsbus._bus.names import MAX_EXPIRES_MS
 
 from .conftest import Inbox, files_under, message_files
 

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, StorageError
-from fsbus._names import encode_topic, make_name
+from fsbus._bus.names import encode_topic, make_name
 
 from .conftest import Inbox, files_under, message_files, wait_until
 

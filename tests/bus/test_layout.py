@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsbus import BusConfig
-from fsbus._layout import Layout, changed_buckets
+from fsbus._bus.layout import Layout, changed_buckets
 
 
 def test_default_layout_has_256_buckets() -> None:

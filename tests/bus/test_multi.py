@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from fsbus import Bus, BusConfig, Message
-from fsbus._ops import Ops
+from fsbus._bus.ops import Ops
 
 from .conftest import WAIT, Inbox, message_files, wait_until
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fsbus._names import (
+from fsbus._bus.names import (
     FLAG_META,
     MAX_EXPIRES_MS,
     FsbusFields,

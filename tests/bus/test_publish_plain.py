@@ -24,13 +24,13 @@ from fsbus import (
     StorageError,
     UsageError,
 )
+from fsbus._bus.layout import Layout
+from fsbus._bus.message import PublishInfo
+from fsbus._bus.namer import Namer, new_publish_info
+from fsbus._bus.names import bucket_for, parse_name
+from fsbus._bus.ops import Ops
+from fsbus._bus.plan import PublishPlan, plan_publish, topic_form
 from fsbus._config import make_config
-from fsbus._layout import Layout
-from fsbus._message import PublishInfo
-from fsbus._namer import Namer, new_publish_info
-from fsbus._names import bucket_for, parse_name
-from fsbus._ops import Ops
-from fsbus._plan import PublishPlan, plan_publish, topic_form
 
 from .conftest import FailingOps, RecordingOps, files_under, message_files
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, Message
-from fsbus._names import encode_topic, make_name
+from fsbus._bus.names import encode_topic, make_name
 
 from .conftest import WAIT, Inbox, files_under, message_files, wait_until, wait_until_blocking
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsbus._retry import Contention, RetrySchedule
+from fsbus._bus.retry import Contention, RetrySchedule
 
 
 def test_schedule_gives_back_only_what_fell_due_in_time_order() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fsbus._names import FsbusFields, encode_fields, encode_topic, make_name
-from fsbus._scan import Entry, ScanState, decide, long_names
+from fsbus._bus.names import FsbusFields, encode_fields, encode_topic, make_name
+from fsbus._bus.scan import Entry, ScanState, decide, long_names
 
 NOW = 1_800_000_000_000
 

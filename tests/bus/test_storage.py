@@ -2,7 +2,7 @@
 
 The tests run as root on this machine, where ``chmod 0o500`` stops nothing, so the
 faults a read-only remount, a full disk or a permission change would cause are
-raised by an :class:`~fsbus._ops.Ops` subclass instead; everything else is real.
+raised by an :class:`~fsbus._bus.ops.Ops` subclass instead; everything else is real.
 """
 
 from __future__ import annotations

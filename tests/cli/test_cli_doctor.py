@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fsbus import BlockingBus, DoctorReport, check_directory
-from fsbus._doctor import mount_of
+from fsbus._bus.doctor import mount_of
 
 MOUNTINFO = """\
 22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fsbus import Bus, BusConfig
-from fsbus._names import MAX_EXPIRES_MS, encode_topic, make_name
+from fsbus._bus.names import MAX_EXPIRES_MS, encode_topic, make_name
 
 from .conftest import Inbox, until
 

@@ -319,7 +319,7 @@ def _sshfs_share(tmp_path: Path, prefix: list[str], address: str) -> Iterator[Ho
 
 def test_sshfs_locks_do_not_cross_and_auto_claims_by_rename(sshfs_share: Hosts) -> None:
     from fsbus import BlockingBus
-    from fsbus._fs import filesystem_type
+    from fsbus._bus.fs import filesystem_type
 
     a, b = sshfs_share.a, sshfs_share.b
     assert filesystem_type(str(a)) == "fuse.sshfs"

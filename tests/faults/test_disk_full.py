@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsbus import Bus, BusConfig, DiskFull
-from fsbus._ops import Ops
+from fsbus._bus.ops import Ops
 
 from .conftest import Inbox, until
 

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsbus import Bus, BusConfig
-from fsbus._layout import changed_buckets
-from fsbus._names import encode_topic, make_name, parse_name
-from fsbus._scan import ScanState, decide
+from fsbus._bus.layout import changed_buckets
+from fsbus._bus.names import encode_topic, make_name, parse_name
+from fsbus._bus.scan import ScanState, decide
 
 from .conftest import Inbox
 

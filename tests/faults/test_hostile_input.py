@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fsbus import Bus, BusConfig, InvalidHeader, InvalidTopic
-from fsbus._names import encode_topic, make_name
+from fsbus._bus.names import encode_topic, make_name
 
 from .conftest import Inbox, until
 

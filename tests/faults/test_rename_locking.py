@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsbus import Bus, BusConfig, Message
-from fsbus._fs import filesystem_type, locks_stay_local
+from fsbus._bus.fs import filesystem_type, locks_stay_local
 
 from .conftest import Inbox, until
 

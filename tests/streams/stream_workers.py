@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 
 from fsbus import RecordIn, Stream, StreamConfig
-from fsbus._stream_io import StreamOps
+from fsbus._stream.ops import StreamOps
 
 FAST = StreamConfig(durability="none", segment_bytes=64 << 10, index_interval_bytes=1024)
 

@@ -16,7 +16,7 @@ import pytest
 from stream_workers import big_values
 
 from fsbus import RecordIn, Stream, StreamConfig
-from fsbus._stream_io import IOV_MAX, StreamOps
+from fsbus._stream.ops import IOV_MAX, StreamOps
 
 # segments of 256 KB and frames of 64 KB: a batch of 100 records of 10 KB is 16 frames
 # over 4 or 5 segments

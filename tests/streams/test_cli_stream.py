@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsbus import Stream, StreamConfig, UsageError
-from fsbus._cli_stream import add_stream_commands
+from fsbus._cli.stream import add_stream_commands
 
 
 def run(root: Path, *argv: str) -> int:
@@ -117,7 +117,7 @@ def test_groups_list_lag_reset_delete(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_through_the_main_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fsbus._cli import main
+    from fsbus._cli.main import main
 
     assert main(["stream", "append", "m", "--root", str(tmp_path), "--key", "k", "v1"]) == 0
     assert main(["--root", str(tmp_path), "--json", "stream", "append", "m", "v2"]) == 0
@@ -149,7 +149,7 @@ def test_compact_and_retain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_options_set_stream_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fsbus._cli import main
+    from fsbus._cli.main import main
 
     root = str(tmp_path)
     for _ in range(60):

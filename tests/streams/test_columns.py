@@ -17,7 +17,7 @@ from fsbus import (
     StreamConfig,
     UsageError,
 )
-from fsbus._stream_format import encode_frame, encode_frames, frame_columns, prepare, scan_frames
+from fsbus._stream.framing import encode_frame, encode_frames, frame_columns, prepare, scan_frames
 
 
 def _rows(batches: list[ColumnBatch]) -> list[tuple[object, ...]]:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fsbus import UsageError
-from fsbus._stream_format import (
+from fsbus._stream.framing import (
     HEADER_SIZE,
     FrameHeader,
     RecordIn,

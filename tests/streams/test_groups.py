@@ -15,8 +15,8 @@ import pytest
 from helpers import Worker
 
 from fsbus import CorruptDataError, RecordIn, Stream, StreamConfig, UsageError
-from fsbus._stream_groups import group_info, list_groups, reset_group
-from fsbus._stream_io import StreamOps
+from fsbus._stream.groups import group_info, list_groups, reset_group
+from fsbus._stream.ops import StreamOps
 
 
 def test_commit_and_resume(stream: Stream) -> None:

@@ -14,7 +14,7 @@ from helpers import Worker
 from stream_workers import BIG, big_values
 
 from fsbus import CorruptDataError, DiskFull, LockingUnsupported, Stream, StreamConfig
-from fsbus._stream_io import StreamOps
+from fsbus._stream.ops import StreamOps
 
 FAST = StreamConfig(durability="none", segment_bytes=64 << 10, index_interval_bytes=1024)
 

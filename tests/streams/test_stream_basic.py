@@ -22,7 +22,7 @@ from fsbus import (
     UsageError,
     list_streams,
 )
-from fsbus._stream_io import StreamOps
+from fsbus._stream.ops import StreamOps
 
 
 def test_empty_stream(stream: Stream) -> None:

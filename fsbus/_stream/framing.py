@@ -51,7 +51,7 @@ from typing import Any, Final, TypeAlias
 
 import xxhash
 
-from ._errors import InvalidHeader, InvalidTopic, PayloadTooLarge, UsageError
+from .._errors import InvalidHeader, InvalidTopic, PayloadTooLarge, UsageError
 
 __all__ = [
     "EMPTY_HEADERS",

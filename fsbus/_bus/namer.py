@@ -11,12 +11,12 @@ from time import time
 
 import xxhash
 
-from ._config import BusConfig
-from ._errors import PayloadTooLarge
-from ._layout import Layout
-from ._message import PublishInfo
-from ._names import MAX_EXPIRES_MS, host_id
-from ._plan import PublishPlan, TopicForm, plan_publish, topic_form
+from .._config import BusConfig
+from .._errors import PayloadTooLarge
+from .layout import Layout
+from .message import PublishInfo
+from .names import MAX_EXPIRES_MS, host_id
+from .plan import PublishPlan, TopicForm, plan_publish, topic_form
 
 __all__ = ["Namer", "new_publish_info", "next_unique", "pid_namespace"]
 

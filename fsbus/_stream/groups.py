@@ -33,11 +33,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 import xxhash
 
-from ._errors import (
+from .._errors import (
     ClosedError,
     CorruptDataError,
     OffsetOutOfRange,
@@ -45,7 +45,7 @@ from ._errors import (
     UsageError,
     storage_error,
 )
-from ._stream_format import (
+from .framing import (
     Record,
     check_group_name,
     decode_generations,
@@ -53,10 +53,9 @@ from ._stream_format import (
     encode_generations,
     encode_offsets_file,
 )
-from ._stream_io import StreamOps
-
-if TYPE_CHECKING:
-    from ._stream import Stream
+from .ops import StreamOps
+from .segments import remove_debris
+from .view import StreamView
 
 __all__ = [
     "ConsumerGroup",
@@ -410,14 +409,14 @@ class ConsumerGroup:
 
     def __init__(
         self,
-        stream: Stream,
+        stream: StreamView,
         name: str,
         *,
         consumer: str | None = None,
         start: str | int = "earliest",
     ) -> None:
         self._stream = stream
-        self._ops: StreamOps = stream._ops
+        self._ops: StreamOps = stream.ops
         self._config = stream.config
         self._files = _GroupFiles(
             stream.path, stream.name, name, self._ops, cache_wait=stream.config.cache_wait
@@ -435,8 +434,6 @@ class ConsumerGroup:
             raise UsageError(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
         self._files.lock()
         try:
-            from ._stream_maint import remove_debris
-
             remove_debris(self._ops, self._files.dir)
             remove_debris(self._ops, self._files.members_dir)
             if not self._files.exists():
@@ -696,26 +693,26 @@ class ConsumerGroup:
 # --- management (CLI, retention) -----------------------------------------------------------
 
 
-def list_groups(stream: Stream) -> list[str]:
+def list_groups(stream: StreamView) -> list[str]:
     """Names of the stream's consumer groups."""
     gdir = stream.path / GROUPS_DIR
     return sorted(
         n
-        for n in stream._ops.listdir(gdir)
-        if not n.startswith(".") and stream._ops.exists(gdir / n / "group.json")
+        for n in stream.ops.listdir(gdir)
+        if not n.startswith(".") and stream.ops.exists(gdir / n / "group.json")
     )
 
 
-def group_info(stream: Stream, name: str) -> GroupInfo:
+def group_info(stream: StreamView, name: str) -> GroupInfo:
     """Committed offsets, lag, live members and owners of one group."""
     files = _GroupFiles(
-        stream.path, stream.name, name, stream._ops, cache_wait=stream.config.cache_wait
+        stream.path, stream.name, name, stream.ops, cache_wait=stream.config.cache_wait
     )
     if not files.exists():
         raise UsageError(f"stream {stream.name!r} has no consumer group {name!r}")
     committed = files.read_offsets()
     end = stream.end_offset
-    live = files.live_members(stream._ops.now())
+    live = files.live_members(stream.ops.now())
     owners = {p: m for p, m in files.read_owners().items() if m in live}
     return GroupInfo(
         name=name,
@@ -727,14 +724,14 @@ def group_info(stream: Stream, name: str) -> GroupInfo:
     )
 
 
-def reset_group(stream: Stream, name: str, to: str | int) -> dict[int, int]:
+def reset_group(stream: StreamView, name: str, to: str | int) -> dict[int, int]:
     """Set every partition's committed offset ('earliest', 'latest' or an offset).
 
     Also repairs a corrupt offsets file. Do it while the group's consumers are stopped:
     a running consumer commits its own positions over the reset.
     """
     files = _GroupFiles(
-        stream.path, stream.name, name, stream._ops, cache_wait=stream.config.cache_wait
+        stream.path, stream.name, name, stream.ops, cache_wait=stream.config.cache_wait
     )
     if to == "earliest":
         target = stream.start_offset
@@ -759,12 +756,12 @@ def reset_group(stream: Stream, name: str, to: str | int) -> dict[int, int]:
         files.close()
 
 
-def delete_group(stream: Stream, name: str) -> None:
+def delete_group(stream: StreamView, name: str) -> None:
     """Remove a group's files (its consumers should be stopped)."""
     files = _GroupFiles(
-        stream.path, stream.name, name, stream._ops, cache_wait=stream.config.cache_wait
+        stream.path, stream.name, name, stream.ops, cache_wait=stream.config.cache_wait
     )
-    ops = stream._ops
+    ops = stream.ops
     for sub in (files.members_dir, files.locks_dir):
         for m in ops.listdir(sub):
             ops.remove(sub / m)
@@ -779,12 +776,12 @@ def delete_group(stream: Stream, name: str) -> None:
             pass
 
 
-def min_committed(stream: Stream) -> int | None:
+def min_committed(stream: StreamView) -> int | None:
     """The lowest committed offset over every group (None if there is no group)."""
     lows: list[int] = []
     for g in list_groups(stream):
         files = _GroupFiles(
-            stream.path, stream.name, g, stream._ops, cache_wait=stream.config.cache_wait
+            stream.path, stream.name, g, stream.ops, cache_wait=stream.config.cache_wait
         )
         lows.append(min(files.read_offsets().values()))
     return min(lows) if lows else None

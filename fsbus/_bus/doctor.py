@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from ._config import env_force_polling
+from .._config import env_force_polling
 
 __all__ = ["DoctorCheck", "DoctorReport", "Status", "check_directory"]
 

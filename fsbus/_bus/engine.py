@@ -1,7 +1,7 @@
 """The async Bus: publish, subscribe, deliver, acknowledge, expire.
 
 One :class:`Bus` owns a task group. Its scanner wakes on inotify or a poll tick, reads
-UPDATE, lists the buckets whose stamp changed, decides (pure, in :mod:`fsbus._scan`)
+UPDATE, lists the buckets whose stamp changed, decides (pure, in :mod:`fsbus._bus.scan`)
 what is new, expired or claimable, then reads or claims messages in one worker-thread
 hop per batch and starts handlers under a concurrency limit. Acks, releases and
 publishes are batched into worker-thread hops the same way.
@@ -29,20 +29,20 @@ import anyio.abc
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._config import BusConfig, make_config
-from ._errors import ClosedError, FsBusError, UsageError
-from ._fs import BusFS, Claim, NameClash, ReadResult, decode_meta
-from ._layout import Layout, changed_buckets
-from ._message import BusStatistics, Message, MessageInfo, PublishInfo
-from ._namer import Namer
-from ._names import FLAG_META
-from ._ops import Ops
-from ._plan import PublishPlan
-from ._retry import Contention, RetrySchedule
-from ._scan import Entry, ScanDecision, ScanState, decide, long_names
-from ._topics import validate_pattern
-from ._trie import TopicTrie
-from ._watch import Waker
+from .._config import BusConfig, make_config
+from .._core.topics import validate_pattern
+from .._core.trie import TopicTrie
+from .._core.watch import Waker
+from .._errors import ClosedError, FsBusError, UsageError
+from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
+from .layout import Layout, changed_buckets
+from .message import BusStatistics, Message, MessageInfo, PublishInfo
+from .namer import Namer
+from .names import FLAG_META
+from .ops import Ops
+from .plan import PublishPlan
+from .retry import Contention, RetrySchedule
+from .scan import Entry, ScanDecision, ScanState, decide, long_names
 
 __all__ = ["Bus", "Handler", "MessageIterator", "Subscription"]
 

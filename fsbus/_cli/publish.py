@@ -11,8 +11,8 @@ from typing import Any
 
 from fsbus import Bus, PublishInfo, UsageError
 
-from ._cli_output import Progress, emit, emit_json, format_size
-from ._cli_runtime import CliError, bus_config, resolve_root, run_async
+from .output import Progress, emit, emit_json, format_size
+from .runtime import CliError, bus_config, resolve_root, run_async
 
 __all__ = ["add_publish_command"]
 

@@ -14,8 +14,8 @@ import anyio
 
 from fsbus import Bus, BusConfig, MessageInfo, Stream, StreamInfo, StreamNotFound, list_streams
 
-from ._cli_output import emit, emit_json, format_age, format_size, format_table
-from ._cli_runtime import bus_config, resolve_root, run_async
+from .output import emit, emit_json, format_age, format_size, format_table
+from .runtime import bus_config, resolve_root, run_async
 
 __all__ = ["Snapshot", "add_browse_commands", "take_snapshot"]
 

@@ -11,8 +11,8 @@ import anyio
 
 from fsbus import Bus, DoctorReport, check_directory
 
-from ._cli_output import emit, emit_json
-from ._cli_runtime import bus_config, resolve_root, run_async
+from .output import emit, emit_json
+from .runtime import bus_config, resolve_root, run_async
 
 __all__ = ["add_maintenance_commands", "doctor_json", "doctor_lines"]
 

@@ -20,9 +20,9 @@ import anyio
 
 from fsbus import Bus, BusConfig
 
-from ._cli_browse import Snapshot, take_snapshot
-from ._cli_output import emit, emit_json, format_size, format_table
-from ._cli_runtime import bus_config, interruptible, resolve_root, run_async
+from .browse import Snapshot, take_snapshot
+from .output import emit, emit_json, format_size, format_table
+from .runtime import bus_config, interruptible, resolve_root, run_async
 
 __all__ = ["add_top_command", "frame_json", "frame_lines"]
 

@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Self
 
-from ._errors import UsageError, WouldBlock
-from ._stream import Stream
-from ._stream_config import StreamConfig
-from ._stream_format import Record, RecordIn
-from ._stream_groups import ConsumerGroup, partition_of
+from .._errors import UsageError, WouldBlock
+from .config import StreamConfig
+from .framing import Record, RecordIn
+from .groups import ConsumerGroup, partition_of
+from .log import Stream
 
 __all__ = ["QueueEmpty", "StreamQueue"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._config import BusConfig
-from ._names import format_bucket
+from .._config import BusConfig
+from .names import format_bucket
 
 __all__ = ["Layout", "changed_buckets"]
 

@@ -7,15 +7,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ._config import BusConfig
-from ._errors import InvalidHeader, UsageError
-from ._layout import Layout
-from ._names import (
+from .._config import BusConfig
+from .._core.topics import validate_topic
+from .._errors import InvalidHeader, UsageError
+from .layout import Layout
+from .names import (
     MAX_EXPIRES_MS,
     bucket_for,
     encode_topic,
 )
-from ._topics import validate_topic
 
 __all__ = [
     "MAX_HEADER_BYTES",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from ._errors import InvalidPattern, InvalidTopic, UsageError
+from .._errors import InvalidPattern, InvalidTopic, UsageError
 
 __all__ = [
     "MAX_TOPIC_BYTES",

@@ -7,13 +7,14 @@ readers (which take no lock and stop at the last complete, checksum-valid frame)
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
 
-from ._errors import CorruptDataError, OffsetOutOfRange, StreamNotFound, storage_error
-from ._stream_format import (
+from .._errors import CorruptDataError, OffsetOutOfRange, StreamNotFound, storage_error
+from .framing import (
     HEADER,
     HEADER_SIZE,
     INDEX_ENTRY,
@@ -32,7 +33,7 @@ from ._stream_format import (
     scan_frames,
     segment_name,
 )
-from ._stream_io import StreamOps
+from .ops import StreamOps
 
 __all__ = [
     "SegmentScan",
@@ -43,9 +44,12 @@ __all__ = [
     "list_segments",
     "offset_for_time",
     "read_index",
+    "remove_debris",
     "scan_segment",
     "stream_end",
 ]
+
+log = logging.getLogger("fsbus.stream")
 
 I64_MIN = -(2**63)
 
@@ -403,3 +407,18 @@ def last_index_entry(ops: StreamOps, fd: int) -> tuple[int, IndexEntry | None]:
         return 0, None
     raw = ops.pread(fd, INDEX_ENTRY.size, usable - INDEX_ENTRY.size)
     return usable, IndexEntry(*INDEX_ENTRY.unpack(raw))
+
+
+def remove_debris(ops: StreamOps, directory: Path) -> int:
+    """Remove the temp files a crashed rewrite left in ``directory``; return how many.
+
+    Call it holding the lock under which such temp files are written: then every one
+    found is debris.
+    """
+    n = 0
+    for name in ops.listdir(directory):
+        if name.startswith(".") and name.endswith(".tmp") and ops.remove(directory / name):
+            n += 1
+    if n:
+        log.info("removed %d temp files left by a crash in %s", n, directory)
+    return n

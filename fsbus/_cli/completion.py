@@ -12,7 +12,7 @@ import argparse
 import re
 from dataclasses import dataclass
 
-from ._cli_output import emit
+from .output import emit
 
 __all__ = ["add_completion_command", "bash_script", "zsh_script"]
 

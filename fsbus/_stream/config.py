@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._config import env_force_polling
-from ._errors import InvalidConfig
+from .._config import env_force_polling
+from .._errors import InvalidConfig
 
 __all__ = ["Durability", "StreamConfig"]
 

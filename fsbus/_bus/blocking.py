@@ -19,21 +19,21 @@ from typing import IO, Self
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._bus import (
+from .._config import BusConfig, make_config
+from .._errors import ClosedError, UsageError
+from .engine import (
     Bus,
     Kind,
     MessageIterator,
     browse_messages,
     collect_garbage,
 )
-from ._config import BusConfig, make_config
-from ._errors import ClosedError, UsageError
-from ._fs import BusFS, NameClash
-from ._layout import Layout
-from ._message import BusStatistics, Message, MessageInfo, PublishInfo
-from ._namer import Namer, new_publish_info
-from ._ops import Ops
-from ._plan import PublishPlan
+from .fs import BusFS, NameClash
+from .layout import Layout
+from .message import BusStatistics, Message, MessageInfo, PublishInfo
+from .namer import Namer, new_publish_info
+from .ops import Ops
+from .plan import PublishPlan
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from fsbus import AsyncStream, Record, RecordIn, Stream, StreamConfig, UsageError, list_streams
 
-from ._cli_output import emit, emit_json, format_size, format_table
-from ._cli_runtime import CliError, resolve_root, run_async
+from .output import emit, emit_json, format_size, format_table
+from .runtime import CliError, resolve_root, run_async
 
 __all__ = ["add_stream_commands"]
 

@@ -13,10 +13,9 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ._errors import storage_error
-from ._stream_format import (
+from .._errors import storage_error
+from .framing import (
     FrameHeader,
     Record,
     RecordIn,
@@ -28,11 +27,10 @@ from ._stream_format import (
     scan_frames,
     segment_name,
 )
-from ._stream_io import StreamOps
-from ._stream_segments import I64_MIN, list_segments, read_index
-
-if TYPE_CHECKING:
-    from ._stream import Stream
+from .groups import min_committed
+from .ops import StreamOps
+from .segments import I64_MIN, list_segments, read_index, remove_debris
+from .view import StreamView
 
 __all__ = ["CompactionReport", "RetentionReport", "compact", "enforce_retention"]
 
@@ -83,31 +81,14 @@ class _MaintLock:
         self.ops.close(self.fd)  # closing releases the flock
 
 
-def remove_debris(ops: StreamOps, directory: Path) -> int:
-    """Remove the temp files a crashed rewrite left in ``directory``; return how many.
-
-    Call it holding the lock under which such temp files are written: then every one
-    found is debris.
-    """
-    n = 0
-    for name in ops.listdir(directory):
-        if name.startswith(".") and name.endswith(".tmp") and ops.remove(directory / name):
-            n += 1
-    if n:
-        log.info("removed %d temp files left by a crash in %s", n, directory)
-    return n
-
-
-def enforce_retention(stream: Stream) -> RetentionReport:
+def enforce_retention(stream: StreamView) -> RetentionReport:
     """Delete the oldest closed segments that the stream's retention settings allow.
 
     A segment goes when the stream is over ``retention_bytes``, when its newest record is
     older than ``retention_seconds``, or (with ``delete_consumed``) when every consumer
     group has committed past it. Deletion stops at the first segment that must stay.
     """
-    from ._stream_groups import min_committed
-
-    ops = stream._ops
+    ops = stream.ops
     sdir = stream.path
     cfg = stream.config
     deleted: list[int] = []
@@ -162,7 +143,7 @@ def _frames(ops: StreamOps, path: Path) -> Iterator[tuple[bytes, FrameHeader]]:
         ops.close(fd)
     sc = scan_frames(data)
     if sc.problem is not None:
-        from ._errors import CorruptDataError
+        from .._errors import CorruptDataError
 
         raise CorruptDataError(
             f"segment {path} has {sc.problem} at byte {sc.end}; compaction stopped before "
@@ -173,14 +154,14 @@ def _frames(ops: StreamOps, path: Path) -> Iterator[tuple[bytes, FrameHeader]]:
         yield data, fr
 
 
-def compact(stream: Stream) -> CompactionReport:
+def compact(stream: StreamView) -> CompactionReport:
     """Keep only the newest record of each key in the closed segments.
 
     Records without a key are kept. Offsets do not change (compacted frames record the
     gaps). Each rewritten segment is replaced atomically: written beside it, synced,
     renamed over it.
     """
-    ops = stream._ops
+    ops = stream.ops
     sdir = stream.path
     cfg = stream.config
     rewritten: list[int] = []

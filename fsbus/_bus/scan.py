@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-from ._names import ParsedName, decode_topic, parse_name
+from .names import ParsedName, decode_topic, parse_name
 
 __all__ = ["BucketView", "Entry", "ScanDecision", "ScanState", "decide", "long_names"]
 

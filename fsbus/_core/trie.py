@@ -17,7 +17,7 @@ import enum
 from collections.abc import Hashable, Iterator
 from typing import Final, Generic, TypeVar
 
-from ._topics import SEPARATOR, WILDCARD_ONE, WILDCARD_SOME, validate_pattern
+from .topics import SEPARATOR, WILDCARD_ONE, WILDCARD_SOME, validate_pattern
 
 __all__ = ["ALL", "TopicTrie"]
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._errors import ClosedError, CorruptDataError, LockingUnsupported, storage_error
-from ._stream_config import StreamConfig
-from ._stream_format import (
+from .._errors import ClosedError, CorruptDataError, LockingUnsupported, storage_error
+from .config import StreamConfig
+from .framing import (
     INDEX_ENTRY,
     Encoded,
     IndexEntry,
@@ -26,8 +26,8 @@ from ._stream_format import (
     index_name,
     segment_name,
 )
-from ._stream_io import StreamOps
-from ._stream_segments import (
+from .ops import StreamOps
+from .segments import (
     I64_MIN,
     last_index_entry,
     list_segments,

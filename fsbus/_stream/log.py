@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
-from ._errors import (
+from .._errors import (
     ClosedError,
     FsBusError,
     PayloadTooLarge,
@@ -25,8 +25,8 @@ from ._errors import (
     UsageError,
     storage_error,
 )
-from ._stream_config import StreamConfig
-from ._stream_format import (
+from .config import StreamConfig
+from .framing import (
     ColumnBatch,
     Encoded,
     Record,
@@ -38,19 +38,24 @@ from ._stream_format import (
     prepare_parts,
     segment_name,
 )
-from ._stream_io import DEFAULT_OPS, StreamOps
-from ._stream_segments import (
+from .groups import (
+    ConsumerGroup,
+    GroupInfo,
+    delete_group,
+    group_info,
+    list_groups,
+    reset_group,
+)
+from .maint import CompactionReport, RetentionReport, compact, enforce_retention
+from .ops import DEFAULT_OPS, StreamOps
+from .segments import (
     iter_columns,
     iter_records,
     list_segments,
     offset_for_time,
     stream_end,
 )
-from ._stream_writer import RecoveryInfo, Writer
-
-if TYPE_CHECKING:
-    from ._stream_groups import ConsumerGroup, GroupInfo
-    from ._stream_maint import CompactionReport, RetentionReport
+from .writer import RecoveryInfo, Writer
 
 __all__ = ["SegmentInfo", "Stream", "StreamInfo", "list_streams", "stream_dir"]
 
@@ -208,6 +213,11 @@ class Stream:
     def path(self) -> Path:
         """The stream's directory."""
         return self._dir
+
+    @property
+    def ops(self) -> StreamOps:
+        """The I/O seam this handle does its system calls through."""
+        return self._ops
 
     @property
     def root(self) -> Path:
@@ -542,8 +552,6 @@ class Stream:
         """Delete the oldest closed segments the retention settings allow (see
         :class:`~fsbus.StreamConfig`: ``retention_bytes``, ``retention_seconds``,
         ``delete_consumed``). Also runs by itself whenever this handle rolls a segment."""
-        from ._stream_maint import enforce_retention
-
         self._check_open()
         return enforce_retention(self)
 
@@ -552,8 +560,6 @@ class Stream:
 
         Records without a key stay. Offsets never change. Runs only when asked.
         """
-        from ._stream_maint import compact
-
         self._check_open()
         return compact(self)
 
@@ -571,22 +577,16 @@ class Stream:
         ``start`` ('earliest', 'latest' or an offset) applies only when the group is
         created. See :class:`~fsbus.ConsumerGroup`.
         """
-        from ._stream_groups import ConsumerGroup
-
         self._check_open()
         return ConsumerGroup(self, name, consumer=consumer, start=start)
 
     def groups(self) -> list[str]:
         """Names of this stream's consumer groups."""
-        from ._stream_groups import list_groups
-
         self._check_open()
         return list_groups(self)
 
     def group_info(self, name: str) -> GroupInfo:
         """Committed offsets, lag, live consumers and partition owners of a group."""
-        from ._stream_groups import group_info
-
         self._check_open()
         return group_info(self, name)
 
@@ -596,15 +596,11 @@ class Stream:
         Also repairs a corrupt offsets file. Stop the group's consumers first: a running
         consumer commits its own positions over the reset.
         """
-        from ._stream_groups import reset_group
-
         self._check_open()
         return reset_group(self, name, to)
 
     def delete_group(self, name: str) -> None:
         """Remove a consumer group's files (stop its consumers first)."""
-        from ._stream_groups import delete_group
-
         self._check_open()
         delete_group(self, name)
 
@@ -651,7 +647,7 @@ def _too_large(size: int, limit: int) -> PayloadTooLarge:
 
 
 def _out_of_range(name: str, start: int, first: int, end: int) -> None:
-    from ._errors import OffsetOutOfRange
+    from .._errors import OffsetOutOfRange
 
     raise OffsetOutOfRange(
         f"offset {start} is outside stream {name!r}: valid offsets are {first} "

@@ -18,11 +18,11 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ._config import BusConfig
-from ._errors import PayloadTooLarge, StorageError, UsageError, storage_error
-from ._layout import Layout
-from ._ops import DEFAULT_OPS, Ops
-from ._plan import PublishPlan
+from .._config import BusConfig
+from .._errors import PayloadTooLarge, StorageError, UsageError, storage_error
+from .layout import Layout
+from .ops import DEFAULT_OPS, Ops
+from .plan import PublishPlan
 
 __all__ = [
     "BusFS",

@@ -21,13 +21,13 @@ from typing import Self
 import anyio
 import anyio.to_thread
 
-from ._errors import ClosedError, UsageError
-from ._stream import Stream, StreamInfo
-from ._stream_config import StreamConfig
-from ._stream_format import Record, RecordIn
-from ._stream_groups import ConsumerGroup
-from ._stream_maint import CompactionReport, RetentionReport
-from ._watch import Waker
+from .._core.watch import Waker
+from .._errors import ClosedError, UsageError
+from .config import StreamConfig
+from .framing import Record, RecordIn
+from .groups import ConsumerGroup
+from .log import Stream, StreamInfo
+from .maint import CompactionReport, RetentionReport
 
 __all__ = ["AsyncConsumerGroup", "AsyncStream"]
 

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from fsbus import FsBusError, UsageError, __version__
 from fsbus.ui import add_ui_command
 
-from ._cli_browse import add_browse_commands
-from ._cli_completion import add_completion_command
-from ._cli_maintenance import add_maintenance_commands
-from ._cli_publish import add_publish_command
-from ._cli_runtime import ENV_ROOT, CliError
-from ._cli_stream import add_stream_commands
-from ._cli_subscribe import add_subscribe_command
-from ._cli_top import add_top_command
+from .browse import add_browse_commands
+from .completion import add_completion_command
+from .maintenance import add_maintenance_commands
+from .publish import add_publish_command
+from .runtime import ENV_ROOT, CliError
+from .stream import add_stream_commands
+from .subscribe import add_subscribe_command
+from .top import add_top_command
 
 __all__ = ["build_parser", "main"]
 

@@ -10,8 +10,8 @@ import anyio
 
 from fsbus import Bus, Message
 
-from ._cli_output import emit_json, payload_fields
-from ._cli_runtime import bus_config, interruptible, resolve_root, run_async
+from .output import emit_json, payload_fields
+from .runtime import bus_config, interruptible, resolve_root, run_async
 
 __all__ = ["add_subscribe_command", "message_json"]
 
