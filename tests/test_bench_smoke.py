@@ -63,3 +63,29 @@ def test_tiny_run_writes_the_table(tmp_path: Path) -> None:
         assert system in table
     # scratch directories are gone
     assert [p.name for p in tmp_path.iterdir()] == ["results"]
+
+
+@pytest.mark.timeout(120)
+def test_cli_startup_bench_prints_the_table(tmp_path: Path) -> None:
+    # two runs, no warm-up: checks the script works, not the figures (exit 1 only says a
+    # target was missed, which a loaded machine may do; no timing is asserted here)
+    out = tmp_path / "startup.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/bench_cli_startup.py", "--runs", "2", "--warmup", "0",
+         "--json", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "FSBUS_BENCH_DISK_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    for name in ("python -c pass", "fsbus --help", "fsbus publish"):
+        assert f"| {name} |" in proc.stdout, proc.stdout
+    assert "target fsbus --help <= 150 ms" in proc.stdout
+    data = json.loads(out.read_text())
+    assert len(data["times_ms"]["fsbus publish"]) == 2
+    assert all(v > 0 for v in data["times_ms"]["fsbus --help"])
+    # the scratch bus is gone
+    assert [p.name for p in tmp_path.iterdir()] == ["startup.json"]
