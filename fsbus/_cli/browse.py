@@ -8,14 +8,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import anyio
-
-from fsbus import Bus, BusConfig, MessageInfo, Stream, StreamInfo, StreamNotFound, list_streams
+from typing import TYPE_CHECKING, Any
 
 from .output import emit, emit_json, format_age, format_size, format_table
 from .runtime import bus_config, resolve_root, run_async
+
+if TYPE_CHECKING:
+    from fsbus import Bus, BusConfig, MessageInfo, StreamInfo
+
+# anyio, the Bus and Streams are imported when a command runs, not for --help.
 
 __all__ = ["Snapshot", "add_browse_commands", "take_snapshot"]
 
@@ -33,6 +34,8 @@ class Snapshot:
 
 
 def _stream_infos(root: Path) -> tuple[StreamInfo, ...]:
+    from fsbus import Stream, StreamNotFound, list_streams
+
     infos = []
     for name in list_streams(root):
         try:
@@ -45,6 +48,8 @@ def _stream_infos(root: Path) -> tuple[StreamInfo, ...]:
 
 async def take_snapshot(bus: Bus, root: Path, pattern: str = "#") -> Snapshot:
     """Browse every message matching ``pattern`` and read every stream's info."""
+    import anyio.to_thread
+
     taken = time.time()
     messages = [info async for info in bus.browse(pattern)]
     streams = await anyio.to_thread.run_sync(_stream_infos, root)
@@ -126,6 +131,8 @@ def ls_table(infos: Sequence[MessageInfo], now: float) -> list[str]:
 
 def run_ls(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus ls``."""
+    from fsbus import Bus
+
     root = resolve_root(args)
     config = bus_config(args)
 
@@ -236,6 +243,8 @@ def stats_lines(stats: dict[str, Any], root: Path) -> list[str]:
 
 def run_stats(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus stats``."""
+    from fsbus import Bus
+
     root = resolve_root(args)
     config = bus_config(args)
 

@@ -6,13 +6,15 @@ import argparse
 import sys
 import time
 from pathlib import Path
-
-import anyio
-
-from fsbus import Bus, DoctorReport, check_directory
+from typing import TYPE_CHECKING
 
 from .output import emit, emit_json
 from .runtime import bus_config, resolve_root, run_async
+
+if TYPE_CHECKING:
+    from fsbus import DoctorReport
+
+# anyio and the Bus are imported inside the commands: `fsbus --help` needs neither.
 
 __all__ = ["add_maintenance_commands", "doctor_json", "doctor_lines"]
 
@@ -53,6 +55,10 @@ def add_maintenance_commands(
 
 def run_gc(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus gc``."""
+    import anyio
+
+    from fsbus import Bus
+
     root = resolve_root(args)
     config = bus_config(args)
     started = time.monotonic()
@@ -123,6 +129,8 @@ def doctor_lines(report: DoctorReport) -> list[str]:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus doctor``."""
+    from fsbus import check_directory
+
     root = Path(args.dir) if args.dir else resolve_root(args)
     report = check_directory(root)
     if args.json:

@@ -7,12 +7,17 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fsbus import Bus, PublishInfo, UsageError
+from fsbus import UsageError
 
 from .output import Progress, emit, emit_json, format_size
 from .runtime import CliError, bus_config, resolve_root, run_async
+
+if TYPE_CHECKING:
+    from fsbus import Bus, PublishInfo
+
+# The Bus (anyio, pydantic, watchdog) is imported when a publish runs, not for --help.
 
 __all__ = ["add_publish_command"]
 
@@ -161,6 +166,8 @@ def _info_json(info: PublishInfo) -> dict[str, Any]:
 
 def run_publish(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus publish``."""
+    from fsbus import Bus
+
     root = resolve_root(args)
     config = bus_config(args)
     options: dict[str, Any] = {
@@ -225,6 +232,8 @@ def _publish_many(
     items: Iterator[bytes] | Iterator[bytes | Path],
     total: int | None,
 ) -> int:
+    from fsbus import Bus
+
     done = 0
     size = 0
     started = time.monotonic()

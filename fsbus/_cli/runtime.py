@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import anyio
+if TYPE_CHECKING:
+    import anyio
 
-from fsbus import BusConfig
+    from fsbus import BusConfig
 
 __all__ = ["CliError", "bus_config", "interruptible", "resolve_root", "run_async"]
 
@@ -47,6 +49,8 @@ def _option_value(text: str) -> object:
 
 def bus_config(args: argparse.Namespace) -> BusConfig:
     """A :class:`BusConfig` with the ``-o KEY=VALUE`` overrides applied."""
+    from fsbus import BusConfig  # pydantic: imported when a command needs a bus
+
     options: dict[str, object] = {}
     for item in getattr(args, "option", None) or []:
         key, sep, value = item.partition("=")
@@ -75,6 +79,8 @@ def interruptible() -> Iterator[None]:
     work-queue messages not yet acknowledged are released). A second signal cancels
     everything.
     """
+    import anyio
+
     registry = _interrupts.get()
     with anyio.CancelScope() as scope:
         if registry is not None:
@@ -92,6 +98,8 @@ def run_async(command: Callable[[], Awaitable[int]]) -> int:
     A signal cancels the blocks marked with :func:`interruptible` if any are active,
     else (or on a second signal) the whole command.
     """
+    import anyio  # the event loop: imported when a command runs, not for --help
+
     received: list[int] = []
 
     async def main() -> int:

@@ -18,12 +18,17 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fsbus import AsyncStream, Record, RecordIn, Stream, StreamConfig, UsageError, list_streams
+from fsbus import UsageError
 
 from .output import emit, emit_json, format_size, format_table
 from .runtime import CliError, resolve_root, run_async
+
+if TYPE_CHECKING:
+    from fsbus import Record, Stream, StreamConfig
+
+# Streams (and pydantic, for StreamConfig) are imported when a command runs, not for --help.
 
 __all__ = ["add_stream_commands"]
 
@@ -237,12 +242,16 @@ def _root(args: argparse.Namespace) -> Path:
 
 
 def _open(args: argparse.Namespace, *, create: bool, **cfg: Any) -> Stream:
+    from fsbus import Stream
+
     return Stream.open(_root(args), args.name, config=stream_config(args, **cfg), create=create)
 
 
 def stream_config(args: argparse.Namespace, **cfg: Any) -> StreamConfig:
     """A :class:`StreamConfig` from the command's options and ``-o KEY=VALUE`` overrides
     (StreamConfig fields for the stream commands, e.g. ``-o segment_bytes=1048576``)."""
+    from fsbus import StreamConfig
+
     options: dict[str, Any] = dict(cfg)
     for item in getattr(args, "option", None) or []:
         key, sep, value = item.partition("=")
@@ -289,6 +298,8 @@ def _headers(items: list[str]) -> dict[str, str] | None:
 def _cmd_append(args: argparse.Namespace) -> int:
     if (args.value is None) == (args.lines is None):
         raise CliError("stream append needs VALUE or --lines FILE (one of them)")
+    from fsbus import RecordIn
+
     headers = _headers(args.header)
     with _open(args, create=True, durability=args.durability) as s:
         if args.lines is not None:
@@ -358,6 +369,8 @@ def _cmd_read(args: argparse.Namespace) -> int:
             return 0
         config = s.config
 
+    from fsbus import AsyncStream
+
     async def follow() -> int:
         left = args.max
         async with (
@@ -376,6 +389,8 @@ def _cmd_read(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    from fsbus import Stream, list_streams
+
     as_json = getattr(args, "json", False)
     root = _root(args)
     if args.name is None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Literal
-
-import anyio
-
-from fsbus import Bus, Message
+from typing import TYPE_CHECKING, Any, Literal
 
 from .output import emit_json, payload_fields
 from .runtime import bus_config, interruptible, resolve_root, run_async
+
+if TYPE_CHECKING:
+    from fsbus import Message
+
+# anyio and the Bus are imported when the command runs, not for --help.
 
 __all__ = ["add_subscribe_command", "message_json"]
 
@@ -111,6 +112,10 @@ def message_json(msg: Message) -> dict[str, Any]:
 
 def run_subscribe(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus subscribe``."""
+    import anyio
+
+    from fsbus import Bus
+
     root = resolve_root(args)
     config = bus_config(args)
     # Without --single this is an observer: it never takes work-queue messages.

@@ -14,15 +14,16 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
-
-import anyio
-
-from fsbus import Bus, BusConfig
+from typing import TYPE_CHECKING, Any
 
 from .browse import Snapshot, take_snapshot
 from .output import emit, emit_json, format_size, format_table
 from .runtime import bus_config, interruptible, resolve_root, run_async
+
+if TYPE_CHECKING:
+    from fsbus import BusConfig
+
+# anyio and the Bus are imported when the command runs, not for --help.
 
 __all__ = ["add_top_command", "frame_json", "frame_lines"]
 
@@ -172,6 +173,10 @@ def frame_lines(frame: dict[str, Any], root: Path, *, limit: int, color: bool) -
 
 def run_top(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus top``."""
+    import anyio
+
+    from fsbus import Bus
+
     root = resolve_root(args)
     config = bus_config(args)
     interval = max(args.interval, 0.05)

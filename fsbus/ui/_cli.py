@@ -9,11 +9,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fsbus import BusConfig, InvalidConfig
+from fsbus import InvalidConfig
 
-from ._server import UiServer
+if TYPE_CHECKING:
+    from fsbus import BusConfig
 
 __all__ = ["add_ui_command", "run_ui"]
 
@@ -74,6 +75,8 @@ def _root(args: argparse.Namespace) -> Path:
 
 
 def _config(args: argparse.Namespace) -> BusConfig | None:
+    from fsbus import BusConfig  # pydantic: only when the command runs
+
     options: dict[str, Any] = {}
     for item in getattr(args, "option", None) or []:
         key, sep, value = item.partition("=")
@@ -88,6 +91,8 @@ def _config(args: argparse.Namespace) -> BusConfig | None:
 
 def run_ui(args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C or SIGTERM); returns the exit status."""
+    from ._server import UiServer  # http.server and the Bus: only when the command runs
+
     root = _root(args)
     if not 0 <= args.port <= 65535:
         raise UiUsageError(f"--port must be 0-65535, got {args.port}")
