@@ -67,6 +67,7 @@ class BlockingBus:
         self._max_payload = self.config.max_payload_size
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._bus_cm: AbstractContextManager[Bus] | None = None
@@ -93,23 +94,28 @@ class BlockingBus:
         self.close()
 
     def close(self) -> None:
-        """Stop subscriptions (their unacked messages are released) and close."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._lock:
-            # End open subscriptions first: a thread waiting in get() gets ClosedError
-            # (the event loop cannot stop while their blocks are still open).
-            for sub in list(self._subscriptions):
-                sub.__exit__(None, None, None)
-            if self._bus_cm is not None:
-                self._bus_cm.__exit__(None, None, None)
-                self._bus_cm = self._bus = None
-            if self._portal_cm is not None:
-                self._portal_cm.__exit__(None, None, None)
-                self._portal_cm = self._portal = None
-        self._fs.close()
-        self._open = False
+        """Stop subscriptions (their unacked messages are released) and close.
+
+        Any thread may call it, as often as it likes; each call returns once the bus is
+        closed (a second thread closing at the same time waits for the first).
+        """
+        self._closed = True  # from here on, new calls are refused
+        with self._close_lock:
+            if not self._open:
+                return
+            with self._lock:
+                # End open subscriptions first: a thread waiting in get() gets ClosedError
+                # (the event loop cannot stop while their blocks are still open).
+                for sub in list(self._subscriptions):
+                    sub.__exit__(None, None, None)
+                if self._bus_cm is not None:
+                    self._bus_cm.__exit__(None, None, None)
+                    self._bus_cm = self._bus = None
+                if self._portal_cm is not None:
+                    self._portal_cm.__exit__(None, None, None)
+                    self._portal_cm = self._portal = None
+            self._fs.close()
+            self._open = False
 
     def _check_open(self) -> None:
         if self._closed:

@@ -268,7 +268,11 @@ class Bus:
         self._force_full = False
         self._iterators: set[MessageIterator] = set()
         self._workers_started = False
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._tg: anyio.abc.TaskGroup | None = None  # the runner's: every task of the bus
+        self._host: anyio.abc.TaskGroup | None = None  # the entering task's: the runner only
+        self._runner_task: int | None = None
+        self._stop = anyio.Event()  # set to make the runner stop
+        self._stopped = anyio.Event()  # set when it has stopped and the bus is closed
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
         self._free = self.config.handler_concurrency
         self._freed = anyio.Event()
@@ -296,15 +300,23 @@ class Bus:
         if self._open or self._closed:
             raise UsageError("a Bus can be entered once; create a new one")
         await anyio.to_thread.run_sync(self._setup)
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._tg = tg
+        # The entering task hosts a single task, the runner, and every task the bus
+        # starts runs in the runner's own task group. Stopping the bus is then a signal
+        # to the runner, which any task can give (see aclose); only leaving this empty
+        # host group is left to the entering task.
+        host = anyio.create_task_group()
+        await host.__aenter__()
+        try:
+            await host.start(self._run)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                host.cancel_scope.cancel()
+                await host.__aexit__(None, None, None)
+            self._closed = True
+            self._fs.close()
+            raise
+        self._host = host
         self._open = True
-        if self._waker.start():
-            tg.start_soon(self._waker.run)
-        tg.start_soon(self._publisher.run)
-        tg.start_soon(self._finisher.run)
-        tg.start_soon(self._gc_loop)
         return self
 
     def _setup(self) -> None:
@@ -317,35 +329,100 @@ class Bus:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        await self.aclose()
+        self._begin_close()
+        host, self._host = self._host, None
+        if host is None:
+            await self.aclose()
+        else:
+            # Waits for the runner, even when this task is being cancelled.
+            await host.__aexit__(None, None, None)
         return None
 
-    async def aclose(self) -> None:
-        """Stop scanning, cancel running handlers (their singles are released), close."""
-        if self._closed:
+    async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """The runner: hosts every task of the bus until it is told to stop, then closes."""
+        self._runner_task = anyio.get_current_task().id
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                if self._waker.start():
+                    tg.start_soon(self._waker.run)
+                tg.start_soon(self._publisher.run)
+                tg.start_soon(self._finisher.run)
+                tg.start_soon(self._gc_loop)
+                task_status.started()
+                try:
+                    await self._stop.wait()
+                finally:
+                    # Told to stop, or cancelled with the task that entered the bus:
+                    # close the same way (iterators see their end, handlers are cancelled).
+                    self._begin_close()
+                    tg.cancel_scope.cancel()
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                await self._shut_down()
+            self._stopped.set()
+
+    async def _shut_down(self) -> None:
+        """After every task of the bus ended: give back unstarted work, stop watching."""
+        # Work claimed but never started goes back, uncounted.
+        queued = [args[2] for fn, args in self._jobs.take_all() if fn == self._run_single]
+        try:
+            if queued:
+
+                def give_back() -> None:
+                    for c in queued:
+                        self._fs.release(c, failed=False)
+
+                await anyio.to_thread.run_sync(give_back)
+                self._counts["released"] += len(queued)
+            await anyio.to_thread.run_sync(self._waker.stop)
+        finally:
+            self._fs.close()
+            self._open = False
+
+    def _begin_close(self) -> None:
+        """Refuse new work, end the iterators and tell the runner to stop (idempotent)."""
+        if self._closed and self._stop.is_set():
             return
         self._closed = True
         for it in list(self._iterators):
             it._close()  # a consumer waiting on it sees its end instead of waiting forever
-        tg, self._tg = self._tg, None
-        if tg is not None:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
-        # Work claimed but never started goes back, uncounted.
-        queued = [args[2] for fn, args in self._jobs.take_all() if fn == self._run_single]
-        if queued:
+        self._stop.set()
 
-            def give_back() -> None:
-                for c in queued:
-                    self._fs.release(c, failed=False)
+    async def aclose(self) -> None:
+        """Stop scanning, cancel running handlers (their singles are released), close.
 
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(give_back)
-            self._counts["released"] += len(queued)
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._waker.stop)
-        self._fs.close()
-        self._open = False
+        Any task may call it, as often as it likes: it returns once the bus is closed,
+        every handler has ended and every work-queue message this bus held is released
+        or acknowledged on disk; a later call returns at once. Called from inside the
+        bus (a handler, or a task a handler started in its own task group), it only
+        starts the close and returns: waiting there would wait for itself. That handler
+        is then cancelled at its next ``await`` like the others, and its work-queue
+        message released, unless it returns first (then it is acknowledged). A caller
+        cancelled while it waits stops waiting; the close goes on.
+
+        The end of the ``async with`` block (``__aexit__``, in the task that entered
+        the bus) still has to come: it leaves the task group that task opened. Enter a
+        Bus with ``async with`` or an ``AsyncExitStack``, not by calling ``__aenter__``.
+        """
+        self._begin_close()
+        if self._runner_task is None or self._in_bus_task():
+            return  # never entered, or called from inside: do not wait for ourselves
+        await self._stopped.wait()
+
+    def _in_bus_task(self) -> bool:
+        """Whether the calling task is the runner or below it (a handler, a scan...)."""
+        runner = self._runner_task
+        parents = {t.id: t.parent_id for t in anyio.get_running_tasks()}
+        task: int | None = anyio.get_current_task().id
+        for _ in range(len(parents) + 1):
+            if task is None:
+                return False
+            if task == runner:
+                return True
+            task = parents.get(task)
+        return False
 
     def _check_open(self) -> anyio.abc.TaskGroup:
         if self._closed:
