@@ -34,7 +34,7 @@ if _typing.TYPE_CHECKING:
     from ._bus.doctor import DoctorCheck, DoctorReport, check_directory
     from ._bus.engine import Bus, Handler, MessageIterator, Subscription
     from ._bus.fs import probe_locking
-    from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo
+    from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeReport
     from ._config import BusConfig
     from ._core.trie import TopicTrie
     from ._stream.aio import AsyncConsumerGroup, AsyncStream
@@ -78,6 +78,7 @@ __all__ = (
     "OffsetOutOfRange",
     "PayloadTooLarge",
     "PublishInfo",
+    "PurgeReport",
     "QueueEmpty",
     "Record",
     "RecordIn",
@@ -124,6 +125,7 @@ _LAZY = {
     "MessageInfo": "._bus.message",
     "MessageIterator": "._bus.engine",
     "PublishInfo": "._bus.message",
+    "PurgeReport": "._bus.message",
     "QueueEmpty": "._stream.queue",
     "Record": "._stream.framing",
     "RecordIn": "._stream.framing",

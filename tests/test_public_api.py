@@ -30,6 +30,7 @@ EXPECTED = frozenset(
         "MessageInfo",
         "MessageIterator",
         "PublishInfo",
+        "PurgeReport",
         "Subscription",
         "TopicTrie",
         # streams

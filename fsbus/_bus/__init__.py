@@ -4,7 +4,8 @@ Pure: ``names`` (message-name codec), ``layout`` (buckets, stamps), ``plan`` (wh
 writes), ``scan`` (what a listing delivers, expires or retries), ``retry`` (back-off),
 ``message`` (the data objects). I/O seam: ``ops`` (every system call), ``fs`` (the bus
 files, claims and stamps on top of it), ``namer`` (names for a publish). Engine:
-``engine`` (the async ``Bus``), ``blocking`` (``BlockingBus``), ``doctor`` (directory checks).
+``engine`` (the async ``Bus``), ``blocking`` (``BlockingBus``), ``purge`` (removing messages
+by pattern, for both), ``doctor`` (directory checks).
 
 May import: ``fsbus._core`` and the package root. Never ``_stream`` or an edge.
 """

@@ -30,10 +30,11 @@ from .engine import (
 )
 from .fs import BusFS, NameClash
 from .layout import Layout
-from .message import BusStatistics, Message, MessageInfo, PublishInfo
+from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer, new_publish_info
 from .ops import Ops
 from .plan import PublishPlan
+from .purge import check_purge, purge_some, purge_targets
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 
@@ -273,6 +274,19 @@ class BlockingBus:
         self._check_open()
         n, q, debris = collect_garbage(self._fs, set(), debris_age)
         return n + q + debris
+
+    def purge(self, pattern: str, *, kind: PurgeKind = "single") -> PurgeReport:
+        """Remove the messages matching ``pattern`` now on the bus, in this thread.
+
+        Same rules as :meth:`Bus.purge`: ``kind`` is ``"single"`` (the default),
+        ``"multi"`` or ``"all"``; a work-queue message a consumer holds stays, counted
+        as locked; a bad pattern or kind raises before anything is read.
+        """
+        self._check_open()
+        pattern = check_purge(pattern, kind)
+        multi, single = purge_targets(self._fs, pattern, kind)
+        removed, multi_removed, locked = purge_some(self._fs, multi, single)
+        return PurgeReport(pattern, kind, single=removed, multi=multi_removed, locked=locked)
 
     def statistics(self) -> BusStatistics:
         """Counters: the subscription engine's, plus this face's publishes."""

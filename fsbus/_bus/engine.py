@@ -36,11 +36,12 @@ from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
 from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
 from .layout import Layout, changed_buckets
-from .message import BusStatistics, Message, MessageInfo, PublishInfo
+from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer
 from .names import FLAG_META
 from .ops import Ops
 from .plan import PublishPlan
+from .purge import check_purge, purge_some, purge_targets
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 
@@ -60,6 +61,8 @@ R = TypeVar("R")
 _READ_BATCH = 256
 _READ_BATCH_BYTES = 64 << 20
 _DEFAULT_BUFFER = 64
+_PURGE_BATCH = 256
+"""Messages removed per worker-thread hop of a purge (cancellation waits for one)."""
 
 
 class Subscription:
@@ -1247,6 +1250,34 @@ class Bus:
         infos = await anyio.to_thread.run_sync(browse_messages, self._fs, pattern, self._hosts)
         for info in infos:
             yield info
+
+    async def purge(self, pattern: str, *, kind: PurgeKind = "single") -> PurgeReport:
+        """Remove the messages matching ``pattern`` that are on the bus now.
+
+        ``kind`` says which: ``"single"`` (the default) the work-queue messages, as a
+        queue purge does; ``"multi"`` the multi messages, for every subscriber at once
+        (including those that would subscribe later with ``existing=True``); ``"all"``
+        both. Multi messages are unlinked with their sidecars, as expiry removes them.
+        A work-queue message is claimed and acknowledged like a consumer would, so one a
+        consumer holds is never removed under it: it is counted in
+        :attr:`PurgeReport.locked` and stays (with ``locking="rename"`` a held message
+        has left its bucket and is not seen at all). Messages published during the
+        purge may stay. Files that are not messages are never touched.
+
+        A bad ``pattern`` or ``kind`` raises :class:`~fsbus.UsageError`
+        (:class:`~fsbus.InvalidPattern`) before anything is read. Cancelling stops it
+        between batches of messages; what it removed by then stays removed.
+        """
+        self._check_open()
+        pattern = check_purge(pattern, kind)
+        multi, single = await anyio.to_thread.run_sync(purge_targets, self._fs, pattern, kind)
+        counts = [0, 0, 0]
+        for i in range(0, max(len(multi), len(single)), _PURGE_BATCH):
+            got = await anyio.to_thread.run_sync(
+                purge_some, self._fs, multi[i : i + _PURGE_BATCH], single[i : i + _PURGE_BATCH]
+            )
+            counts = [a + b for a, b in zip(counts, got, strict=True)]
+        return PurgeReport(pattern, kind, single=counts[0], multi=counts[1], locked=counts[2])
 
     def statistics(self) -> BusStatistics:
         """A snapshot of this Bus's counters."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["BusStatistics", "Message", "MessageInfo", "PublishInfo"]
+__all__ = ["BusStatistics", "Message", "MessageInfo", "PublishInfo", "PurgeKind", "PurgeReport"]
+
+PurgeKind = Literal["single", "multi", "all"]
+"""Which messages a purge removes: work-queue ones, multi ones, or both."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +137,24 @@ class BusStatistics:
 
     Many, next to few ``delivered``, means more consumers than the work needs: each one
     lists and races for the same messages (see "Many consumers on one queue")."""
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeReport:
+    """What :meth:`Bus.purge` (or :meth:`BlockingBus.purge`) removed, and what it left."""
+
+    pattern: str
+    """The pattern purged."""
+    kind: PurgeKind
+    """Which messages it purged: ``"single"``, ``"multi"`` or ``"all"``."""
+    single: int
+    """Work-queue messages removed."""
+    multi: int
+    """Multi messages removed."""
+    locked: int
+    """Work-queue messages left alone because a consumer held them."""
+
+    @property
+    def purged(self) -> int:
+        """Messages removed, of both kinds."""
+        return self.single + self.multi

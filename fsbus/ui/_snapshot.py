@@ -349,37 +349,18 @@ class Dashboard:
             multi=sum(1 for i in infos if not i.single),
         )
 
-    def purge(self, pattern: str, *, timeout: float = 30.0) -> PurgeResult:
-        """Consume every work-queue message matching ``pattern`` that nobody holds.
+    def purge(self, pattern: str) -> PurgeResult:
+        """Remove every work-queue message matching ``pattern`` that nobody holds.
 
-        Messages are taken and acknowledged like any consumer would, so a message a
-        worker is handling is never removed under it (it is counted as locked).
-        Multi messages are not touched: they expire at their TTL.
+        Through :meth:`fsbus.BlockingBus.purge`, which claims each message as a consumer
+        would, so a message a worker is handling is never removed under it (it is
+        counted as locked). Multi messages are not touched: they expire at their TTL.
         """
         preview = self.purge_preview(pattern)
-        deadline = time.monotonic() + timeout
-        purged = 0
-        if preview.purged:
-            with self.bus.messages(pattern, existing=True) as it:
-                while time.monotonic() < deadline:
-                    if purged >= preview.purged and not self._waiting(pattern):
-                        break
-                    try:
-                        msg = it.get(timeout=min(1.0, max(0.05, deadline - time.monotonic())))
-                    except TimeoutError:
-                        if not self._waiting(pattern):
-                            break
-                        continue
-                    if msg.single:
-                        it.ack(msg)
-                        purged += 1
-        after = self.purge_preview(pattern)
+        report = self.bus.purge(pattern, kind="single")
         with self._lock:
             self._cached = None
-        return PurgeResult(pattern, purged, after.locked, preview.multi)
-
-    def _waiting(self, pattern: str) -> bool:
-        return any(i.single and not i.locked for i in self.bus.browse(pattern))
+        return PurgeResult(pattern, report.single, report.locked, preview.multi)
 
     # ------------------------------------------------------------------ streams
     def streams(self) -> list[StreamRow]:
