@@ -1,4 +1,5 @@
-"""``fsbus gc`` and ``fsbus doctor``: keep the directory clean, and check it can carry a bus."""
+"""``fsbus gc``, ``fsbus purge`` and ``fsbus doctor``: keep the directory clean, empty a
+queue, and check the directory can carry a bus."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ from .output import emit, emit_json
 from .runtime import bus_config, resolve_root, run_async
 
 if TYPE_CHECKING:
-    from fsbus import DoctorReport
+    from fsbus import DoctorReport, PurgeReport
 
 # anyio and the Bus are imported inside the commands: `fsbus --help` needs neither.
 
-__all__ = ["add_maintenance_commands", "doctor_json", "doctor_lines"]
+__all__ = ["add_maintenance_commands", "doctor_json", "doctor_lines", "purge_json", "purge_line"]
+
+PURGE_KINDS = ("single", "multi", "all")
 
 
 def add_maintenance_commands(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     common: argparse.ArgumentParser,
 ) -> None:
-    """Register ``gc`` and ``doctor`` on ``subparsers``."""
+    """Register ``gc``, ``purge`` and ``doctor`` on ``subparsers``."""
     g = subparsers.add_parser(
         "gc",
         parents=[common],
@@ -33,6 +36,25 @@ def add_maintenance_commands(
         "line shows that the sweep is running.",
     )
     g.set_defaults(func=run_gc)
+
+    p = subparsers.add_parser(
+        "purge",
+        parents=[common],
+        help="remove the messages matching a pattern (work-queue messages by default)",
+        description="Remove the messages on the bus whose topic matches PATTERN, without "
+        "delivering them. A work-queue message is claimed and acknowledged as a consumer "
+        "would, so one that a consumer holds right now is left alone and counted as "
+        "locked. Multi messages (--kind multi or all) are removed for every subscriber. "
+        "Prints what was removed; nothing asks for confirmation.",
+    )
+    p.add_argument("pattern", metavar="PATTERN", help="topic pattern ('*' one word, '#' any)")
+    p.add_argument(
+        "--kind",
+        choices=PURGE_KINDS,
+        default="single",
+        help="which messages: single (work-queue, the default), multi, or all",
+    )
+    p.set_defaults(func=run_purge)
 
     d = subparsers.add_parser(
         "doctor",
@@ -95,6 +117,51 @@ def run_gc(args: argparse.Namespace) -> int:
             emit_json({"removed": removed, "seconds": round(seconds, 3)})
         else:
             emit(f"removed {removed} file(s) in {seconds:.2f} s")
+    return code
+
+
+def purge_json(report: PurgeReport) -> dict[str, object]:
+    """The JSON object ``purge --json`` prints."""
+    return {
+        "pattern": report.pattern,
+        "kind": report.kind,
+        "single": report.single,
+        "multi": report.multi,
+        "locked": report.locked,
+    }
+
+
+def purge_line(report: PurgeReport) -> str:
+    """The human-readable summary of a purge."""
+    line = (
+        f"purged {report.single} work-queue and {report.multi} multi message(s) "
+        f"matching {report.pattern!r}"
+    )
+    if report.locked:
+        line += f"; {report.locked} held by a consumer, left alone"
+    return line
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    """Entry point of ``fsbus purge``."""
+    from fsbus import Bus
+
+    root = resolve_root(args)
+    config = bus_config(args)
+    reports: list[PurgeReport] = []
+
+    async def command() -> int:
+        async with Bus(root, config=config) as bus:
+            reports.append(await bus.purge(args.pattern, kind=args.kind))
+        return 0
+
+    code = run_async(command)
+    if code == 0:
+        [report] = reports
+        if args.json:
+            emit_json(purge_json(report))
+        else:
+            emit(purge_line(report))
     return code
 
 

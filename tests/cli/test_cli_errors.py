@@ -22,6 +22,7 @@ Cli = Callable[..., Result]
         ["ls"],
         ["stats"],
         ["gc"],
+        ["purge", "#"],
         ["doctor"],
         ["top", "--once"],
     ],

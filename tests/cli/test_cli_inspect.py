@@ -152,6 +152,7 @@ def test_json_everywhere(cli: Cli, root: Path, tmp_path: Path) -> None:
         ["ls", "--json"],
         ["stats", "--json"],
         ["gc", "--json"],
+        ["purge", "#", "--json"],
         ["doctor", "--json"],
         ["top", "--once", "--interval", "0.05", "--json"],
         ["--json", "ls"],  # before the command works too
@@ -185,7 +186,16 @@ def test_bash_completion_completes_commands_and_options(cli: Cli) -> None:
         return [w for w in out.stdout.splitlines() if w]
 
     assert complete("pub") == ["publish"]
-    assert set(complete("")) >= {"publish", "subscribe", "ls", "doctor", "top", "completion"}
+    assert set(complete("")) >= {
+        "publish",
+        "subscribe",
+        "ls",
+        "doctor",
+        "purge",
+        "top",
+        "completion",
+    }
+    assert complete("purge", "#", "--kind", "m") == ["multi"]
     assert "--single" in complete("publish", "t", "--s")
     assert complete("subscribe", "--ex") == ["--existing"]
     assert complete("completion", "z") == ["zsh"]
@@ -207,7 +217,8 @@ def test_zsh_completion_script_loads(cli: Cli) -> None:
 
 
 def test_help_of_every_command(cli: Cli) -> None:
-    for command in ("publish", "subscribe", "ls", "stats", "gc", "doctor", "top", "completion"):
+    commands = ("publish", "subscribe", "ls", "stats", "gc", "purge", "doctor", "top", "completion")
+    for command in commands:
         res = ok(cli(command, "--help"))
         assert "usage: fsbus" in res.stdout
     sub_help = " ".join(ok(cli("subscribe", "--help")).stdout.split())
