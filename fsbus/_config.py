@@ -55,7 +55,11 @@ class BusConfig(BaseModel):
 
     # --- delivery ------------------------------------------------------------------
     poll_interval: float = Field(
-        0.1, gt=0, le=60, description="Seconds between reads of update/UPDATE."
+        0.1,
+        gt=0,
+        le=60,
+        description="Seconds between reads of update/UPDATE; when not set, 0.02 on network "
+        "and FUSE filesystems, where polling is how other hosts' messages are seen.",
     )
     refresh_ttl: float = Field(
         10.0, gt=0, description="Seconds after which every bucket is listed even unstamped."
@@ -65,7 +69,8 @@ class BusConfig(BaseModel):
     )
     force_polling: bool = Field(
         default_factory=env_force_polling,
-        description="Poll only, no inotify (network filesystems); env FSBUS_FORCE_POLLING=1.",
+        description="Poll only, no inotify, on any filesystem (network filesystems fsbus "
+        "recognises are polled only anyway); env FSBUS_FORCE_POLLING=1.",
     )
     dedup: bool = Field(True, description="Call each handler at most once per message.")
     handler_concurrency: int = Field(
@@ -84,10 +89,11 @@ class BusConfig(BaseModel):
         10.0, gt=0, description="Seconds between sweeps for expired messages and debris."
     )
     locking: Literal["auto", "flock", "rename"] = Field(
-        "flock",
+        "auto",
         description="How single messages are claimed: flock (qlobber-fsq compatible), or "
-        "rename (for mounts where flock does not cross hosts, e.g. sshfs); auto picks "
-        "rename on sshfs or where another consumer already claims by rename.",
+        "rename (for mounts where flock does not cross hosts); auto picks rename where "
+        "flock stays on each client (sshfs, NFS with nolock or local_lock, BeeGFS without "
+        "tuneUseGlobalFileLocks) or another consumer already claims by rename, else flock.",
     )
 
     # --- files ---------------------------------------------------------------------

@@ -31,6 +31,7 @@ PACKAGE = ROOT / "fsbus"
 PURE_NAMES = (
     "_core/topics.py",
     "_core/trie.py",
+    "_core/platform.py",
     "_bus/names.py",
     "_bus/layout.py",
     "_bus/scan.py",

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from .._config import env_force_polling
+from .._core.mounts import MountReader, detect
+from .._core.platform import Platform
 
 __all__ = ["DoctorCheck", "DoctorReport", "Status", "check_directory"]
 
@@ -34,13 +36,6 @@ _INOTIFY_WAIT: Final = 2.0
 _SKEW_WARN: Final = 1.0
 _SKEW_FAIL: Final = 30.0
 _MIB: Final = 1 << 20
-
-_LOCAL_FS: Final = frozenset(
-    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs"}
-)
-_NETWORK_FS: Final = frozenset(
-    {"nfs", "nfs4", "ceph", "cifs", "smb3", "smbfs", "beegfs", "lustre", "gpfs", "glusterfs", "9p"}
-)
 
 
 @dataclass(frozen=True)
@@ -88,10 +83,13 @@ class DoctorReport:
         raise KeyError(name)
 
 
-def check_directory(root: str | os.PathLike[str]) -> DoctorReport:
+def check_directory(
+    root: str | os.PathLike[str], *, reader: MountReader | None = None
+) -> DoctorReport:
     """Run every check on ``root`` (which is not created) and return the report.
 
-    Blocking: the inotify check waits up to 2 seconds for its event.
+    Blocking: the inotify check waits up to 2 seconds for its event. ``reader`` (tests)
+    is what finds out the filesystem, as a bus's I/O seam does.
     """
     path = os.path.abspath(os.fspath(root))
     checks: list[DoctorCheck] = []
@@ -107,7 +105,8 @@ def check_directory(root: str | os.PathLike[str]) -> DoctorReport:
         )
         return DoctorReport(os.fspath(root), tuple(checks))
     checks.append(DoctorCheck("root", "ok", f"{path} is a directory"))
-    checks.append(_check_filesystem(path))
+    platform = detect(path, reader)
+    checks.append(_check_filesystem(path, platform))
     checks.extend(_check_layout(path))
     checks.append(_check_space(path))
     try:
@@ -126,7 +125,7 @@ def check_directory(root: str | os.PathLike[str]) -> DoctorReport:
     try:
         checks.append(_check_writable(probe))
         checks.append(_check_flock(probe))
-        checks.append(_check_inotify(probe))
+        checks.append(_check_inotify(probe, platform))
         checks.append(_check_clock(probe))
     finally:
         shutil.rmtree(probe, ignore_errors=True)
@@ -172,45 +171,36 @@ def mount_of(path: str, mountinfo: str) -> tuple[str, str, str] | None:
     return best
 
 
-def _check_filesystem(path: str) -> DoctorCheck:
+def _check_filesystem(path: str, platform: Platform) -> DoctorCheck:
+    """What the bus decides on this filesystem: the same decision a bus opening here takes."""
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            info = f.read()
-    except OSError as exc:
-        return DoctorCheck(
-            "filesystem", "warn", f"cannot read /proc/self/mountinfo: {exc.strerror or exc}"
+            found = mount_of(os.path.realpath(path), f.read())
+    except OSError:
+        found = None
+    where = platform.fstype or "unknown filesystem"
+    if found is not None and found[1] == platform.fstype:
+        where = f"{platform.fstype} ({found[2]} on {found[0]})"
+    text = f"{where}: {platform.describe().partition(': ')[2]}"
+    if platform.notes:
+        text += "; " + "; ".join(platform.notes)
+    if platform.family == "local":
+        return DoctorCheck("filesystem", "ok", f"local filesystem {text}")
+    fixes: list[str] = []
+    if platform.problem:
+        fixes.append(platform.problem)
+    if platform.locks_global is None and platform.shared:
+        fixes.append(
+            "check that flock crosses hosts with fsbus.probe_locking(path_a, path_b), "
+            "else set BusConfig(locking='rename') and use no streams here"
         )
-    found = mount_of(os.path.realpath(path), info)
-    if found is None:
-        return DoctorCheck("filesystem", "warn", "no mount found for the directory")
-    point, fstype, source = found
-    where = f"{fstype} ({source} on {point})"
-    base = fstype.split(".", 1)[1] if fstype.startswith("fuse.") else fstype
-    if fstype in _LOCAL_FS:
-        return DoctorCheck("filesystem", "ok", f"local filesystem {where}")
-    if base == "sshfs":
-        return DoctorCheck(
-            "filesystem",
-            "warn",
-            f"sshfs {where}: flock does not exclude other hosts and listings may lag",
-            "use BusConfig(locking='rename') and FSBUS_FORCE_POLLING=1 on every peer, "
-            "and mount with -o dir_cache=no",
-        )
-    if fstype in _NETWORK_FS or base in _NETWORK_FS or fstype.startswith("fuse"):
-        return DoctorCheck(
-            "filesystem",
-            "warn",
-            f"shared or FUSE filesystem {where}: inotify sees only this host's changes",
-            "set FSBUS_FORCE_POLLING=1 on every peer so other hosts' messages are seen",
-        )
-    if fstype == "overlay":
-        return DoctorCheck("filesystem", "ok", f"overlay filesystem {where} (container layer)")
-    return DoctorCheck(
-        "filesystem",
-        "warn",
-        f"unfamiliar filesystem {where}",
-        "check that flock and rename behave as on a local disk (see the other checks)",
-    )
+    if platform.family == "sshfs":
+        fixes.append("mount with -o dir_cache=no so listings do not lag by ~20 s")
+    if platform.family == "unknown":
+        fixes.append("check that flock and rename behave as on a local disk (see the other checks)")
+    if fixes:
+        return DoctorCheck("filesystem", "warn", text, "; ".join(fixes))
+    return DoctorCheck("filesystem", "ok", text)
 
 
 # --- layout and permissions --------------------------------------------------------
@@ -282,19 +272,35 @@ def _check_space(path: str) -> DoctorCheck:
         st = os.statvfs(path)
     except OSError as exc:
         return DoctorCheck("space", "warn", f"statvfs failed: {exc.strerror or exc}")
+    return space_check(st)
+
+
+def space_check(st: os.statvfs_result) -> DoctorCheck:
+    """Judge free space and inodes; values a filesystem does not know count as unknown.
+
+    CephFS has no inode limit and reports ``f_ffree = -1`` (and the number of files as
+    ``f_files``); a cluster without a manager reports 0 blocks. Neither means full.
+    """
+    space_known = st.f_blocks > 0 and st.f_frsize > 0
     free = st.f_bavail * st.f_frsize
     total = st.f_blocks * st.f_frsize
-    text = f"{free / _MIB:,.0f} MiB free of {total / _MIB:,.0f} MiB"
-    if st.f_files:
-        text += f", {st.f_favail:,} of {st.f_files:,} inodes free"
+    inodes_known = 0 < st.f_files < (1 << 63) and 0 <= st.f_favail <= st.f_files
+    if space_known:
+        text = f"{free / _MIB:,.0f} MiB free of {total / _MIB:,.0f} MiB"
     else:
+        text = "free space unknown (the filesystem reports no size)"
+    if inodes_known:
+        text += f", {st.f_favail:,} of {st.f_files:,} inodes free"
+    elif st.f_files == 0:
         text += ", inodes not limited"
-    if free < 16 * _MIB or (st.f_files and st.f_favail < 100):
+    else:
+        text += ", free inodes unknown (not limited, or not reported)"
+    if (space_known and free < 16 * _MIB) or (inodes_known and st.f_favail < 100):
         return DoctorCheck(
             "space", "fail", text, "free disk space or inodes (each message is one file)"
         )
-    low_space = free < 512 * _MIB or (total and free < total * 0.05)
-    if low_space or (st.f_files and st.f_favail < 10_000):
+    low_space = space_known and (free < 512 * _MIB or free < total * 0.05)
+    if low_space or (inodes_known and st.f_favail < 10_000):
         return DoctorCheck(
             "space", "warn", text, "free disk space or inodes before the bus fills the disk"
         )
@@ -346,9 +352,14 @@ def _check_flock(probe: str) -> DoctorCheck:
 # --- inotify ---------------------------------------------------------------------
 
 
-def _check_inotify(probe: str) -> DoctorCheck:
+def _check_inotify(probe: str, platform: Platform) -> DoctorCheck:
     polling = env_force_polling()
     note = " (FSBUS_FORCE_POLLING is set, so the bus polls anyway)" if polling else ""
+    if platform.watch == "poll":
+        note = (
+            " (the bus does not rely on it here: it sees no other client's changes on "
+            f"{platform.fstype or platform.family}, so the bus polls)"
+        )
     try:
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers.inotify import InotifyObserver
@@ -374,6 +385,10 @@ def _check_inotify(probe: str) -> DoctorCheck:
         observer.schedule(_Handler(), probe, recursive=False)
         observer.start()
     except OSError as exc:
+        if platform.watch == "poll":
+            return DoctorCheck(
+                "inotify", "ok", f"cannot watch the directory: {exc.strerror or exc}{note}"
+            )
         return DoctorCheck(
             "inotify",
             "warn",
@@ -387,6 +402,10 @@ def _check_inotify(probe: str) -> DoctorCheck:
             took = time.monotonic() - started
             return DoctorCheck(
                 "inotify", "ok", f"a write was seen after {took * 1000:.0f} ms{note}"
+            )
+        if platform.watch == "poll":
+            return DoctorCheck(
+                "inotify", "ok", f"a write was not seen within {_INOTIFY_WAIT:.0f} s{note}"
             )
         return DoctorCheck(
             "inotify",

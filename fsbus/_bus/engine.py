@@ -277,6 +277,7 @@ class Bus:
         self._stop = anyio.Event()  # set to make the runner stop
         self._stopped = anyio.Event()  # set when it has stopped and the bus is closed
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
+        self._poll_interval = self.config.poll_interval  # or the platform's (_follow_platform)
         self._free = self.config.handler_concurrency
         self._freed = anyio.Event()
         self._slot_waiters = 0  # tasks waiting in _take_slot
@@ -303,6 +304,7 @@ class Bus:
         if self._open or self._closed:
             raise UsageError("a Bus can be entered once; create a new one")
         await anyio.to_thread.run_sync(self._setup)
+        self._follow_platform()
         # The entering task hosts a single task, the runner, and every task the bus
         # starts runs in the runner's own task group. Stopping the bus is then a signal
         # to the runner, which any task can give (see aclose); only leaving this empty
@@ -325,6 +327,17 @@ class Bus:
     def _setup(self) -> None:
         self._fs.setup()
         self._fs.register_host(self._namer.host, self._namer.hostname)
+
+    def _follow_platform(self) -> None:
+        """Watch and poll as the filesystem needs (read by setup), unless configured."""
+        platform = self._fs.platform
+        if platform.watch == "poll":
+            self._waker.use_inotify = False
+        if (
+            platform.poll_interval is not None
+            and "poll_interval" not in self.config.model_fields_set
+        ):
+            self._poll_interval = platform.poll_interval
 
     async def __aexit__(
         self,
@@ -670,9 +683,9 @@ class Bus:
                 # The directory failed under us (unmounted, permissions changed...): say so
                 # and keep trying; publishing and closing still work.
                 log.warning("scanning %s failed: %s; retrying", self.root, exc)
-                await anyio.sleep(max(self.config.poll_interval, 1.0))
+                await anyio.sleep(max(self._poll_interval, 1.0))
             now = time.monotonic()
-            timeout = self.config.poll_interval
+            timeout = self._poll_interval
             due = self._retries.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))
@@ -813,7 +826,7 @@ class Bus:
         self, full: bool, retry: set[int]
     ) -> tuple[bytes | None, dict[int, list[str]], dict[tuple[int, str], str | None]]:
         fs = self._fs
-        update = fs.read_update()
+        update = fs.read_update(reopen=full)
         count = len(self.layout.buckets)
         if full or update is None:
             wanted: set[int] | list[int] = list(range(count))

@@ -11,15 +11,25 @@ import errno
 import fcntl
 import json
 import logging
+import mmap
 import os
 import random
 import re
 import stat
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .._config import BusConfig
-from .._errors import PayloadTooLarge, StorageError, UsageError, storage_error
+from .._core.mounts import detect
+from .._core.platform import MountFacts, Platform, decide
+from .._errors import (
+    LockingUnsupported,
+    PayloadTooLarge,
+    StorageError,
+    UsageError,
+    storage_error,
+)
 from .layout import Layout
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan
@@ -108,6 +118,14 @@ class BusFS:
         self._file_mode = config.file_mode
         self._dir_mode = config.dir_mode
         self._update_fd: int | None = None
+        self.platform: Platform = decide(MountFacts(fstype="ext4"))
+        """What this filesystem needs (``fsbus._core.platform.decide``); set by setup()."""
+        self._read_fd: int | None = None  # UPDATE opened for coherent reads (O_DIRECT)
+        self._read_direct = False
+        self._direct_ok = False
+        self._read_buf: mmap.mmap | None = None
+        self._stamp_reopen = False
+        self._lister: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
         self._rand = random.Random()
         self.locking = "rename" if config.locking == "rename" else "flock"
@@ -128,39 +146,117 @@ class BusFS:
 
     # ------------------------------------------------------------------ set-up
     def setup(self, *, reset_update: bool = True) -> None:
-        """Create missing directories and the UPDATE file; check for planted links."""
+        """Create missing directories and the UPDATE file; check for planted links.
+
+        Also finds out which filesystem holds the bus and follows what it needs
+        (:attr:`platform`): how UPDATE is read and stamped, how singles are claimed.
+        """
         ops = self.ops
-        for d in self.layout.all_dirs():
-            try:
-                if d == self.layout.root:
-                    self._make_parents(d)  # like Stream.open: missing parents are made
-                ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
-                if self._dir_mode is not None:
-                    ops.chmod(d, self._dir_mode)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise storage_error("creating the bus directory", exc, d) from exc
-            if d != self.layout.root:
-                self._check_dir(d)
-        if self.config.locking == "auto":
-            # Rename on mounts where flock stays on each host, and wherever another
-            # consumer already claims by rename (a host on the backing disk of an sshfs
-            # share must follow the sshfs hosts, or the two kinds of claim would mix).
-            local = locks_stay_local(self.layout.root) or self._exists(self._claims)
-            self.locking = "rename" if local else "flock"
-        if self.locking == "rename":
-            for d in (self._claims, *(f"{self._claims}/{b}" for b in self.layout.buckets)):
+        lay = self.layout
+        parents = (lay.messages, lay.topics, f"{lay.private}/meta", f"{lay.private}/attempts")
+        nested = {f"{p}/{b}" for p in parents for b in lay.buckets}
+        for d in lay.all_dirs():
+            if d in nested:
+                continue
+            if d == lay.root:
                 try:
+                    self._make_parents(d)  # like Stream.open: missing parents are made
                     ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
                     if self._dir_mode is not None:
                         ops.chmod(d, self._dir_mode)
                 except FileExistsError:
                     pass
                 except OSError as exc:
-                    raise storage_error("creating the claims directory", exc, d) from exc
-                self._check_dir(d)
+                    raise storage_error("creating the bus directory", exc, d) from exc
+            else:
+                self._make_dir(d, "creating the bus directory")
+        self._apply_platform(detect(lay.root, ops))
+        present = self._present_subdirs(parents)
+        self._make_dirs(
+            [d for d in lay.all_dirs() if d in nested and d not in present],
+            "creating the bus directory",
+        )
+        if self.config.locking == "auto":
+            # Rename on mounts where flock stays on each host, and wherever another
+            # consumer already claims by rename (a host on the backing disk of an sshfs
+            # share must follow the sshfs hosts, or the two kinds of claim would mix).
+            local = self.platform.single_locking == "rename" or self._exists(self._claims)
+            self.locking = "rename" if local else "flock"
+        elif self.locking == "flock" and self.platform.locks_global is False:
+            raise LockingUnsupported(
+                f"locking='flock' on {self.platform.fstype or 'this filesystem'} at "
+                f"{lay.root}: flock does not exclude other hosts here "
+                f"({'; '.join(self.platform.notes[1:]) or 'locks stay on each client'}), so two "
+                "hosts could take one work-queue message; use BusConfig(locking='auto') or "
+                "locking='rename', or change the mount so that flock crosses hosts",
+                lay.root,
+            )
+        if self.locking == "rename":
+            self._make_dir(self._claims, "creating the claims directory")
+            present = self._present_subdirs((self._claims,))
+            self._make_dirs(
+                [
+                    f"{self._claims}/{b}"
+                    for b in lay.buckets
+                    if f"{self._claims}/{b}" not in present
+                ],
+                "creating the claims directory",
+            )
         self._open_update(reset_update)
+
+    def _present_subdirs(self, parents: Iterable[str]) -> set[str]:
+        """Bucket directories that already exist, found with one listing per parent.
+
+        On a network filesystem each mkdir and lstat is a round trip (2,000 of them
+        took 0.5-2 s on CephFS and GlusterFS); an existing bus needs none of them.
+        """
+        found: set[str] = set()
+        buckets = self.layout.buckets
+        for parent in parents:
+            try:
+                names = self.ops.subdirs(parent)
+            except OSError:
+                continue
+            found.update(f"{parent}/{b}" for b in buckets if b in names)
+        return found
+
+    def _make_dir(self, d: str, what: str) -> None:
+        ops = self.ops
+        try:
+            ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
+            if self._dir_mode is not None:
+                ops.chmod(d, self._dir_mode)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise storage_error(what, exc, d) from exc
+        self._check_dir(d)
+
+    def _make_dirs(self, dirs: list[str], what: str) -> None:
+        """Make missing directories; a few at once where each is a network round trip."""
+        workers = self.platform.list_workers
+        if workers > 1 and len(dirs) > 16:
+            parts = [dirs[k::workers] for k in range(workers)]
+            for _ in self._pool().map(self._make_each, parts, [what] * len(parts)):
+                pass
+            return
+        for d in dirs:
+            self._make_dir(d, what)
+
+    def _make_each(self, dirs: list[str], what: str) -> None:
+        for d in dirs:
+            self._make_dir(d, what)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._lister is None:
+            workers = self.platform.list_workers
+            self._lister = ThreadPoolExecutor(workers, thread_name_prefix="fsbus-fs")
+        return self._lister
+
+    def _apply_platform(self, platform: Platform) -> None:
+        self.platform = platform
+        self._stamp_reopen = platform.stamp_write == "reopen"
+        self._read_direct = platform.stamp_read == "direct"
 
     @property
     def _claims(self) -> str:
@@ -227,10 +323,14 @@ class BusFS:
                 raise storage_error("initialising the UPDATE file", exc, path) from exc
 
     def close(self) -> None:
-        """Close the UPDATE descriptor."""
+        """Close the UPDATE descriptors (and the listing threads)."""
         if self._update_fd is not None:
             fd, self._update_fd = self._update_fd, None
             self.ops.close(fd)
+        self._drop_read_fd()
+        if self._lister is not None:
+            self._lister.shutdown(wait=False)
+            self._lister = None
 
     # ------------------------------------------------------------------ publish
     def publish(self, plan: PublishPlan, payload: bytes | str | os.PathLike[str]) -> int:
@@ -404,7 +504,16 @@ class BusFS:
         try:
             # Random.randbytes(size), without its Python frame.
             data = self._getrandbits(self._stamp_bits).to_bytes(size, "little")
-            self._pwrite(fd, data, bucket_index * size)
+            if self._stamp_reopen:
+                # Open, write, close (as qlobber-fsq does): on NFS and BeeGFS the close
+                # is what sends the write to the server for other clients to read.
+                fd = self._open(self.layout.update_file, os.O_WRONLY | _O_CLOEXEC | _O_NOFOLLOW)
+                try:
+                    self._pwrite(fd, data, bucket_index * size)
+                finally:
+                    self._close(fd)
+            else:
+                self._pwrite(fd, data, bucket_index * size)
         except OSError as exc:
             raise storage_error("stamping the UPDATE file", exc, self.layout.update_file) from exc
 
@@ -475,10 +584,29 @@ class BusFS:
             return False
 
     # ------------------------------------------------------------------ scanning
-    def read_update(self) -> bytes | None:
-        """A fresh snapshot of UPDATE (re-opened, so NFS revalidates it)."""
+    def read_update(self, *, reopen: bool = False) -> bytes | None:
+        """A fresh snapshot of UPDATE.
+
+        On a local filesystem it is re-opened and read through the page cache. Where
+        another client's write would not reach our cache (:attr:`platform`), it is read
+        with ``O_DIRECT`` on a descriptor kept open (``reopen`` opens it again, in case
+        UPDATE was replaced), or after dropping the cache where O_DIRECT is refused.
+        """
         if self.layout.update_size == 0:
             return None
+        if self._read_direct:
+            try:
+                return self._read_update_direct(reopen)
+            except OSError:
+                self._drop_read_fd()  # replaced or gone (ESTALE): open it again below
+                try:
+                    return self._read_update_direct(True)
+                except OSError as exc:
+                    if exc.errno in _MISSING:
+                        return None
+                    raise storage_error(
+                        "reading the UPDATE file", exc, self.layout.update_file
+                    ) from exc
         path = self.layout.update_file
         try:
             fd = self.ops.open(path, _READ)
@@ -491,10 +619,65 @@ class BusFS:
         finally:
             self.ops.close(fd)
 
+    def _read_update_direct(self, reopen: bool) -> bytes:
+        size = self.layout.update_size
+        if reopen:
+            self._drop_read_fd()
+        fd = self._read_fd
+        if fd is None:
+            path = self.layout.update_file
+            flags = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW
+            direct = getattr(os, "O_DIRECT", 0)
+            try:
+                fd = self.ops.open(path, flags | direct) if direct else -1
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                fd = -1
+            self._direct_ok = fd >= 0
+            if fd < 0:
+                fd = self.ops.open(path, flags)  # O_DIRECT refused: drop the cache instead
+            self._read_fd = fd
+            if self._read_buf is None:
+                # page-aligned and a whole number of pages, as O_DIRECT wants
+                self._read_buf = mmap.mmap(
+                    -1, (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+                )
+        buf = self._read_buf
+        assert buf is not None
+        if not self._direct_ok:
+            self.ops.drop_cache(fd)
+        n = self.ops.pread_into(fd, buf, 0)
+        return buf[: min(n, size)]
+
+    def _drop_read_fd(self) -> None:
+        fd, self._read_fd = self._read_fd, None
+        if fd is not None:
+            try:
+                self.ops.close(fd)
+            except OSError:
+                pass
+
     def list_buckets(
         self, indexes: Iterable[int], *, update: bytes | None = None
     ) -> dict[int, list[str]]:
-        """Names in each asked-for bucket (a missing bucket lists as empty)."""
+        """Names in each asked-for bucket (a missing bucket lists as empty).
+
+        Where each listing is a network round trip (:attr:`platform`), a long list of
+        buckets is listed by a few threads at once (256 buckets: 0.22 -> 0.08 s on
+        CephFS, 0.45 -> 0.22 s on GlusterFS).
+        """
+        workers = self.platform.list_workers
+        wanted = list(indexes)
+        if workers > 1 and len(wanted) > 16:
+            parts = [wanted[k::workers] for k in range(workers)]
+            out: dict[int, list[str]] = {}
+            for got in self._pool().map(self._list_serial, parts):
+                out.update(got)
+            return out
+        return self._list_serial(wanted)
+
+    def _list_serial(self, indexes: list[int]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
         buckets = self.layout.buckets
         for i in indexes:
@@ -940,13 +1123,9 @@ class BusFS:
             raise storage_error("registering this host", exc, path) from exc
 
 
-_LOCAL_LOCK_FILESYSTEMS = frozenset({"fuse.sshfs", "sshfs"})
-"""Filesystems where flock is local to each host (it does not exclude other hosts)."""
-
-
 def locks_stay_local(path: str) -> bool:
     """Whether the filesystem holding ``path`` is one where flock stays on each host."""
-    return filesystem_type(path) in _LOCAL_LOCK_FILESYSTEMS
+    return detect(path).locks_global is False
 
 
 def filesystem_type(path: str) -> str:

@@ -8,14 +8,21 @@ without mocking the rest of the system. The default instance is a thin pass-thro
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 from collections.abc import Sequence
+
+from .._core.mounts import MountReader
 
 __all__ = ["DEFAULT_OPS", "Ops"]
 
 
-class Ops:
-    """Pass-through to :mod:`os` and :mod:`fcntl`; subclass to inject faults."""
+class Ops(MountReader):
+    """Pass-through to :mod:`os` and :mod:`fcntl`; subclass to inject faults.
+
+    It also reads the mount table and the statfs magic (:class:`MountReader`), so a test
+    can show the bus a filesystem it is not on.
+    """
 
     def open(self, path: str, flags: int, mode: int = 0o666) -> int:
         """``os.open``; O_NOFOLLOW and O_CLOEXEC are the caller's business."""
@@ -40,6 +47,19 @@ class Ops:
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         """``os.pread``."""
         return os.pread(fd, size, offset)
+
+    def pread_into(self, fd: int, buffer: mmap.mmap, offset: int) -> int:
+        """``os.preadv`` into one buffer (page-aligned, as ``O_DIRECT`` needs); bytes read."""
+        return os.preadv(fd, [buffer], offset)
+
+    def drop_cache(self, fd: int) -> None:
+        """``posix_fadvise(DONTNEED)``: the next read of ``fd`` asks the filesystem."""
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def subdirs(self, path: str) -> set[str]:
+        """Names of the real directories (not links) in ``path``: one listing."""
+        with os.scandir(path) as it:
+            return {e.name for e in it if e.is_dir(follow_symlinks=False)}
 
     def read(self, fd: int, size: int) -> bytes:
         """``os.read``."""

@@ -4,7 +4,8 @@ On Linux the inotify descriptor (made with watchdog's inotify bindings) is read 
 event loop itself: a publisher's stamp wakes the scanner with no thread hop, which keeps
 the unloaded round trip short. Where that is not possible, a watchdog observer thread
 does the same job. On network filesystems inotify sees only local changes, so polling
-always runs; ``force_polling`` (or FSBUS_FORCE_POLLING=1) turns the watcher off.
+always runs; there the bus turns the watcher off (``Platform.watch``), as
+``force_polling`` (or FSBUS_FORCE_POLLING=1) does anywhere.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class Waker:
 
     def __init__(self, watch_dir: str, *, use_inotify: bool) -> None:
         self._dir = watch_dir
-        self._use_inotify = use_inotify
+        self.use_inotify = use_inotify
+        """Whether :meth:`start` watches with inotify; may be changed until then."""
         self._event = anyio.Event()
         self._pending = threading.Event()
         self._fs_event = False
@@ -49,7 +51,7 @@ class Waker:
         descriptor is read on the loop); False when a thread or nothing does the work.
         """
         self._token = anyio.lowlevel.current_token()
-        if not self._use_inotify:
+        if not self.use_inotify:
             return False
         fd = self._open_inotify()
         if fd is not None:

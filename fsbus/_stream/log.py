@@ -17,9 +17,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from .._core.mounts import detect
 from .._errors import (
     ClosedError,
     FsBusError,
+    LockingUnsupported,
     PayloadTooLarge,
     StreamNotFound,
     UsageError,
@@ -176,6 +178,11 @@ class Stream:
                 ops.makedirs(sdir)
             except OSError as exc:
                 raise storage_error(f"create stream {name!r}", exc, sdir) from exc
+        platform = detect(str(sdir), ops)
+        if platform.stream_lock == "refuse":
+            # Appends, consumer groups and retention are serialised by flock: where it
+            # does not cross hosts a log could be torn. Say so now, not after the damage.
+            raise LockingUnsupported(platform.problem, sdir)
         return cls(sdir, name, cfg, ops, _private=_TOKEN)
 
     def close(self) -> None:

@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._core.mounts import MountReader
+
 __all__ = ["IOV_MAX", "StreamOps"]
 
 _HAS_PWRITEV = hasattr(os, "pwritev")
@@ -27,8 +29,8 @@ except (AttributeError, ValueError, OSError):
     pass
 
 
-class StreamOps:
-    """Files, locks and clocks, as the stream engine uses them."""
+class StreamOps(MountReader):
+    """Files, locks and clocks, as the stream engine uses them (and the mount table)."""
 
     # --- clock ---------------------------------------------------------------------------
 
