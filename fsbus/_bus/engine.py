@@ -59,6 +59,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _READ_BATCH = 256
+_POLLED_SCAN_EVERY = 1.0  # seconds: the longest a polled bus goes without a scan
 _READ_BATCH_BYTES = 64 << 20
 _DEFAULT_BUFFER = 64
 _PURGE_BATCH = 256
@@ -278,6 +279,8 @@ class Bus:
         self._stopped = anyio.Event()  # set when it has stopped and the bus is closed
         self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
         self._poll_interval = self.config.poll_interval  # or the platform's (_follow_platform)
+        self._scan_every = self._poll_interval  # longest wait between scans
+        self._poll_thread = False  # UPDATE polled by a thread of the Waker
         self._free = self.config.handler_concurrency
         self._freed = anyio.Event()
         self._slot_waiters = 0  # tasks waiting in _take_slot
@@ -333,6 +336,7 @@ class Bus:
         platform = self._fs.platform
         if platform.watch == "poll":
             self._waker.use_inotify = False
+            self._poll_thread = self._fs.layout.update_size > 0
         if (
             platform.poll_interval is not None
             and "poll_interval" not in self.config.model_fields_set
@@ -362,6 +366,12 @@ class Bus:
                 self._tg = tg
                 if self._waker.start():
                     tg.start_soon(self._waker.run)
+                if self._poll_thread:
+                    # Polling is how other hosts are seen here: a thread reads UPDATE
+                    # every tick and wakes the scanner only when it changed; the scan
+                    # loop itself then looks at least once a second.
+                    self._waker.start_poller(self._fs.read_update, self._poll_interval)
+                    self._scan_every = max(self._poll_interval, _POLLED_SCAN_EVERY)
                 tg.start_soon(self._publisher.run)
                 tg.start_soon(self._finisher.run)
                 tg.start_soon(self._gc_loop)
@@ -685,7 +695,7 @@ class Bus:
                 log.warning("scanning %s failed: %s; retrying", self.root, exc)
                 await anyio.sleep(max(self._poll_interval, 1.0))
             now = time.monotonic()
-            timeout = self._poll_interval
+            timeout = self._scan_every
             due = self._retries.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))

@@ -16,6 +16,7 @@ import os
 import random
 import re
 import stat
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -123,6 +124,7 @@ class BusFS:
         self._read_fd: int | None = None  # UPDATE opened for coherent reads (O_DIRECT)
         self._read_direct = False
         self._direct_ok = False
+        self._read_lock = threading.Lock()  # the scanner and the poller thread share the fd
         self._read_buf: mmap.mmap | None = None
         self._stamp_reopen = False
         self._lister: ThreadPoolExecutor | None = None
@@ -327,7 +329,8 @@ class BusFS:
         if self._update_fd is not None:
             fd, self._update_fd = self._update_fd, None
             self.ops.close(fd)
-        self._drop_read_fd()
+        with self._read_lock:
+            self._drop_read_fd()
         if self._lister is not None:
             self._lister.shutdown(wait=False)
             self._lister = None
@@ -595,18 +598,19 @@ class BusFS:
         if self.layout.update_size == 0:
             return None
         if self._read_direct:
-            try:
-                return self._read_update_direct(reopen)
-            except OSError:
-                self._drop_read_fd()  # replaced or gone (ESTALE): open it again below
+            with self._read_lock:
                 try:
-                    return self._read_update_direct(True)
-                except OSError as exc:
-                    if exc.errno in _MISSING:
-                        return None
-                    raise storage_error(
-                        "reading the UPDATE file", exc, self.layout.update_file
-                    ) from exc
+                    return self._read_update_direct(reopen)
+                except OSError:
+                    self._drop_read_fd()  # replaced or gone (ESTALE): open it again
+                    try:
+                        return self._read_update_direct(True)
+                    except OSError as exc:
+                        if exc.errno in _MISSING:
+                            return None
+                        raise storage_error(
+                            "reading the UPDATE file", exc, self.layout.update_file
+                        ) from exc
         path = self.layout.update_file
         try:
             fd = self.ops.open(path, _READ)

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import anyio
 import anyio.from_thread
@@ -25,6 +26,7 @@ __all__ = ["Waker"]
 log = logging.getLogger("fsbus.watch")
 
 _READ_SIZE = 64 * 1024
+_UNSET: object = object()
 
 
 class Waker:
@@ -41,6 +43,8 @@ class Waker:
         self._fd: int | None = None
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self.inotify_active = False
+        self._poller: threading.Thread | None = None
+        self._poller_stop = threading.Event()
         self.quiet_until = 0.0
         """No filesystem wake-up before this time (``time.monotonic``); the scanner sets it."""
 
@@ -153,8 +157,44 @@ class Waker:
         self._observer = observer
         self.inotify_active = True
 
+    def start_poller(self, read: Callable[[], bytes | None], interval: float) -> None:
+        """Poll in a thread of its own: call ``read`` every ``interval`` seconds and wake
+        the scanner only when what it returns changed (a filesystem event).
+
+        Where polling is the only way to see other hosts (network filesystems), this
+        keeps an idle bus off the event loop: one short read per tick and no thread
+        hop, instead of a scan (thread hop, loop wake-ups) every tick.
+        """
+        waker = self
+
+        def poll() -> None:
+            last = _UNSET
+            failed = False
+            while not waker._poller_stop.wait(interval):
+                try:
+                    data = read()
+                    failed = False
+                except Exception as exc:  # the scanner reports storage errors
+                    if not failed:
+                        log.debug("polling UPDATE failed: %s", exc)
+                    failed = True
+                    continue
+                if data != last:
+                    if last is not _UNSET:
+                        waker.wake_threadsafe()
+                    last = data
+
+        self._poller_stop.clear()
+        thread = threading.Thread(target=poll, name="fsbus-poll", daemon=True)
+        thread.start()
+        self._poller = thread
+
     def stop(self) -> None:
         """Stop watching (blocking, short)."""
+        self._poller_stop.set()
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.join(timeout=5)
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)

@@ -166,7 +166,11 @@ async def test_a_network_mount_is_polled_with_coherent_reads(tmp_path: Path, fst
         assert sub._fs.platform.watch == "poll"
         assert sub._poll_interval == 0.02
         assert not sub._waker.use_inotify
+        assert sub._poll_thread  # UPDATE is polled off the event loop
         await sub.subscribe("a.#", inbox)
+        scans = sub.statistics().scans
+        await anyio.sleep(0.5)
+        assert sub.statistics().scans - scans <= 2  # no scan per 20 ms tick while idle
         fd = sub._fs._read_fd
         assert fd is not None
         if sub._fs._direct_ok:  # the test's disk may refuse O_DIRECT (then: fadvise)
