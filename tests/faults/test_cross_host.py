@@ -346,3 +346,23 @@ def test_stress_workqueue_over_sshfs_by_rename(
     s = workqueue.run("small", config={"force_polling": True, "locking": "rename"}, roots=roots)
     assert s.ok, s.line() + "\n" + "\n".join(s.violations)
     assert s.delivered == s.sent
+
+
+def test_sshfs_defaults_claim_by_rename_poll_and_refuse_streams(sshfs_share: Hosts) -> None:
+    """The live stand-in for BeeGFS without global locks: flock stays on each client."""
+    from fsbus import BlockingBus, LockingUnsupported, Stream, check_directory
+
+    a, b = sshfs_share.a, sshfs_share.b
+    with BlockingBus(a / "bus") as bus:  # default config: locking="auto"
+        bus.publish("jobs.x", b"1", single=True)
+        with bus.messages("jobs.#") as jobs:
+            job = jobs.get(timeout=20)
+            jobs.ack(job)
+    assert (b / "bus" / "fsbus" / "claims").is_dir()
+    with pytest.raises(LockingUnsupported, match="sshfs never forwards flock"):
+        Stream.open(a, "log")
+    fs = check_directory(a).check("filesystem")
+    assert "polling only" in fs.detail
+    assert "claim by rename" in fs.detail
+    assert fs.status == "warn"
+    assert "dir_cache=no" in fs.fix
