@@ -1,0 +1,47 @@
+"""Fixtures: a mounted power-cut filesystem per module, and the sweep size."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from .harness import PowerCut, unavailable
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--powercut-sweep",
+        action="store_true",
+        default=False,
+        help="power-cut tests: every cut point and many random ones (also FSBUS_POWERCUT_SWEEP=1)",
+    )
+
+
+@pytest.fixture(scope="session")
+def sweep(request: pytest.FixtureRequest) -> bool:
+    """True for the long sweep: thousands of cut points instead of a few hundred."""
+    return bool(request.config.getoption("--powercut-sweep")) or (
+        os.environ.get("FSBUS_POWERCUT_SWEEP", "") not in ("", "0")
+    )
+
+
+@pytest.fixture(scope="module")
+def pfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PowerCut]:
+    why = unavailable()
+    if why is not None:
+        pytest.skip(f"power-cut filesystem unavailable: {why}")
+    fs = PowerCut(tmp_path_factory.mktemp("powercut") / "mnt")
+    fs.save("empty")
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
+@pytest.fixture
+def fresh(pfs: PowerCut) -> PowerCut:
+    """The filesystem, empty again."""
+    pfs.load("empty")
+    return pfs
