@@ -459,6 +459,13 @@ class BusFS:
                 p = lay.meta_path(plan.bucket, plan.name)
                 self._write_file(p, plan.meta, plan.durable, exclusive=True)
                 written.append(p)
+            if plan.durable:
+                # The sidecars' names are durable before the message's: a power cut
+                # after the rename must not leave it without its topic or headers.
+                if plan.spill is not None:
+                    self._fsync_dir(f"{lay.topics}/{plan.bucket}")
+                if plan.meta is not None:
+                    self._fsync_dir(f"{lay.private}/meta/{plan.bucket}")
             self._place(staging, lay.message_path(plan.bucket, plan.name))
         except FileExistsError:
             for p in (staging, *written):
@@ -476,10 +483,6 @@ class BusFS:
             raise storage_error("publishing a message", exc, exc.filename or staging) from exc
         if plan.durable:
             self._fsync_dir(f"{lay.messages}/{plan.bucket}")
-            if plan.spill is not None:
-                self._fsync_dir(f"{lay.topics}/{plan.bucket}")
-            if plan.meta is not None:
-                self._fsync_dir(f"{lay.private}/meta/{plan.bucket}")
         self.stamp(plan.bucket_index)
 
     def _place(self, staged: str, final: str) -> None:
