@@ -49,8 +49,23 @@ class StreamOps(MountReader):
     # --- directories ---------------------------------------------------------------------
 
     def makedirs(self, path: Path) -> None:
-        """Create ``path`` and its parents if missing."""
-        os.makedirs(path, exist_ok=True)
+        """Create ``path`` and its parents if missing, durably.
+
+        The parent of each directory it creates is fsynced: a record or commit synced
+        under a new directory must not vanish with the directory's name at a power cut.
+        """
+        missing: list[Path] = []
+        p = Path(path)
+        while not os.path.lexists(p) and p.parent != p:
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                pass
+        for d in reversed(missing):
+            self.fsync_dir(d.parent)
 
     def listdir(self, path: Path) -> list[str]:
         """Names in ``path`` ([] if it does not exist)."""
