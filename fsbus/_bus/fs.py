@@ -699,12 +699,13 @@ class BusFS:
         return out
 
     def read_spills(self, wanted: Iterable[tuple[int, str]]) -> dict[tuple[int, str], str | None]:
-        """The spilled topic rest of each (bucket, name); None where missing or not ASCII."""
+        """The spilled topic rest of each (bucket, name); None where missing, empty or
+        not ASCII (a spill is never empty: a power cut can leave its name without data)."""
         out: dict[tuple[int, str], str | None] = {}
         for key in wanted:
             data = self._read_small(self.layout.topic_path(self.layout.buckets[key[0]], key[1]))
             try:
-                out[key] = data.decode("ascii") if data is not None else None
+                out[key] = data.decode("ascii") if data else None
             except UnicodeDecodeError:
                 out[key] = None
         return out

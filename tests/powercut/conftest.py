@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from .checks import TOTALS
 from .harness import PowerCut, unavailable
 
 
@@ -45,3 +46,11 @@ def fresh(pfs: PowerCut) -> PowerCut:
     """The filesystem, empty again."""
     pfs.load("empty")
     return pfs
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TOTALS["cuts"]:
+        terminalreporter.write_line(
+            f"power cuts: {TOTALS['cuts']} crash states checked, "
+            f"{TOTALS['lost']} acknowledged writes lost, {TOTALS['corrupt']} corrupt states"
+        )

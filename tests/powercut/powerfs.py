@@ -429,14 +429,22 @@ class PowerState:
 
     # ----------------------------------------------------------------- ALICE
     def crash_states(
-        self, *, per_point: int = 48, seed: int = 0, torn: bool = True, from_point: int = 0
+        self,
+        *,
+        per_point: int = 48,
+        seed: int = 0,
+        torn: bool = True,
+        from_point: int = 0,
+        ordered_meta: bool = False,
     ) -> Iterator[tuple[int, str, dict[str, Any]]]:
         """Every distinct crash state the trace allows: ``(point, choice, tree)``.
 
         ``point`` is how many trace units had been issued; ``tree`` maps each path
         to ``{"type": "dir" | "file" | "link", "data": bytes, "ino": int}``. Where a
         point allows more than ``per_point`` combinations, the smallest, the largest and
-        a seeded random sample of the rest are returned.
+        a seeded random sample of the rest are returned. ``ordered_meta``: entry
+        changes of all directories persist in issue order and any directory's sync
+        covers all before it (a metadata journal: ext4, XFS).
         """
         assert self.trace_base is not None, "start_trace first"
         rng = random.Random(seed)
@@ -447,8 +455,10 @@ class PowerState:
             forced: dict[tuple[str, int], int] = {}
             for i, u in enumerate(trace[:point]):
                 key = self._group(u)
+                if ordered_meta and key is not None and key[0] == "d":
+                    key = ("d", 0)
                 if u[0] == "sync":
-                    g = ("d", u[2]) if u[1] == "d" else ("f", u[2])
+                    g = ("d", 0 if ordered_meta else u[2]) if u[1] == "d" else ("f", u[2])
                     forced[g] = len(groups.get(g, []))
                 elif key is not None:
                     groups.setdefault(key, []).append(i)
@@ -749,6 +759,8 @@ def _control(state: PowerState, fin: Any, fout: Any) -> None:
                         per_point=int(req.get("per_point", 48)),
                         seed=int(req.get("seed", 0)),
                         torn=bool(req.get("torn", True)),
+                        from_point=int(req.get("from_point", 0)),
+                        ordered_meta=bool(req.get("ordered_meta", False)),
                     )
                 ):
                     root = os.path.join(req["into"], f"{n:05d}")

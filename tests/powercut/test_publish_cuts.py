@@ -64,7 +64,9 @@ def sweep_publishes(
         # Plain publishes promise nothing about survival: only that nothing is corrupt.
         where = f"seed {seed} cut {k}/{total}"
         deliver = k == points[-1]  # one run per sweep through a real subscriber
-        check_bus(root, items, acked if durable else set(), where, tally, deliver=deliver)
+        check_bus(
+            root, items, acked if durable else set(), where, tally, deliver=deliver, durable=durable
+        )
     return tally
 
 
@@ -83,8 +85,8 @@ def test_durable_publishes_survive_every_cut(
         every=1,
         randoms=0,
     )
-    assert tally.ok(), (tally.lost, tally.corrupt)
     assert tally.cuts >= 30
+    assert tally.ok(), (tally.lost, tally.corrupt)
 
 
 def test_durable_publishes_random_cuts(pfs: PowerCut, bus_root: str, sweep: bool) -> None:
