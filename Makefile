@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NODE_PEER := tests/interop/node_modules/qlobber-fsq/package.json
+SYS_STAMP := $(VENV)/.system-packages
 
 .PHONY: demo test lint typecheck pytest bench bench-quick docs spark-demo clean
 
@@ -12,6 +13,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,spark,docs,ui]'
 	touch $(STAMP)
+
+# Debian packages the tests drive for real (FUSE layers, sshd, zsh, CephFS, GlusterFS,
+# RabbitMQ, Redis): installed with apt when root, else the tests needing them skip
+$(SYS_STAMP): tests/system-packages.sh $(STAMP)
+	sh tests/system-packages.sh
+	touch $(SYS_STAMP)
 
 $(NODE_PEER): tests/interop/package.json
 	cd tests/interop && npm install --no-audit --no-fund --loglevel=error
@@ -27,7 +34,7 @@ spark-demo: $(STAMP)
 	$(PY) docs/examples/spark_pipeline.py
 
 ## test: lint, type-check, then the whole suite (unit, multi-process, interop, stress smoke, Spark)
-test: $(STAMP) $(NODE_PEER)
+test: $(STAMP) $(NODE_PEER) $(SYS_STAMP)
 	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed for the Spark tests: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -44,7 +51,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP) $(NODE_PEER)
+pytest: $(STAMP) $(NODE_PEER) $(SYS_STAMP)
 	$(PY) -m pytest $(ARGS)
 
 BENCH_STAMP := $(VENV)/.bench-installed

@@ -12,6 +12,10 @@ An HTML comment on the line before a block changes how it runs:
 ``<!-- spark -->``
     the block needs Spark: it gets a variable ``spark`` (a local SparkSession set up
     for this machine) and runs under the ``spark`` and ``slow`` markers;
+``<!-- two-mounts: /mnt/a /mnt/b -->``
+    the block needs two mounts of one directory at those paths: it runs as root in a
+    private mount namespace where both are bind mounts of one fresh directory (the
+    host's mounts are not touched);
 ``<!-- no-run: reason -->``
     the block is not run (say why; prefer a runnable sample).
 
@@ -35,7 +39,7 @@ TIMEOUT = 90.0
 SPARK_TIMEOUT = 300.0
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<info>[^\s`]*)")
-_MARKER = re.compile(r"^\s*<!--\s*(?P<kind>pytest|spark|no-run)\b(?P<rest>.*?)-->\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*(?P<kind>pytest|spark|two-mounts|no-run)\b(?P<rest>.*?)-->\s*$")
 
 SPARK_PRELUDE = """\
 import os as _os
@@ -74,9 +78,9 @@ class Sample:
     code: str
     """The block's source, dedented to the fence."""
     kind: str
-    """"python", "pytest", "spark" or "no-run"."""
+    """"python", "pytest", "spark", "two-mounts" or "no-run"."""
     reason: str
-    """Why a no-run block is not run."""
+    """Why a no-run block is not run; the mount points of a two-mounts block."""
 
     @property
     def id(self) -> str:
@@ -159,6 +163,8 @@ def test_sample_runs(sample: Sample, tmp_path: Path) -> None:
         script = tmp_path / "sample.py"
         script.write_text(code, encoding="utf-8")
         cmd = [sys.executable, script.name]
+        if sample.kind == "two-mounts":
+            cmd = _in_two_mounts(sample, tmp_path, cmd)
     try:
         proc = subprocess.run(
             cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
@@ -174,6 +180,26 @@ def test_sample_runs(sample: Sample, tmp_path: Path) -> None:
             f"--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}",
             pytrace=False,
         )
+
+
+def _in_two_mounts(sample: Sample, tmp_path: Path, cmd: list[str]) -> list[str]:
+    """Run ``cmd`` where the sample's two mount points show one fresh directory."""
+    points = sample.reason.split()
+    usage = f"{sample.id}: write <!-- two-mounts: /path/a /path/b -->"
+    assert len(points) == 2, usage
+    assert all(p.startswith("/") for p in points), usage
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("two-mounts samples need root and unshare (util-linux)")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    parents = sorted({os.path.dirname(p) for p in points})
+    script = "set -e\n"
+    for parent in parents:  # a private tmpfs, so no mount point is made on the host
+        script += f"mount -t tmpfs fsbus-sample {parent}\n"
+    for point in points:
+        script += f"mkdir -p {point}\nmount --bind {shared} {point}\n"
+    script += 'exec "$@"\n'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *cmd]
 
 
 def _text(data: str | bytes | None) -> str:
