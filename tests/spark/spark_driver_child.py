@@ -1,10 +1,11 @@
 """A Spark driver in its own process, for the SIGKILL test.
 
-    python spark_driver_child.py <root> <checkpoint> <scratch> run|finish
+    python spark_driver_child.py <root> <checkpoint> <scratch> run|finish [<master>]
 
 It copies stream ``in`` to stream ``out`` through the fsbus source and sink, 40 records
 per micro-batch. ``run`` keeps going until killed; ``finish`` uses Trigger.AvailableNow
-and exits 0 once everything available has been copied.
+and exits 0 once everything available has been copied. ``master`` is local[2] unless given
+(a standalone cluster's ``spark://`` URL).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from spark_helpers import build_spark
 
 def main() -> None:
     root, checkpoint, scratch, mode = sys.argv[1:5]
-    spark = build_spark(Path(scratch), app=f"fsbus-driver-{mode}")
+    master = sys.argv[5] if len(sys.argv) > 5 else "local[2]"
+    spark = build_spark(Path(scratch), app=f"fsbus-driver-{mode}", master=master)
     writer = (
         spark.readStream.format("fsbus")
         .option("path", root)

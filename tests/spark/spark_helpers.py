@@ -24,17 +24,24 @@ def spark_env() -> dict[str, str]:
     }
 
 
-def build_spark(tmp: Path, app: str = "fsbus-tests", *, register: bool = True) -> Any:
-    """A local[2] SparkSession with its scratch space under ``tmp``, fsbus registered
-    (unless ``register`` is false: then Spark must find the data source on its own)."""
+def build_spark(
+    tmp: Path, app: str = "fsbus-tests", *, register: bool = True, master: str = "local[2]"
+) -> Any:
+    """A SparkSession with its scratch space under ``tmp``, fsbus registered (unless
+    ``register`` is false: then Spark must find the data source on its own).
+
+    ``master`` is ``local[2]`` (one JVM) or a standalone cluster's ``spark://`` URL (see
+    spark_cluster.py): then each executor is a JVM of its own, started by a Worker.
+    """
     from pyspark.sql import SparkSession
+    from spark_cluster import app_conf
 
     import fsbus.spark
 
     os.environ.update(spark_env())
     (tmp / "local").mkdir(parents=True, exist_ok=True)
-    spark = (
-        SparkSession.builder.master("local[2]")
+    builder = (
+        SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -46,8 +53,11 @@ def build_spark(tmp: Path, app: str = "fsbus-tests", *, register: bool = True) -
         .config("spark.sql.warehouse.dir", str(tmp / "warehouse"))
         .config("spark.driver.memory", "1g")
         .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
     )
+    if master.startswith("spark://"):
+        for key, value in app_conf(tmp).items():
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if register:
         fsbus.spark.register(spark)

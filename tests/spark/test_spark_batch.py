@@ -28,6 +28,7 @@ def read_stream(spark: Any, root: Path, **options: str) -> Any:
     return reader.load()
 
 
+@pytest.mark.parametrize("spark", ["local", "cluster"], indirect=True)
 def test_batch_round_trip(spark: Any, root: Path) -> None:
     rows = [(f"k{i % 7}", f"value {i}", {"n": str(i)} if i % 3 else {}) for i in range(500)]
     df = spark.createDataFrame(rows, "key string, value string, headers map<string,string>")
@@ -91,6 +92,7 @@ def test_decoding_helpers(spark: Any, root: Path) -> None:
     assert got == [(f"u{i}", i) for i in range(5)] + [None]
 
 
+@pytest.mark.parametrize("spark", ["local", "cluster"], indirect=True)
 def test_bus_snapshot(spark: Any, root: Path) -> None:
     with BlockingBus(root) as bus:
         for i in range(5):
@@ -111,6 +113,7 @@ def test_bus_snapshot(spark: Any, root: Path) -> None:
         assert sum(1 for _ in bus.browse("#")) == 8
 
 
+@pytest.mark.parametrize("spark", ["local", "cluster"], indirect=True)
 def test_batch_write_to_bus_topics(spark: Any, root: Path) -> None:
     rows = [(f"alerts.{'high' if i % 4 == 0 else 'low'}", f"alert {i}") for i in range(40)]
     df = spark.createDataFrame(rows, "topic string, value string")

@@ -1,5 +1,9 @@
 """A real Spark driver (Python and its JVM) killed with SIGKILL mid-stream, then restarted
-on the same checkpoint: every record of the source reaches the sink exactly once."""
+on the same checkpoint: every record of the source reaches the sink exactly once.
+
+On the standalone cluster an executor JVM (with its Python workers) is SIGKILLed first,
+while the driver keeps running: Spark reruns its tasks on the executor the Worker starts
+in its place, and still nothing is lost or doubled."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from spark_cluster import Cluster
 from spark_helpers import spark_env, wait_until
 
 from fsbus import RecordIn, Stream
@@ -34,11 +39,14 @@ def out_end(root: Path) -> int:
         return 0
 
 
-def driver(root: Path, tmp_path: Path, mode: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
+def driver(
+    root: Path, tmp_path: Path, mode: str, master: str, log: IO[bytes]
+) -> subprocess.Popen[bytes]:
     scratch = tmp_path / f"scratch-{mode}"
     scratch.mkdir()
+    ckpt = tmp_path / "ckpt"
     return subprocess.Popen(
-        [sys.executable, str(CHILD), str(root), str(tmp_path / "ckpt"), str(scratch), mode],
+        [sys.executable, str(CHILD), str(root), str(ckpt), str(scratch), mode, master],
         env={**os.environ, **spark_env()},
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -46,34 +54,62 @@ def driver(root: Path, tmp_path: Path, mode: str, log: IO[bytes]) -> subprocess.
     )
 
 
-def kill_when_copying(root: Path, tmp_path: Path, first: subprocess.Popen[bytes]) -> None:
+def wait_copied(root: Path, tmp_path: Path, first: subprocess.Popen[bytes], count: int) -> None:
+    wait_until(
+        lambda: out_end(root) >= count or first.poll() is not None,
+        timeout=240,
+        what=f"the first driver to copy {count} records",
+    )
+    assert first.poll() is None, (tmp_path / "run.out").read_text(errors="replace")
+
+
+def kill_an_executor(cluster: Cluster) -> int:
+    """SIGKILL one executor JVM of the first driver's application; its pid."""
+    [app] = cluster.app_ids("fsbus-driver-run")
+    pids = cluster.executor_pids(app)
+    assert len(pids) == 2, pids  # one per Worker, each a JVM of its own
+    os.kill(pids[0], signal.SIGKILL)
+    return pids[0]
+
+
+def kill_when_copying(
+    root: Path, tmp_path: Path, first: subprocess.Popen[bytes], cluster: Cluster | None
+) -> None:
     try:
-        wait_until(
-            lambda: out_end(root) >= 200 or first.poll() is not None,
-            timeout=240,
-            what="the first driver to copy 200 records",
-        )
-        assert first.poll() is None, (tmp_path / "run.out").read_text(errors="replace")
+        wait_copied(root, tmp_path, first, 200)
+        if cluster is not None:
+            killed = kill_an_executor(cluster)
+            wait_copied(root, tmp_path, first, out_end(root) + 200)
+            [app] = cluster.app_ids("fsbus-driver-run")
+            assert killed not in cluster.executor_pids(app)
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
 
 
 @pytest.mark.timeout(600)
-def test_driver_sigkill_mid_stream_then_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["local", "cluster"])
+def test_driver_sigkill_mid_stream_then_restart(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    cluster: Cluster | None = None
+    master = "local[2]"
+    if where == "cluster":
+        cluster = request.getfixturevalue("spark_cluster")
+        master = cluster.url
     root = tmp_path / "bus"
     fill(root, range(1200))
 
     with open(tmp_path / "run.out", "wb") as log:
-        first = driver(root, tmp_path, "run", log)
-        kill_when_copying(root, tmp_path, first)
+        first = driver(root, tmp_path, "run", master, log)
+        kill_when_copying(root, tmp_path, first, cluster)
     copied_before_kill = out_end(root)
     assert copied_before_kill < 1200, "the driver finished before it could be killed"
 
     fill(root, range(1200, 1500))  # records keep arriving while the driver is down
 
     with open(tmp_path / "finish.out", "wb") as log:
-        second = driver(root, tmp_path, "finish", log)
+        second = driver(root, tmp_path, "finish", master, log)
         try:
             code = second.wait(timeout=300)
         finally:

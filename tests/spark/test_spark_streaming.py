@@ -54,6 +54,7 @@ def copy_query(
     )
 
 
+@pytest.mark.parametrize("spark", ["local", "cluster"], indirect=True)
 def test_available_now_with_limit_and_restart(spark: Any, root: Path, tmp_path: Path) -> None:
     fill(root, "in", range(300))
     checkpoint = tmp_path / "ckpt"
@@ -89,6 +90,7 @@ def test_starting_offsets_latest_and_explicit(spark: Any, root: Path, tmp_path: 
     assert values_of(root, "out") == [f"v{i}" for i in range(45, 50)]
 
 
+@pytest.mark.parametrize("spark", ["local", "cluster"], indirect=True)
 def test_stream_to_bus_topics(spark: Any, root: Path, tmp_path: Path) -> None:
     fill(root, "in", range(60))
     query = (
@@ -216,6 +218,7 @@ with Stream.open(root, "in") as stream:
 """
 
 
+@pytest.mark.parametrize("spark", ["local", "cluster"], indirect=True)
 def test_query_keeps_up_with_a_live_producer(spark: Any, root: Path, tmp_path: Path) -> None:
     from spark_helpers import wait_until
 
