@@ -95,6 +95,15 @@ class BusConfig(BaseModel):
         "flock stays on each client (sshfs, NFS with nolock or local_lock, BeeGFS without "
         "tuneUseGlobalFileLocks) or another consumer already claims by rename, else flock.",
     )
+    claim_lease: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a work-queue message claimed by rename stays claimed without "
+        "word from its consumer: the consumer renews the lease every quarter of it while "
+        "its handler runs, and garbage collection gives back a claim not renewed for this "
+        "long (its consumer died or was cut off). Flock claims need no lease: the lock "
+        "goes with the process.",
+    )
 
     # --- files ---------------------------------------------------------------------
     file_mode: int | None = Field(

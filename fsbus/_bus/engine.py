@@ -294,10 +294,12 @@ class Bus:
             self._fs.publish_many, 256
         )
         self._finisher: _Batcher[tuple[Claim, str], None] = _Batcher(self._finish_many, 256)
+        # Rename claims held by running handlers: their leases are renewed (_renew_loop).
+        self._held: dict[tuple[int, str], Claim] = {}
         self._counts = dict.fromkeys(
             (
                 "published delivered acked released failed dead_lettered expired quarantined scans "
-                "claims_lost"
+                "claims_lost leases_lost"
             ).split(),
             0,
         )
@@ -375,6 +377,8 @@ class Bus:
                 tg.start_soon(self._publisher.run)
                 tg.start_soon(self._finisher.run)
                 tg.start_soon(self._gc_loop)
+                if self._fs.locking == "rename":
+                    tg.start_soon(self._renew_loop)
                 task_status.started()
                 try:
                     await self._stop.wait()
@@ -1074,6 +1078,8 @@ class Bus:
                 self._stale_buckets.add(e.bucket_index)
                 continue
             self._in_flight.add(e.key)
+            if claim.renamed:
+                self._held[e.key] = claim  # renewed until its handler is done
             msg = self._message(e, claim.payload, claim.meta, claim.attempts)
             self._free -= 1  # capacity was checked above: no wait here
             self._counts["delivered"] += 1
@@ -1125,6 +1131,7 @@ class Bus:
                     log.error("could not settle %s (%s): %s; releasing it", msg.name, outcome, exc)
                     outcome = "release"
         finally:
+            self._held.pop(key, None)
             if outcome != "posted":
                 if outcome == "release":
                     # Cancelled (shutdown): give it back without counting a failure.
@@ -1239,6 +1246,35 @@ class Bus:
         )
 
     # ------------------------------------------------------------------ housekeeping
+    async def _renew_loop(self) -> None:
+        """Renew the leases of rename claims while their handlers run.
+
+        Every quarter of ``claim_lease`` the claimed files of running handlers get fresh
+        times, so garbage collection on any host, which gives back claims older than the
+        lease, leaves them alone however long a handler takes. Renewal is a ``utime`` in
+        a worker thread; only a consumer whose event loop or host stops for a whole
+        lease loses its claims (counted in ``leases_lost``; the message may then be
+        handled again elsewhere, as after a crash).
+        """
+        period = self.config.claim_lease / 4
+        while True:
+            await anyio.sleep(period)
+            held = list(self._held.values())
+            if not held:
+                continue
+            lost = await anyio.to_thread.run_sync(self._fs.renew, held)
+            for c in lost:
+                if self._held.get((self.layout.buckets.index(c.bucket), c.name)) is not c:
+                    continue  # its handler finished meanwhile and the claim was acked
+                self._counts["leases_lost"] += 1
+                log.warning(
+                    "the claim on work-queue message %s lapsed (not renewed within "
+                    "claim_lease=%s s) and was given back: another consumer may handle it "
+                    "too; keep the event loop free, or raise claim_lease",
+                    c.name,
+                    self.config.claim_lease,
+                )
+
     async def _gc_loop(self) -> None:
         while True:
             await anyio.sleep(self.config.gc_interval)
@@ -1319,6 +1355,7 @@ class Bus:
             in_flight=len(self._in_flight),
             inotify=self._waker.inotify_active,
             claims_lost=c["claims_lost"],
+            leases_lost=c["leases_lost"],
         )
 
 

@@ -910,6 +910,27 @@ class BusFS:
             raise
         return Claim(bucket, name, fd, payload, meta, attempts, renamed=True)
 
+    def renew(self, claims: Iterable[Claim]) -> list[Claim]:
+        """Renew the leases of claims made by rename; returns the ones found lost.
+
+        A renewal sets the claimed file's times to now (``utime``: on NFS the server's
+        clock) so garbage collection, which gives back claims older than
+        ``claim_lease``, sees a live consumer. A claim whose file is gone from
+        ``fsbus/claims/`` was given back (its consumer paused past the lease): it is
+        lost, and the message may be handled again elsewhere.
+        """
+        lost = []
+        for c in claims:
+            if not c.renamed:
+                continue
+            try:
+                self.ops.utime(self._claim_path(c.bucket, c.name))
+            except OSError as exc:
+                if exc.errno in _MISSING:
+                    lost.append(c)
+                # any other error: try again at the next renewal, well within the lease
+        return lost
+
     def _return_claim(self, bucket: str, name: str) -> bool:
         """Rename a claimed message back into its bucket and stamp it; False if gone."""
         try:
@@ -1063,12 +1084,13 @@ class BusFS:
         for bucket in lay.buckets:
             present = set(self._listdir_quiet(f"{lay.messages}/{bucket}"))
             for name in self._listdir_quiet(f"{self._claims}/{bucket}"):
-                # Claimed by rename: its sidecars are not orphans. A claim older than
-                # max_age belongs to a consumer that died (or overran its lease): give
-                # the message back for redelivery.
+                # Claimed by rename: its sidecars are not orphans. A claim not renewed
+                # for claim_lease seconds belongs to a consumer that died or was cut off
+                # (a live one renews it while its handler runs): give it back.
                 present.add(name)
                 p = self._claim_path(bucket, name)
-                if self._is_old(p, now, max_age) and self._return_claim(bucket, name):
+                lease = min(max_age, self.config.claim_lease)
+                if self._is_old(p, now, lease) and self._return_claim(bucket, name):
                     removed += 1
             for name in [n for n in present if self._empty_and_old(bucket, n, now, max_age)]:
                 removed += self.remove([(bucket, name)])

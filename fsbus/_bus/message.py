@@ -137,6 +137,9 @@ class BusStatistics:
 
     Many, next to few ``delivered``, means more consumers than the work needs: each one
     lists and races for the same messages (see "Many consumers on one queue")."""
+    leases_lost: int = 0
+    """Rename claims given back while their handler still ran: the lease
+    (``claim_lease``) was not renewed in time, so the message may be handled twice."""
 
 
 @dataclass(frozen=True, slots=True)

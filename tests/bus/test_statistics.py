@@ -75,6 +75,7 @@ def test_statistics_are_frozen() -> None:
         "in_flight",
         "inotify",
         "claims_lost",
+        "leases_lost",
     ]
 
 

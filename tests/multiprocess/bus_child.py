@@ -179,6 +179,7 @@ def worker(params: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ blocking face
 def blocking_worker(params: dict[str, Any]) -> None:
     hold = bool(params.get("hold", False))
+    work = float(params.get("work", 0))
     stop = threading.Event()
 
     def watch_stdin() -> None:
@@ -200,6 +201,8 @@ def blocking_worker(params: dict[str, Any]) -> None:
             if hold:
                 stop.wait()  # keep it claimed until told to stop; leaving `with` releases it
                 break
+            if work:
+                stop.wait(work)  # stands for the job's own work
             emit("done", **describe(msg))
             it.ack(msg)
     emit("closed")
