@@ -34,6 +34,7 @@ from .._errors import (
 from .layout import Layout
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan
+from .scan import BAD_SPILL
 
 __all__ = [
     "BusFS",
@@ -699,16 +700,45 @@ class BusFS:
         return out
 
     def read_spills(self, wanted: Iterable[tuple[int, str]]) -> dict[tuple[int, str], str | None]:
-        """The spilled topic rest of each (bucket, name); None where missing, empty or
-        not ASCII (a spill is never empty: a power cut can leave its name without data)."""
+        """The spilled topic rest of each (bucket, name).
+
+        None where the spill is missing, empty (a spill is never empty: a power cut can
+        leave its name without data) or not readable by us: it may still come right, so
+        the message is looked at again. `BAD_SPILL` where it can never be a topic
+        (not ASCII, a symlink, not a regular file): the message is foreign and is
+        quarantined once instead of being read again at every listing.
+        """
         out: dict[tuple[int, str], str | None] = {}
         for key in wanted:
-            data = self._read_small(self.layout.topic_path(self.layout.buckets[key[0]], key[1]))
-            try:
-                out[key] = data.decode("ascii") if data else None
-            except UnicodeDecodeError:
-                out[key] = None
+            out[key] = self._read_spill(self.layout.topic_path(self.layout.buckets[key[0]], key[1]))
         return out
+
+    def _read_spill(self, path: str) -> str | None:
+        try:
+            fd = self.ops.open(path, _READ)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                return BAD_SPILL  # a planted symlink, a directory, a device or a socket
+            if exc.errno in _MISSING or exc.errno in _SKIP:
+                return None
+            raise storage_error("reading a topic spill", exc, path) from exc
+        try:
+            st = self.ops.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return BAD_SPILL
+            data = self.ops.pread(fd, st.st_size, 0)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                return None
+            raise storage_error("reading a topic spill", exc, path) from exc
+        finally:
+            self.ops.close(fd)
+        if not data:
+            return None
+        try:
+            return data.decode("ascii")
+        except UnicodeDecodeError:
+            return BAD_SPILL
 
     def _read_small(self, path: str) -> bytes | None:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import Final
 
 from .names import ParsedName, decode_topic, parse_name
 
@@ -76,6 +77,11 @@ class Entry:
 
 
 _rank = operator.attrgetter("rank")
+
+
+BAD_SPILL: Final = "\x00"
+"""What `BusFS.read_spills` gives for a spill that can never hold a topic (not
+ASCII, a symlink, not a regular file): the message is foreign."""
 
 
 @dataclass
@@ -242,6 +248,8 @@ def _parse(bi: int, name: str, spills: dict[tuple[int, str], str | None]) -> Ent
         rest = spills.get((bi, name))
         if rest is None:
             return Entry(bi, parsed, None)
+        if rest == BAD_SPILL:
+            return None  # foreign: quarantined once, never read again
         topic = decode_topic(parsed.topic_hex + rest)
         if topic is None:
             return None

@@ -11,6 +11,7 @@ import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, StorageError
 from fsbus._bus.names import encode_topic, make_name
+from fsbus._bus.ops import Ops
 
 from .conftest import Inbox, files_under, message_files, wait_until
 
@@ -240,3 +241,62 @@ async def test_a_fifo_named_like_a_message_does_not_hang_the_bus(root: Path, sin
         await bus.publish("real", b"r", single=single)
         await inbox.wait_topic("real")
     assert inbox.topics == ["real"]
+
+
+class SpillOpens(Ops):
+    """Counts the opens of files under ``topics/`` (topic spills)."""
+
+    def __init__(self) -> None:
+        self.spill_opens = 0
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        if "/topics/" in path:
+            self.spill_opens += 1
+        return super().open(path, flags, mode)
+
+
+@pytest.mark.parametrize("bad", ["non-ascii", "symlink", "directory"])
+@pytest.mark.asyncio
+async def test_a_bad_topic_spill_is_quarantined_once_not_read_at_every_listing(
+    root: Path, tmp_path: Path, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    topic = "long." + "x" * 300
+    name, spill = make_name(
+        encode_topic(topic),
+        split_at=200,
+        expires_ms=int((time.time() + 3600) * 1000),
+        kind="m",
+        unique=os.urandom(16).hex(),
+    )
+    assert spill is not None
+    (root / "messages" / "42" / name).write_bytes(b"\x00payload")
+    spill_path = root / "topics" / "42" / name
+    spill_path.parent.mkdir(parents=True, exist_ok=True)
+    if bad == "non-ascii":
+        spill_path.write_bytes(spill.encode() + "é".encode())
+    elif bad == "symlink":
+        target = tmp_path / "elsewhere"
+        target.write_text(spill)  # a valid rest: only the link makes it bad
+        spill_path.symlink_to(target)
+    else:
+        spill_path.mkdir()
+    ops = SpillOpens()
+    inbox = Inbox()
+    config = BusConfig(refresh_ttl=0.05, poll_interval=0.02)
+    async with Bus(root, config=config, ops=ops) as bus:
+        await bus.subscribe("#", inbox)
+        await wait_until(lambda: bus.statistics().quarantined == 1)
+        # Many full listings later, the spill was read once and the message moved once.
+        scans = bus.statistics().scans
+        await wait_until(lambda: bus.statistics().scans >= scans + 10)
+        await bus.publish("still.works", b"yes")
+        await inbox.wait_for(1)
+        assert bus.statistics().quarantined == 1
+    assert ops.spill_opens == 1
+    assert inbox.topics == ["still.works"]
+    moved = files_under(root / "fsbus" / "quarantine")
+    assert len(moved) == 1
+    assert moved[0].endswith(name[-40:])
+    warnings = [r for r in caplog.records if "foreign file" in r.getMessage()]
+    assert len(warnings) == 1
