@@ -21,19 +21,23 @@ See docs/spark.md for every option and the exactly-once protocol.
 
 from __future__ import annotations
 
-from typing import Any
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
 
 try:
-    import pyarrow  # noqa: F401
     import pyspark.sql.datasource  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "fsbus.spark needs PySpark >= 4.2 and pyarrow: pip install 'fsbus[spark]'"
     ) from exc
+if find_spec("pyarrow") is None:  # pragma: no cover - imported only where rows are built
+    raise ImportError("fsbus.spark needs pyarrow: pip install 'fsbus[spark]'")
 
-from ._schema import BUS_SCHEMA, STREAM_SCHEMA, value_as_json, value_as_string
-from ._sink import BATCH_HEADER, ID_HEADER
+from ._names import BATCH_HEADER, BUS_SCHEMA, ID_HEADER, STREAM_SCHEMA
 from ._source import FsBusDataSource
+
+if TYPE_CHECKING:
+    from ._schema import value_as_json, value_as_string
 
 __all__ = (
     "BATCH_HEADER",
@@ -45,6 +49,16 @@ __all__ = (
     "value_as_json",
     "value_as_string",
 )
+
+
+def __getattr__(name: str) -> Any:
+    # The decoding helpers need pyarrow and numpy (through ._schema): loaded when first
+    # asked for, so that Spark's planning processes, which import this package, do not.
+    if name in ("value_as_json", "value_as_string"):
+        from . import _schema
+
+        return getattr(_schema, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(spark: Any) -> None:

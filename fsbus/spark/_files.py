@@ -18,11 +18,12 @@ import shutil
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from fsbus import StorageError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "Ledger",
@@ -61,6 +62,8 @@ def _fail(what: str, exc: OSError, path: Path) -> StorageError:
 
 def write_staged(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> int:
     """Write batches to an Arrow IPC file that appears complete or not at all; row count."""
+    import pyarrow as pa  # here: the processes that only plan reads never load it
+
     rows = 0
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -81,6 +84,8 @@ def write_staged(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch
 
 def read_staged(path: Path) -> pa.Table:
     """Read a staged Arrow file back (memory-mapped: the table's buffers are the file's pages)."""
+    import pyarrow as pa
+
     try:
         with pa.memory_map(str(path), "r") as source:
             return pa.ipc.open_stream(source).read_all()

@@ -12,6 +12,8 @@ import pyarrow as pa
 
 from fsbus import InvalidConfig
 
+from ._names import BUS_SCHEMA, STREAM_SCHEMA
+
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
@@ -30,19 +32,6 @@ __all__ = [
     "value_as_json",
     "value_as_string",
 ]
-
-STREAM_SCHEMA = (
-    "stream string, offset long, timestamp timestamp, key binary, value binary, "
-    "headers map<string,string>"
-)
-"""Columns of a Stream read: one row per record."""
-
-BUS_SCHEMA = (
-    "topic string, kind string, expires timestamp, size long, payload binary, "
-    "headers map<string,string>, priority int, published_at timestamp, host string, "
-    "locked boolean, name string, bucket string"
-)
-"""Columns of a Bus snapshot: one row per message on disk (nothing is consumed)."""
 
 _TS = pa.timestamp("us", tz="UTC")
 _HEADERS = pa.map_(pa.string(), pa.string())

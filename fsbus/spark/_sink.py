@@ -57,6 +57,7 @@ from ._files import (
     subdirs,
     write_staged,
 )
+from ._names import BATCH_HEADER, ID_HEADER
 from ._options import SinkOptions
 
 if TYPE_CHECKING:
@@ -73,10 +74,6 @@ __all__ = [
     "stage",
 ]
 
-BATCH_HEADER = "fsbus-spark-batch"
-"""Header on the first record a commit appends to a Stream: ``<sink>/<batch>:<skip>``."""
-ID_HEADER = "fsbus-spark-id"
-"""Header on every message a commit publishes on the Bus: ``<sink>/<batch>:<index>``."""
 KEEP_MARKERS = 100
 """Done markers kept per sink (Spark replays only the last batch or so)."""
 

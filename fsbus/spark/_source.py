@@ -1,12 +1,18 @@
-"""The ``fsbus`` data source: one short name for Stream reads, Bus snapshots and writes."""
+"""The ``fsbus`` data source: one short name for Stream reads, Bus snapshots and writes.
+
+Spark imports this module in every Python process that touches the source: a fresh one
+creates the data source (``schema()``), another plans each streaming query and a third
+commits each streaming write. So the readers and the sink are imported where a method
+needs them, not here: a process that only plans a Stream read never loads pyarrow's
+compute kernels, the sink or the Bus's engine (about 0.1-0.2 s a process).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -18,8 +24,8 @@ from pyspark.sql.datasource import (
 
 from fsbus import InvalidConfig
 
-from ._bus_source import BusSnapshotReader
 from ._files import absolute
+from ._names import BUS_SCHEMA, STREAM_SCHEMA
 from ._options import (
     SinkOptions,
     StreamSourceOptions,
@@ -28,9 +34,11 @@ from ._options import (
     parse_stream_source_options,
     reader_kind,
 )
-from ._schema import BUS_SCHEMA, STREAM_SCHEMA
-from ._sink import SinkColumns, discard, publish, sink_columns, stage
-from ._stream_source import StreamBatchReader, StreamMicroBatchReader, resolve_offsets
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ._sink import SinkColumns
 
 __all__ = ["FsBusDataSource"]
 
@@ -53,13 +61,19 @@ class FsBusDataSource(DataSource):
         if reader_kind(self.options) == "bus":
             parse_bus_snapshot_options(self.options)
             return BUS_SCHEMA
+        from ._stream_source import resolve_offsets
+
         resolve_offsets(self._stream_options(), ending=False)  # streams exist, offsets fit
         return STREAM_SCHEMA
 
     def reader(self, schema: Any) -> DataSourceReader:
         if reader_kind(self.options) == "bus":
+            from ._bus_source import BusSnapshotReader
+
             opts = parse_bus_snapshot_options(self.options)
             return BusSnapshotReader(replace(opts, root=absolute(opts.root)))
+        from ._stream_source import StreamBatchReader
+
         return StreamBatchReader(self._stream_options(), schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
@@ -68,6 +82,8 @@ class FsBusDataSource(DataSource):
                 "streaming reads take a Stream (option 'stream'); the Bus's messages can "
                 "only be read as a batch snapshot (spark.read with option 'pattern')"
             )
+        from ._stream_source import StreamMicroBatchReader, resolve_offsets
+
         opts = self._stream_options()
         resolve_offsets(opts, ending=False)
         return StreamMicroBatchReader(opts, schema)
@@ -78,10 +94,14 @@ class FsBusDataSource(DataSource):
         return replace(opts, root=absolute(opts.root))
 
     def writer(self, schema: Any, overwrite: bool) -> BatchWriter:
+        from ._sink import sink_columns
+
         opts = _sink_options(self.options, overwrite, streaming=False)
         return BatchWriter(opts, sink_columns(schema, opts))
 
     def streamWriter(self, schema: Any, overwrite: bool) -> StreamWriter:
+        from ._sink import sink_columns
+
         opts = _sink_options(self.options, overwrite, streaming=True)
         return StreamWriter(opts, sink_columns(schema, opts))
 
@@ -108,12 +128,18 @@ class BatchWriter(DataSourceArrowWriter):
         self.sink_id = "batch-jobs"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        from ._sink import stage
+
         return stage(self.opts, self.cols, self.sink_id, self.job, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        from ._sink import publish
+
         publish(self.opts, self.sink_id, self.job, messages, replayable=False)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        from ._sink import discard
+
         discard(self.opts, self.sink_id, self.job, messages)
 
 
@@ -129,12 +155,18 @@ class StreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from pyspark import TaskContext
 
+        from ._sink import stage
+
         ctx = TaskContext.get()
         batch = ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx is not None else None
         return stage(self.opts, self.cols, self.sink_id, batch or "unknown", iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        from ._sink import publish
+
         publish(self.opts, self.sink_id, str(batchId), messages, replayable=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        from ._sink import discard
+
         discard(self.opts, self.sink_id, str(batchId), messages)
