@@ -21,6 +21,10 @@ from ._errors import (
     LockingUnsupported,
     OffsetOutOfRange,
     PayloadTooLarge,
+    QueueError,
+    QueueFull,
+    QueueMismatch,
+    QueueNotFound,
     StorageError,
     StoragePermissionError,
     StreamError,
@@ -36,6 +40,7 @@ if _typing.TYPE_CHECKING:
     from ._bus.fs import probe_locking
     from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeReport
     from ._config import BusConfig
+    from ._queues.definition import QueueInfo, QueueOptions
     from ._core.trie import TopicTrie
     from ._stream.aio import AsyncConsumerGroup, AsyncStream
     from ._stream.config import StreamConfig
@@ -80,6 +85,12 @@ __all__ = (
     "PublishInfo",
     "PurgeReport",
     "QueueEmpty",
+    "QueueError",
+    "QueueFull",
+    "QueueInfo",
+    "QueueMismatch",
+    "QueueNotFound",
+    "QueueOptions",
     "Record",
     "RecordIn",
     "RecoveryInfo",
@@ -127,6 +138,8 @@ _LAZY = {
     "PublishInfo": "._bus.message",
     "PurgeReport": "._bus.message",
     "QueueEmpty": "._stream.queue",
+    "QueueInfo": "._queues.definition",
+    "QueueOptions": "._queues.definition",
     "Record": "._stream.framing",
     "RecordIn": "._stream.framing",
     "RecoveryInfo": "._stream.writer",

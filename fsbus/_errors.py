@@ -43,6 +43,10 @@ __all__ = [
     "LockingUnsupported",
     "OffsetOutOfRange",
     "PayloadTooLarge",
+    "QueueError",
+    "QueueFull",
+    "QueueMismatch",
+    "QueueNotFound",
     "StorageError",
     "StoragePermissionError",
     "StreamError",
@@ -131,6 +135,22 @@ class StreamNotFound(StreamError):
 
 class OffsetOutOfRange(StreamError):
     """An offset lies before the stream's start or after its end."""
+
+
+class QueueError(FsBusError):
+    """A durable-queue problem."""
+
+
+class QueueNotFound(QueueError, LookupError):
+    """No queue of that name is declared on the bus."""
+
+
+class QueueMismatch(QueueError):
+    """A queue exists with other options, or is not unused/empty as asked."""
+
+
+class QueueFull(QueueError):
+    """A queue with ``overflow="reject-publish"`` is at its ``max_length``."""
 
 
 _HINTS = {

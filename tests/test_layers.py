@@ -32,6 +32,7 @@ PURE_NAMES = (
     "_core/topics.py",
     "_core/trie.py",
     "_core/platform.py",
+    "_queues/definition.py",
     "_bus/names.py",
     "_bus/layout.py",
     "_bus/scan.py",
@@ -51,7 +52,8 @@ PACKAGE_RULES: dict[str, tuple[str, ...]] = {
     "fsbus._errors": (),
     "fsbus._config": ("fsbus._errors",),
     "fsbus._core": ROOT_MODULES,
-    "fsbus._bus": (*ROOT_MODULES, "fsbus._core"),
+    "fsbus._queues": (*ROOT_MODULES, "fsbus._core"),
+    "fsbus._bus": (*ROOT_MODULES, "fsbus._core", "fsbus._queues"),
     "fsbus._stream": (*ROOT_MODULES, "fsbus._core"),
 }
 

@@ -20,7 +20,8 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .._config import BusConfig, make_config
-from .._errors import ClosedError, UsageError
+from .._errors import ClosedError, FsBusError, UsageError
+from .._queues.definition import QueueInfo, QueueOptions
 from .engine import (
     Bus,
     Kind,
@@ -35,6 +36,7 @@ from .namer import Namer, new_publish_info
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
+from .queueing import open_store
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 
@@ -64,6 +66,7 @@ class BlockingBus:
         self._ops = ops
         self._fs = BusFS(self.layout, self.config, ops)
         self._namer = Namer(self.layout, self.config)
+        self._queues = open_store(self.layout, self.config)
         self._buckets = self.layout.buckets
         self._max_payload = self.config.max_payload_size
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
@@ -116,6 +119,7 @@ class BlockingBus:
                     self._portal_cm.__exit__(None, None, None)
                     self._portal_cm = self._portal = None
             self._fs.close()
+            self._queues.close()
             self._open = False
 
     def _check_open(self) -> None:
@@ -144,6 +148,7 @@ class BlockingBus:
             and priority is None
             and not durable
             and self._open
+            and not self._queues.targets(topic)
         ):
             # The common call, at a fraction of the general path's cost: the same name,
             # file and stamp, without planning (see Namer.name_plain). Anything it does
@@ -172,6 +177,20 @@ class BlockingBus:
         plan = self._namer.plan(topic, single, ttl, durable, headers, priority)
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
+        targets = self._queues.targets(topic)
+        if targets:
+            # Durable queues are bound to it: a copy goes into each before this returns.
+            if isinstance(payload, os.PathLike):
+                with open(payload, "rb") as f:
+                    payload = f.read()
+            elif hasattr(payload, "read"):
+                payload = payload.read()
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                raise UsageError(
+                    "the payload file gave text, not bytes; open it in binary mode ('rb')"
+                )
+            self._namer.check_size(len(payload))
+            self._queues.check_room(targets)
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
             self._namer.check_size(len(data))
@@ -190,6 +209,16 @@ class BlockingBus:
                 f"{type(payload).__name__}"
             )
         self._published += 1
+        if targets:
+            self._queues.route(
+                targets,
+                topic,
+                bytes(payload),  # type: ignore[arg-type]
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+            )
         return self._namer.info(plan, size)
 
     def publish_many(
@@ -232,20 +261,114 @@ class BlockingBus:
     # ------------------------------------------------------------------ subscribe
     def messages(
         self,
-        pattern: str,
+        pattern: str | None = None,
         *,
         existing: bool = False,
         kind: Kind = "any",
         buffer: int = 64,
         prefetch: int = 1,
+        queue: str | None = None,
     ) -> BlockingMessages:
-        """Receive matching messages: ``with bus.messages("a.*") as it: it.get(timeout=1)``."""
+        """Receive matching messages: ``with bus.messages("a.*") as it: it.get(timeout=1)``.
+
+        ``queue=`` consumes a durable queue instead (with a pattern: bound to it first).
+        """
         self._check_open()
+        if pattern is None and queue is None:
+            raise UsageError("give a pattern, or queue= to consume a durable queue")
         portal, bus = self._engine()
-        sub = BlockingMessages(portal, bus, pattern, existing, kind, buffer, prefetch)
+        sub = BlockingMessages(portal, bus, pattern, existing, kind, buffer, prefetch, queue)
         sub._on_exit = self._subscriptions.remove
         self._subscriptions.append(sub)
         return sub
+
+    # ------------------------------------------------------------------ durable queues
+    def declare_queue(
+        self,
+        name: str,
+        bindings: Sequence[str] = (),
+        *,
+        message_ttl: float | None = None,
+        max_length: int | None = None,
+        overflow: str = "drop-head",
+        dead_letter: str | None = None,
+        max_deliveries: int | None = None,
+        auto_delete: bool = False,
+        expires: float | None = None,
+    ) -> QueueInfo:
+        """Declare a durable queue (see :meth:`Bus.declare_queue`)."""
+        self._check_open()
+        options = QueueOptions(
+            message_ttl=message_ttl,
+            max_length=max_length,
+            overflow=overflow,  # type: ignore[arg-type]
+            dead_letter=dead_letter,
+            max_deliveries=max_deliveries,
+            auto_delete=auto_delete,
+            expires=expires,
+        )
+        if isinstance(bindings, str):
+            bindings = [bindings]
+        self._queues.declare(name, list(bindings), options)
+        return self._queues.info(name)
+
+    def bind_queue(self, name: str, pattern: str) -> None:
+        """Route messages matching ``pattern`` into queue ``name`` too (idempotent)."""
+        self._check_open()
+        self._queues.bind(name, pattern)
+
+    def unbind_queue(self, name: str, pattern: str) -> None:
+        """Stop routing messages matching ``pattern`` into queue ``name``."""
+        self._check_open()
+        self._queues.bind(name, pattern, bind=False)
+
+    def purge_queue(self, name: str) -> int:
+        """Remove the messages waiting in queue ``name``; returns how many."""
+        self._check_open()
+        return self._queues.purge(name)
+
+    def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
+        """Delete queue ``name`` and its messages; returns how many messages it held."""
+        self._check_open()
+        return self._queues.delete(name, if_unused=if_unused, if_empty=if_empty)
+
+    def queue_info(self, name: str) -> QueueInfo:
+        """Queue ``name``: bindings, options, depth and consumers now."""
+        self._check_open()
+        return self._queues.info(name)
+
+    def queues(self) -> list[QueueInfo]:
+        """Every queue declared on this bus."""
+        self._check_open()
+        out = []
+        for n in self._queues.names():
+            try:
+                out.append(self._queues.info(n))
+            except FsBusError:
+                continue  # deleted meanwhile
+        return out
+
+    def enqueue(
+        self,
+        queue: str,
+        topic: str,
+        payload: bytes | str,
+        *,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> None:
+        """Put a message straight into queue ``queue`` (see :meth:`Bus.enqueue`)."""
+        self._check_open()
+        self._namer.plan(topic, True, ttl, durable, headers, priority)  # validates it all
+        data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+        self._namer.check_size(len(data))
+        d = self._queues.get(queue)
+        self._queues.check_room((d,))
+        self._queues.enqueue(
+            d, topic, data, ttl=ttl, durable=durable, headers=headers, priority=priority
+        )
 
     def _engine(self) -> tuple[BlockingPortal, Bus]:
         with self._lock:
@@ -308,15 +431,18 @@ class BlockingMessages:
         self,
         portal: BlockingPortal,
         bus: Bus,
-        pattern: str,
+        pattern: str | None,
         existing: bool,
         kind: Kind,
         buffer: int,
         prefetch: int = 1,
+        queue: str | None = None,
     ) -> None:
         self._portal = portal
         self._cm = portal.wrap_async_context_manager(
-            bus.messages(pattern, existing=existing, kind=kind, buffer=buffer, prefetch=prefetch)
+            bus.messages(
+                pattern, existing=existing, kind=kind, buffer=buffer, prefetch=prefetch, queue=queue
+            )
         )
         self._it: MessageIterator | None = None
         self._done = False

@@ -34,6 +34,8 @@ from .._core.topics import validate_pattern
 from .._core.trie import TopicTrie
 from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
+from .._queues.definition import QueueInfo, QueueOptions
+from .._queues.store import QueueStore
 from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
 from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
@@ -42,6 +44,7 @@ from .names import FLAG_META
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
+from .queueing import open_store
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 
@@ -84,6 +87,8 @@ class Subscription:
         self.existing = existing
         self.kind = kind
         self.prefetch = prefetch
+        self.queue: str | None = None  # the durable queue it consumes, if any
+        self.on_close: Callable[[], Awaitable[None]] | None = None
         self.in_flight = 0  # work-queue messages claimed for it and not yet settled
         self.settled: anyio.Event | None = None  # set when in_flight drops to 0 (if asked)
         self.closed = False
@@ -250,6 +255,8 @@ class Bus:
         self.layout = Layout.of(self.root, self.config)
         self._fs = BusFS(self.layout, self.config, ops)
         self._namer = Namer(self.layout, self.config)
+        self._queues: QueueStore = open_store(self.layout, self.config)
+        self._queue_buses: dict[str, tuple[Bus, anyio.Event, list[int]]] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
         # Topic and kind ("m" or "s") -> subscriptions wanting it; a new dict whenever the
@@ -409,6 +416,7 @@ class Bus:
             await anyio.to_thread.run_sync(self._waker.stop)
         finally:
             self._fs.close()
+            self._queues.close()
             self._open = False
 
     def _begin_close(self) -> None:
@@ -489,6 +497,14 @@ class Bus:
         plan = self.plan(topic, single, ttl, durable, headers, priority)
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
+        targets = self._queues.targets(topic)
+        if targets:
+            # Durable queues are bound to it: a copy goes into each before this returns.
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                payload = await _gather_payload(payload)
+            data = bytes(payload)
+            self._namer.check_size(len(data))
+            await anyio.to_thread.run_sync(self._queues.check_room, targets)
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
             self._namer.check_size(len(data))
@@ -497,6 +513,19 @@ class Bus:
             except NameClash:  # astronomically rare: name it again
                 plan = self.plan(topic, single, ttl, durable, headers, priority)
                 size = await self._publisher.submit((plan, data))
+            if targets:
+                await anyio.to_thread.run_sync(
+                    functools.partial(
+                        self._queues.route,
+                        targets,
+                        topic,
+                        data,
+                        ttl=ttl,
+                        durable=durable,
+                        headers=headers,
+                        priority=priority,
+                    )
+                )
         elif isinstance(payload, str | os.PathLike):
             path = payload
             size = await anyio.to_thread.run_sync(self._fs.publish, plan, path)
@@ -527,12 +556,31 @@ class Bus:
             data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
             self._namer.check_size(len(data))
             plans.append((self.plan(topic, single, ttl, durable, headers, priority), data))
+        routed = [(self._queues.targets(t), t, p) for t, p in items]
+        if any(r[0] for r in routed):
+            for targets, _, _ in routed:
+                if targets:
+                    await anyio.to_thread.run_sync(self._queues.check_room, targets)
         results = await anyio.to_thread.run_sync(self._fs.publish_many, plans)
         out = []
         for (plan, _), r in zip(plans, results, strict=True):
             if isinstance(r, BaseException):
                 raise r
             out.append(self._namer.info(plan, r))
+        for (targets, t, _p), (_, data) in zip(routed, plans, strict=True):
+            if targets:
+                await anyio.to_thread.run_sync(
+                    functools.partial(
+                        self._queues.route,
+                        targets,
+                        t,
+                        data,
+                        ttl=ttl,
+                        durable=durable,
+                        headers=headers,
+                        priority=priority,
+                    )
+                )
         self._counts["published"] += len(out)
         return out
 
@@ -571,12 +619,13 @@ class Bus:
     # ------------------------------------------------------------------ subscribe
     async def subscribe(
         self,
-        pattern: str,
+        pattern: str | None,
         handler: Handler,
         *,
         existing: bool = False,
         kind: Kind = "any",
         prefetch: int | None = None,
+        queue: str | None = None,
     ) -> Subscription:
         """Call ``handler(message)`` for every message matching ``pattern``.
 
@@ -587,7 +636,16 @@ class Bus:
         work-queue messages) or to ``"single"`` ones (a worker); ``"any"`` takes both.
         ``prefetch`` caps the work-queue messages claimed for this subscription at once
         (None: up to ``handler_concurrency``), so one consumer does not hoard work.
+
+        ``queue`` consumes the durable queue of that name instead (see
+        :meth:`declare_queue`): each message once across its consumers, acknowledged
+        when the handler returns; a ``pattern`` given too is bound to the queue first
+        (safe to repeat). ``pattern`` may be None then.
         """
+        if queue is not None:
+            return await self._subscribe_queue(queue, pattern, handler, prefetch)
+        if pattern is None:
+            raise UsageError("give a pattern, or queue= to consume a durable queue")
         tg = self._check_open()
         pattern = validate_pattern(pattern)
         if not _is_async_callable(handler):
@@ -632,7 +690,13 @@ class Bus:
         """Remove a subscription; messages already handed to it finish."""
         if sub.closed:
             return
+        if sub.bus is not self:  # a queue's subscription: its own bus holds it
+            await sub.bus.unsubscribe(sub)
+            return
         sub.closed = True
+        if sub.on_close is not None:
+            with anyio.CancelScope(shield=True):
+                await sub.on_close()
         self._trie.remove(sub.pattern, sub)
         self._subs.remove(sub)
         self._target_cache = {}
@@ -642,12 +706,13 @@ class Bus:
     @asynccontextmanager
     async def messages(
         self,
-        pattern: str,
+        pattern: str | None = None,
         *,
         existing: bool = False,
         kind: Kind = "any",
         buffer: int = _DEFAULT_BUFFER,
         prefetch: int = 1,
+        queue: str | None = None,
     ) -> AsyncIterator[MessageIterator]:
         """Receive matching messages with ``async for``.
 
@@ -658,7 +723,7 @@ class Bus:
         it = MessageIterator(buffer)
         try:
             sub = await self.subscribe(
-                pattern, it._handle, existing=existing, kind=kind, prefetch=prefetch
+                pattern, it._handle, existing=existing, kind=kind, prefetch=prefetch, queue=queue
             )
         except BaseException:
             it._close()  # a bad pattern or a closed bus: do not leak the streams
@@ -674,7 +739,7 @@ class Bus:
                 # Leave only when every message it took is settled on disk: acked ones
                 # consumed, the rest released (the engine does that in its handler tasks).
                 with anyio.move_on_after(10):
-                    while sub.in_flight and not self._closed:
+                    while sub.in_flight and not sub.bus._closed:
                         sub.settled = anyio.Event()
                         await sub.settled.wait()
 
@@ -1280,6 +1345,7 @@ class Bus:
             await anyio.sleep(self.config.gc_interval)
             try:
                 await self.gc()
+                await anyio.to_thread.run_sync(self._queues.expire_unused)
             except ClosedError:
                 return  # the bus is closing under us: not a failure worth a warning
             except Exception as exc:  # keep the bus running; say what went wrong
@@ -1338,6 +1404,198 @@ class Bus:
             counts = [a + b for a, b in zip(counts, got, strict=True)]
         return PurgeReport(pattern, kind, single=counts[0], multi=counts[1], locked=counts[2])
 
+    # ------------------------------------------------------------------ durable queues
+    async def declare_queue(
+        self,
+        name: str,
+        bindings: Sequence[str] = (),
+        *,
+        message_ttl: float | None = None,
+        max_length: int | None = None,
+        overflow: str = "drop-head",
+        dead_letter: str | None = None,
+        max_deliveries: int | None = None,
+        auto_delete: bool = False,
+        expires: float | None = None,
+    ) -> QueueInfo:
+        """Declare a durable queue: every message published from now on whose topic
+        matches one of ``bindings`` gets a copy in it, kept until a consumer of the queue
+        takes it (or it expires), whether or not a consumer runs.
+
+        Declaring an existing queue with the same options adds the bindings given;
+        with other options it raises :class:`~fsbus.QueueMismatch`. See the Queues page
+        for the options.
+        """
+        self._check_open()
+        options = QueueOptions(
+            message_ttl=message_ttl,
+            max_length=max_length,
+            overflow=overflow,  # type: ignore[arg-type]
+            dead_letter=dead_letter,
+            max_deliveries=max_deliveries,
+            auto_delete=auto_delete,
+            expires=expires,
+        )
+        if isinstance(bindings, str):
+            bindings = [bindings]
+        await anyio.to_thread.run_sync(self._queues.declare, name, list(bindings), options)
+        return await self.queue_info(name)
+
+    async def bind_queue(self, name: str, pattern: str) -> None:
+        """Route messages matching ``pattern`` into queue ``name`` too (idempotent)."""
+        self._check_open()
+        await anyio.to_thread.run_sync(self._queues.bind, name, pattern)
+
+    async def unbind_queue(self, name: str, pattern: str) -> None:
+        """Stop routing messages matching ``pattern`` into queue ``name``."""
+        self._check_open()
+        await anyio.to_thread.run_sync(
+            functools.partial(self._queues.bind, name, pattern, bind=False)
+        )
+
+    async def purge_queue(self, name: str) -> int:
+        """Remove the messages waiting in queue ``name``; returns how many."""
+        self._check_open()
+        return await anyio.to_thread.run_sync(self._queues.purge, name)
+
+    async def delete_queue(
+        self, name: str, *, if_unused: bool = False, if_empty: bool = False
+    ) -> int:
+        """Delete queue ``name`` and its messages; returns how many messages it held."""
+        self._check_open()
+        return await anyio.to_thread.run_sync(
+            functools.partial(self._queues.delete, name, if_unused=if_unused, if_empty=if_empty)
+        )
+
+    async def queue_info(self, name: str) -> QueueInfo:
+        """Queue ``name``: bindings, options, depth and consumers now."""
+        self._check_open()
+        return await anyio.to_thread.run_sync(self._queues.info, name)
+
+    async def queues(self) -> list[QueueInfo]:
+        """Every queue declared on this bus."""
+        self._check_open()
+
+        def all_infos() -> list[QueueInfo]:
+            out = []
+            for n in self._queues.names():
+                try:
+                    out.append(self._queues.info(n))
+                except FsBusError:
+                    continue  # deleted meanwhile
+            return out
+
+        return await anyio.to_thread.run_sync(all_infos)
+
+    async def enqueue(
+        self,
+        queue: str,
+        topic: str,
+        payload: bytes | str,
+        *,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> None:
+        """Put a message straight into queue ``queue`` (no routing, no copy elsewhere)."""
+        self._check_open()
+        self.plan(topic, True, ttl, durable, headers, priority)  # validates it all
+        data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+        self._namer.check_size(len(data))
+        d = await anyio.to_thread.run_sync(self._queues.get, queue)
+        await anyio.to_thread.run_sync(self._queues.check_room, (d,))
+        await anyio.to_thread.run_sync(
+            functools.partial(
+                self._queues.enqueue,
+                d,
+                topic,
+                data,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+            )
+        )
+
+    async def _subscribe_queue(
+        self, name: str, pattern: str | None, handler: Handler, prefetch: int | None
+    ) -> Subscription:
+        self._check_open()
+        if not _is_async_callable(handler):
+            raise UsageError(f"handler must be an async function (async def), not {handler!r}")
+        if pattern is not None:
+            await self.bind_queue(name, pattern)
+        d = await anyio.to_thread.run_sync(self._queues.get, name)
+        inner = await self._queue_bus(name)
+        fd = await anyio.to_thread.run_sync(self._queues.attach, name)
+        max_deliveries = d.options.max_deliveries
+        dead_letter = d.options.dead_letter
+
+        async def consume(msg: Message) -> None:
+            m = replace(msg, queue=name)
+            try:
+                await handler(m)
+            except (_GiveBack, _Released):
+                raise
+            except Exception as exc:
+                if max_deliveries is None or msg.delivery_count < max_deliveries:
+                    raise
+                if dead_letter is not None:
+                    await self.publish(
+                        dead_letter,
+                        msg.payload,
+                        headers={**msg.headers, "x-fsbus-queue": name, "x-fsbus-topic": msg.topic},
+                    )
+                log.warning(
+                    "message %s of queue %r failed %d times (last: %s); %s",
+                    msg.name,
+                    name,
+                    msg.delivery_count,
+                    exc,
+                    f"dead-lettered to {dead_letter!r}" if dead_letter else "dropped",
+                )
+                self._counts["dead_lettered"] += 1
+
+        try:
+            sub = await inner.subscribe("#", consume, kind="single", prefetch=prefetch)
+        except BaseException:
+            await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+            raise
+        sub.queue = name
+
+        async def leave() -> None:
+            await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+            entry = self._queue_buses.get(name)
+            if entry is not None:
+                entry[2].remove(fd)
+                if not entry[2]:
+                    del self._queue_buses[name]
+                    entry[1].set()
+
+        sub.on_close = leave
+        self._queue_buses[name][2].append(fd)
+        return sub
+
+    async def _queue_bus(self, name: str) -> Bus:
+        """The bus of queue ``name`` in this process, hosted by the runner."""
+        entry = self._queue_buses.get(name)
+        if entry is not None:
+            return entry[0]
+        if self._tg is None:
+            raise ClosedError("the bus is closed")
+        stop = anyio.Event()
+        inner: Bus = await self._tg.start(self._host_queue_bus, name, stop)
+        self._queue_buses[name] = (inner, stop, [])
+        return inner
+
+    async def _host_queue_bus(
+        self, name: str, stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[Bus]
+    ) -> None:
+        async with Bus(self._queues.bus_root(name), config=self._queues.sub_config) as inner:
+            task_status.started(inner)
+            await stop.wait()
+
     def statistics(self) -> BusStatistics:
         """A snapshot of this Bus's counters."""
         c = self._counts
@@ -1357,6 +1615,26 @@ class Bus:
             claims_lost=c["claims_lost"],
             leases_lost=c["leases_lost"],
         )
+
+
+async def _gather_payload(payload: object) -> bytes:
+    """A path's or an async iterable's bytes (copies into queues need them whole)."""
+    if isinstance(payload, str | os.PathLike):
+        return await anyio.Path(payload).read_bytes()
+    if isinstance(payload, AsyncIterable):
+        parts = []
+        async for chunk in payload:
+            if not isinstance(chunk, bytes | bytearray | memoryview):
+                raise UsageError(
+                    f"payload chunks must be bytes, not {type(chunk).__name__}; "
+                    "encode text chunks first (chunk.encode())"
+                )
+            parts.append(bytes(chunk))
+        return b"".join(parts)
+    raise UsageError(
+        "payload must be bytes, str, a path or an async iterable of bytes, not "
+        f"{type(payload).__name__}"
+    )
 
 
 def _is_async_callable(obj: object) -> bool:

@@ -39,6 +39,8 @@ class Message:
     """Host name of the publisher, when known."""
     delivery_count: int = 1
     """1 on the first delivery; a single message's failed deliveries + 1 after that."""
+    queue: str | None = None
+    """The durable queue it was taken from (None: delivered by the bus to a pattern)."""
 
     @property
     def size(self) -> int:

@@ -1,0 +1,1 @@
+"""Durable named queues: definitions, routing into per-queue stores, and consumers."""

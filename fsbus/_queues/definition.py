@@ -1,0 +1,142 @@
+"""What a queue is: its name rules, options and bindings (pure; no I/O)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .._core.topics import validate_pattern
+from .._errors import UsageError
+
+Overflow = Literal["drop-head", "reject-publish"]
+OVERFLOWS: tuple[str, ...] = ("drop-head", "reject-publish")
+MAX_NAME = 200
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]*$")
+FORMAT = 1
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it can name a queue; else raise :class:`UsageError` saying why."""
+    if not isinstance(name, str):
+        raise UsageError(f"a queue name must be a str, not {type(name).__name__}")
+    if not name:
+        raise UsageError("a queue name must not be empty")
+    if len(name) > MAX_NAME:
+        raise UsageError(
+            f"queue name is {len(name)} characters long; at most {MAX_NAME} are allowed"
+        )
+    if not _NAME.match(name) or ".." in name:
+        raise UsageError(
+            f"invalid queue name {name!r}: use letters, digits and _ . : - (not starting "
+            "with . : or -, no '..'); it names a folder in the bus directory"
+        )
+    return name
+
+
+def _positive(value: object, what: str, *, integer: bool = False) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok or value <= 0:  # type: ignore[operator]
+        kind = "a positive int" if integer else "a positive number"
+        raise UsageError(f"{what} must be {kind} or None, not {value!r}")
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """The options a queue is declared with (declaring again must repeat them)."""
+
+    message_ttl: float | None = None
+    """Seconds a message waits in the queue at most (the message's own TTL may be less)."""
+    max_length: int | None = None
+    """Messages the queue holds at most; see :attr:`overflow`."""
+    overflow: Overflow = "drop-head"
+    """When full: drop the oldest message ("drop-head") or refuse the publish
+    ("reject-publish": ``publish`` raises :class:`~fsbus.QueueFull`)."""
+    dead_letter: str | None = None
+    """Topic a message is republished under on the bus after ``max_deliveries`` failed
+    deliveries (None: it is dropped then, as RabbitMQ does without a dead-letter exchange)."""
+    max_deliveries: int | None = None
+    """Failed deliveries before a message is dead-lettered (None: retried until it expires)."""
+    auto_delete: bool = False
+    """Delete the queue when its last consumer leaves (after it had one)."""
+    expires: float | None = None
+    """Delete the queue after this many seconds with no consumer and no declare."""
+
+    def __post_init__(self) -> None:
+        _positive(self.message_ttl, "message_ttl")
+        _positive(self.max_length, "max_length", integer=True)
+        _positive(self.max_deliveries, "max_deliveries", integer=True)
+        _positive(self.expires, "expires")
+        if self.overflow not in OVERFLOWS:
+            raise UsageError(
+                f"overflow must be one of {', '.join(OVERFLOWS)}, not {self.overflow!r}"
+            )
+        if self.dead_letter is not None:
+            from .._core.topics import validate_topic
+
+            validate_topic(self.dead_letter)
+        if not isinstance(self.auto_delete, bool):
+            raise UsageError(f"auto_delete must be True or False, not {self.auto_delete!r}")
+
+    def differences(self, other: QueueOptions) -> list[str]:
+        """The options that differ, as ``name: ours != theirs``."""
+        a, b = asdict(self), asdict(other)
+        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b[k]]
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A queue as stored in ``fsbus/queues/<name>/queue.json``."""
+
+    name: str
+    options: QueueOptions = field(default_factory=QueueOptions)
+    bindings: tuple[str, ...] = ()
+
+    def with_bindings(self, bindings: tuple[str, ...]) -> Definition:
+        return Definition(self.name, self.options, bindings)
+
+    def encode(self) -> bytes:
+        doc = {
+            "format": FORMAT,
+            "name": self.name,
+            "options": asdict(self.options),
+            "bindings": list(self.bindings),
+        }
+        return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+    @staticmethod
+    def decode(data: bytes, name: str) -> Definition:
+        """Parse a definition file; raise ValueError saying what is wrong."""
+        try:
+            doc: Any = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"not a format-{FORMAT} queue definition")
+        if doc.get("name") != name:
+            raise ValueError(f"names queue {doc.get('name')!r}, but lies in folder {name!r}")
+        try:
+            options = QueueOptions(**doc["options"])
+            bindings = tuple(validate_pattern(p) for p in doc["bindings"])
+        except (KeyError, TypeError, UsageError) as exc:
+            raise ValueError(f"bad options or bindings: {exc}") from exc
+        return Definition(name, options, bindings)
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """A queue: its definition and what it holds now."""
+
+    name: str
+    """The queue's name."""
+    bindings: tuple[str, ...]
+    """The patterns routing messages into it."""
+    options: QueueOptions
+    """The options it was declared with."""
+    depth: int
+    """Messages in it: waiting, or held by a consumer and not yet acknowledged."""
+    consumers: int
+    """Consumers attached to it now (in any process on any host)."""

@@ -1,0 +1,495 @@
+"""Queues on disk: definitions, routing copies into each queue, depth and consumers.
+
+Layout, under the bus directory::
+
+    fsbus/queues/VERSION              replaced whenever a definition changes
+    fsbus/queues/LOCK                 flock held while a definition changes
+    fsbus/queues/<name>/queue.json    the definition (written whole, then renamed)
+    fsbus/queues/<name>/used          its mtime: the last declare or consumer change
+    fsbus/queues/<name>/consumers/*   one file per consumer, flocked while it lives
+    fsbus/queues/<name>/bus/          the queue's messages: a bus of its own holding one
+                                      work-queue (single) message per queued copy
+
+Publishers route: before a publish returns, a copy goes into every queue with a
+matching binding, as a single message of the queue's own bus. Consumers of a queue are
+work-queue consumers of that bus, so claims, acks, releases, delivery counts, priority
+and expiry are the bus's own. Routing tables are cached for :data:`REFRESH` seconds and
+a change of definitions waits :data:`SETTLE` before it returns, so a publish that starts
+after ``bind_queue`` returns (in any process of the host) is routed by the new binding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from .._config import BusConfig
+from .._core.trie import TopicTrie
+from .._errors import FsBusError, QueueFull, QueueMismatch, QueueNotFound, UsageError
+from .definition import Definition, QueueInfo, QueueOptions, validate_queue_name
+
+
+class QueueBus(Protocol):
+    """A blocking handle on one queue's own bus (the bus face provides it)."""
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        ttl: float | None,
+        durable: bool,
+        headers: dict[str, str] | None,
+        priority: int | None,
+    ) -> None:
+        """Add a work-queue message."""
+
+    def oldest(self, count: int) -> list[tuple[str, str]]:
+        """(bucket, name) of the ``count`` oldest messages no consumer holds."""
+
+    def remove(self, messages: list[tuple[str, str]]) -> int:
+        """Remove these messages (as a consumer would); how many were removed."""
+
+    def purge_all(self) -> int:
+        """Remove every message no consumer holds; how many."""
+
+    def close(self) -> None:
+        """Release what the handle holds."""
+
+
+Opener = Callable[[str, BusConfig], QueueBus]
+"""Opens the bus of a queue: (its directory, its configuration) -> a handle."""
+
+log = logging.getLogger("fsbus.queues")
+
+REFRESH = 0.005
+"""Seconds a process trusts its routing table before it looks at VERSION again."""
+SETTLE = 3 * REFRESH
+"""Seconds a definition change waits before returning (every cached table is stale)."""
+_DEF = "queue.json"
+
+
+class QueueStore:
+    """The queues of one bus directory, as seen by one process (thread-safe)."""
+
+    def __init__(self, private: str, config: BusConfig, quarantine: str, opener: Opener) -> None:
+        self.base = f"{private}/queues"
+        self._opener = opener
+        self.config = config
+        self._quarantine = quarantine
+        self._lock = threading.Lock()
+        self._next_check = 0.0
+        self._version: tuple[int, int, int] | None = None
+        self._defs: dict[str, Definition] = {}
+        self._trie: TopicTrie[str] = TopicTrie()
+        self._routes: dict[str, tuple[Definition, ...]] = {}
+        self._publishers: dict[str, QueueBus] = {}
+        self._bad: set[str] = set()
+        self.sub_config = config.model_copy(
+            update={"max_deliveries": None, "bucket_num_chars": 1, "locking": config.locking}
+        )
+
+    # ------------------------------------------------------------------ paths
+    def dir(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def bus_root(self, name: str) -> str:
+        return f"{self.base}/{name}/bus"
+
+    # ------------------------------------------------------------------ routing
+    def targets(self, topic: str) -> tuple[Definition, ...]:
+        """The queues a message on ``topic`` is copied into (cheap: cached)."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._refresh(now)
+        if not self._defs:
+            return ()
+        hit = self._routes.get(topic)
+        if hit is None:
+            if not isinstance(topic, str):
+                return ()  # the publish itself says what is wrong with it
+            try:
+                names = sorted(set(self._trie.match(topic)))
+            except ValueError:
+                return ()
+            hit = tuple(self._defs[n] for n in names if n in self._defs)
+            if len(self._routes) > 10_000:
+                self._routes = {}
+            self._routes[topic] = hit
+        return hit
+
+    def _refresh(self, now: float, *, force: bool = False) -> None:
+        with self._lock:
+            try:
+                st = os.stat(f"{self.base}/VERSION")
+                version: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+            except FileNotFoundError:
+                version = None
+            except OSError as exc:
+                log.warning("cannot read %s/VERSION: %s; keeping the routing table", self.base, exc)
+                version = self._version
+            if force or version != self._version:
+                defs = self._load_all() if version is not None else {}
+                trie: TopicTrie[str] = TopicTrie()
+                for d in defs.values():
+                    for p in d.bindings:
+                        trie.add(p, d.name)
+                self._defs, self._trie, self._routes = defs, trie, {}
+                self._version = version
+            self._next_check = now + REFRESH
+
+    def _load_all(self) -> dict[str, Definition]:
+        out: dict[str, Definition] = {}
+        try:
+            names = os.listdir(self.base)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            if name in ("VERSION", "LOCK") or name.startswith("."):
+                continue
+            d = self._read(name)
+            if d is not None:
+                out[name] = d
+        return out
+
+    def _read(self, name: str) -> Definition | None:
+        path = f"{self.dir(name)}/{_DEF}"
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None  # being created or deleted
+        except OSError as exc:
+            log.warning("cannot read queue definition %s: %s", path, exc)
+            return None
+        try:
+            return Definition.decode(data, name)
+        except ValueError as exc:
+            self._quarantine_def(name, path, str(exc))
+            return None
+
+    def _quarantine_def(self, name: str, path: str, why: str) -> None:
+        dst = f"{self._quarantine}/{int(time.time() * 1000):x}-queue-{name}.json"
+        try:
+            os.makedirs(self._quarantine, exist_ok=True)
+            os.rename(path, dst)
+        except OSError:
+            if name not in self._bad:
+                log.warning("queue %r has a corrupt definition (%s): %s", name, path, why)
+                self._bad.add(name)
+            return
+        log.warning(
+            "queue %r had a corrupt definition (%s) and was moved to %s; declare the "
+            "queue again to use it (its messages are kept)",
+            name,
+            why,
+            dst,
+        )
+
+    def route(
+        self,
+        targets: tuple[Definition, ...],
+        topic: str,
+        payload: bytes,
+        *,
+        ttl: float | None,
+        durable: bool,
+        headers: dict[str, str] | None,
+        priority: int | None,
+    ) -> int:
+        """Copy one published message into each of ``targets``; returns the copies made."""
+        made = 0
+        for d in targets:
+            made += self.enqueue(
+                d, topic, payload, ttl=ttl, durable=durable, headers=headers, priority=priority
+            )
+        return made
+
+    def check_room(self, targets: tuple[Definition, ...]) -> None:
+        """Raise :class:`QueueFull` if a reject-publish queue among ``targets`` is full."""
+        for d in targets:
+            o = d.options
+            if o.max_length is not None and o.overflow == "reject-publish":
+                depth = self.depth(d.name)
+                if depth >= o.max_length:
+                    raise QueueFull(
+                        f"queue {d.name!r} is full ({depth} of max_length={o.max_length}, "
+                        "overflow='reject-publish'): nothing was published; consume from it, "
+                        "purge it, or publish again later"
+                    )
+
+    def enqueue(
+        self,
+        d: Definition,
+        topic: str,
+        payload: bytes,
+        *,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> int:
+        """Put one message into queue ``d``; returns 1 (0 if the queue vanished)."""
+        o = d.options
+        life = ttl if ttl is not None else (o.message_ttl or self.config.single_ttl)
+        if o.message_ttl is not None:
+            life = min(life, o.message_ttl)
+        pub = self._publisher(d.name)
+        if pub is None:
+            return 0
+        pub.publish(topic, payload, ttl=life, durable=durable, headers=headers, priority=priority)
+        if o.max_length is not None and o.overflow == "drop-head":
+            self._drop_head(d.name, o.max_length)
+        return 1
+
+    def _publisher(self, name: str) -> QueueBus | None:
+        with self._lock:
+            pub = self._publishers.get(name)
+            if pub is not None:
+                return pub
+            if not os.path.exists(f"{self.dir(name)}/{_DEF}"):
+                return None
+            pub = self._opener(self.bus_root(name), self.sub_config)
+            self._publishers[name] = pub
+            return pub
+
+    def _drop_head(self, name: str, max_length: int) -> None:
+        pub = self._publisher(name)
+        if pub is None:
+            return
+        excess = self.depth(name) - max_length
+        if excess > 0:
+            pub.remove(pub.oldest(excess))
+
+    # ------------------------------------------------------------------ definitions
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        os.makedirs(self.base, exist_ok=True)
+        fd = os.open(f"{self.base}/LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+            self._bump()
+        finally:
+            os.close(fd)
+        self._refresh(time.monotonic(), force=True)
+        time.sleep(SETTLE)
+
+    def _bump(self) -> None:
+        _write_atomic(self.base, "VERSION", uuid.uuid4().hex.encode())
+
+    def get(self, name: str) -> Definition:
+        validate_queue_name(name)
+        d = self._read(name)
+        if d is None:
+            raise QueueNotFound(
+                f"no queue named {name!r} on this bus; declare it first "
+                f"(bus.declare_queue({name!r}, bindings=[...]) or `fsbus queue declare {name}`)"
+            )
+        return d
+
+    def declare(self, name: str, bindings: list[str], options: QueueOptions) -> Definition:
+        from .._core.topics import validate_pattern
+
+        validate_queue_name(name)
+        wanted = tuple(dict.fromkeys(validate_pattern(p) for p in bindings))
+        with self._changing():
+            d = self._read(name)
+            if d is not None:
+                diff = options.differences(d.options)
+                if diff:
+                    raise QueueMismatch(
+                        f"queue {name!r} exists with other options ({'; '.join(diff)}); "
+                        "declare it with the same options, or delete it first"
+                    )
+                merged = d.bindings + tuple(p for p in wanted if p not in d.bindings)
+                d = d.with_bindings(merged)
+            else:
+                d = Definition(name, options, wanted)
+                os.makedirs(f"{self.dir(name)}/consumers", exist_ok=True)
+                os.makedirs(self.bus_root(name), exist_ok=True)
+            _write_atomic(self.dir(name), _DEF, d.encode())
+            self.touch(name)
+        return d
+
+    def bind(self, name: str, pattern: str, *, bind: bool = True) -> Definition:
+        from .._core.topics import validate_pattern
+
+        pattern = validate_pattern(pattern)
+        with self._changing():
+            d = self.get(name)
+            if bind and pattern not in d.bindings:
+                d = d.with_bindings((*d.bindings, pattern))
+            elif not bind and pattern in d.bindings:
+                d = d.with_bindings(tuple(p for p in d.bindings if p != pattern))
+            else:
+                return d
+            _write_atomic(self.dir(name), _DEF, d.encode())
+        return d
+
+    def delete(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
+        """Delete a queue and its messages; returns how many messages it held."""
+        with self._changing():
+            self.get(name)
+            if if_unused and self.consumers(name):
+                raise QueueMismatch(f"queue {name!r} has consumers (if_unused=True): not deleted")
+            depth = self.depth(name)
+            if if_empty and depth:
+                raise QueueMismatch(
+                    f"queue {name!r} holds {depth} messages (if_empty=True): not deleted"
+                )
+            self._close_publisher(name)
+            trash = f"{self.base}/.deleted-{uuid.uuid4().hex}"
+            os.rename(self.dir(name), trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        return depth
+
+    def purge(self, name: str) -> int:
+        self.get(name)
+        pub = self._publisher(name)
+        if pub is None:
+            return 0
+        return pub.purge_all()
+
+    def names(self) -> list[str]:
+        self._refresh(time.monotonic(), force=True)
+        return sorted(self._defs)
+
+    def info(self, name: str) -> QueueInfo:
+        d = self.get(name)
+        return QueueInfo(d.name, d.bindings, d.options, self.depth(name), self.consumers(name))
+
+    def depth(self, name: str) -> int:
+        root = f"{self.bus_root(name)}/messages"
+        n = 0
+        try:
+            buckets = os.listdir(root)
+        except FileNotFoundError:
+            return 0
+        for b in buckets:
+            with contextlib.suppress(OSError):
+                n += sum(1 for f in os.listdir(f"{root}/{b}") if "+s+" in f)
+        return n
+
+    # ------------------------------------------------------------------ consumers
+    def touch(self, name: str) -> None:
+        path = f"{self.dir(name)}/used"
+        with contextlib.suppress(OSError):
+            with open(path, "ab"):
+                pass
+            os.utime(path)
+
+    def attach(self, name: str) -> int:
+        """Register a consumer of ``name``: a flocked file; returns its descriptor."""
+        folder = f"{self.dir(name)}/consumers"
+        os.makedirs(folder, exist_ok=True)
+        path = f"{folder}/{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self.touch(name)
+        return fd
+
+    def detach(self, name: str, fd: int) -> bool:
+        """Unregister a consumer; True when the queue was auto-deleted as it left."""
+        path = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else None
+        with contextlib.suppress(OSError):
+            if path:
+                os.unlink(path)
+        os.close(fd)
+        self.touch(name)
+        try:
+            d = self.get(name)
+        except QueueNotFound:
+            return False
+        if d.options.auto_delete and self.consumers(name) == 0:
+            with contextlib.suppress(QueueNotFound):
+                self.delete(name)
+                return True
+        return False
+
+    def consumers(self, name: str) -> int:
+        folder = f"{self.dir(name)}/consumers"
+        try:
+            files = os.listdir(folder)
+        except FileNotFoundError:
+            return 0
+        live = 0
+        for f in files:
+            path = f"{folder}/{f}"
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    live += 1
+                continue
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # its consumer died: no one holds it
+            finally:
+                os.close(fd)
+        return live
+
+    def expire_unused(self) -> list[str]:
+        """Delete queues with ``expires`` set and no use for that long; their names."""
+        gone = []
+        now = time.time()
+        for name in self.names():
+            d = self._defs.get(name)
+            if d is None or d.options.expires is None:
+                continue
+            try:
+                used = os.stat(f"{self.dir(name)}/used").st_mtime
+            except OSError:
+                continue
+            if now - used >= d.options.expires and self.consumers(name) == 0:
+                with contextlib.suppress(FsBusError, OSError):
+                    self.delete(name)
+                    gone.append(name)
+        return gone
+
+    # ------------------------------------------------------------------ lifecycle
+    def _close_publisher(self, name: str) -> None:
+        with self._lock:
+            pub = self._publishers.pop(name, None)
+        if pub is not None:
+            pub.close()
+
+    def close(self) -> None:
+        with self._lock:
+            pubs, self._publishers = list(self._publishers.values()), {}
+        for p in pubs:
+            p.close()
+
+
+def _write_atomic(folder: str, name: str, data: bytes) -> None:
+    tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:8]}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, f"{folder}/{name}")
+    dfd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def usage_if_queue_and_pattern_missing(pattern: object, queue: object) -> None:
+    if pattern is None and queue is None:
+        raise UsageError("give a pattern, a queue=, or both")
