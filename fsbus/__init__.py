@@ -40,8 +40,8 @@ if _typing.TYPE_CHECKING:
     from ._bus.fs import probe_locking
     from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeReport
     from ._config import BusConfig
-    from ._queues.definition import QueueInfo, QueueOptions
     from ._core.trie import TopicTrie
+    from ._queues.definition import QueueInfo, QueueOptions
     from ._stream.aio import AsyncConsumerGroup, AsyncStream
     from ._stream.config import StreamConfig
     from ._stream.framing import ColumnBatch, Record, RecordIn
