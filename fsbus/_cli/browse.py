@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .output import emit, emit_json, format_age, format_size, format_table
+from .queue import queue_json, queue_table
 from .runtime import bus_config, resolve_root, run_async
 
 if TYPE_CHECKING:
-    from fsbus import Bus, BusConfig, MessageInfo, StreamInfo
+    from fsbus import Bus, BusConfig, MessageInfo, QueueInfo, StreamInfo
 
 # anyio, the Bus and Streams are imported when a command runs, not for --help.
 
@@ -77,9 +78,10 @@ def add_browse_commands(
     s = subparsers.add_parser(
         "stats",
         parents=[common],
-        help="count messages, bytes, topics and buckets; list streams",
+        help="count messages, bytes, topics and buckets; list streams and queues",
         description="Summarise the bus directory: messages by kind, locked and expired, "
-        "bytes, the busiest topics and buckets, and every stream's offsets and size.",
+        "bytes, the busiest topics and buckets, every stream's offsets and size, and "
+        "every durable queue's depth, consumers and bindings.",
     )
     s.add_argument("--top", metavar="N", type=int, default=10, help="topics to show (10)")
     s.set_defaults(func=run_stats)
@@ -154,7 +156,9 @@ def run_ls(args: argparse.Namespace) -> int:
     return run_async(command)
 
 
-def stats_json(snap: Snapshot, config: BusConfig, top: int) -> dict[str, Any]:
+def stats_json(
+    snap: Snapshot, config: BusConfig, top: int, queues: Sequence[QueueInfo] = ()
+) -> dict[str, Any]:
     """The summary ``stats`` prints, as one JSON object."""
     msgs = snap.messages
     topics = Counter(m.topic for m in msgs)
@@ -183,6 +187,7 @@ def stats_json(snap: Snapshot, config: BusConfig, top: int) -> dict[str, Any]:
             for t, n in topics.most_common(max(0, top))
         ],
         "streams": [stream_json(s) for s in snap.streams],
+        "queues": [queue_json(q) for q in sorted(queues, key=lambda q: q.name)],
     }
 
 
@@ -238,6 +243,9 @@ def stats_lines(stats: dict[str, Any], root: Path) -> list[str]:
         lines += ["  " + line for line in format_table(header, rows, right=(1, 2, 3, 4, 5))]
     else:
         lines.append("streams   none")
+    if stats["queues"]:  # said only when there are some: older buses print as before
+        lines += ["", "queues"]
+        lines += ["  " + line for line in queue_table(stats["queues"])]
     return lines
 
 
@@ -251,7 +259,8 @@ def run_stats(args: argparse.Namespace) -> int:
     async def command() -> int:
         async with Bus(root, config=config) as bus:
             snap = await take_snapshot(bus, root)
-        stats = stats_json(snap, config, args.top)
+            queues = await bus.queues()
+        stats = stats_json(snap, config, args.top, queues)
         if args.json:
             emit_json(stats)
         else:

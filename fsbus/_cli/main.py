@@ -20,6 +20,7 @@ from .browse import add_browse_commands
 from .completion import add_completion_command
 from .maintenance import add_maintenance_commands
 from .publish import add_publish_command
+from .queue import add_queue_commands
 from .runtime import ENV_ROOT, CliError
 from .stream import add_stream_commands
 from .subscribe import add_subscribe_command
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_maintenance_commands(subparsers, common)
     add_top_command(subparsers, common)
     add_stream_commands(subparsers, common)
+    add_queue_commands(subparsers, common)
     add_ui_command(subparsers, common)
     add_completion_command(subparsers, parser)
     return parser
@@ -129,9 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     late = getattr(args, "late_positional", None)
-    if late is not None and len(extras) == 1 and getattr(args, late) is None:
-        # argparse binds `publish TOPIC --single PAYLOAD`'s optional PAYLOAD too early
-        setattr(args, late, extras.pop())
+    if late is not None and extras:
+        value = getattr(args, late)
+        if isinstance(value, list):
+            # `queue declare NAME --max-length 3 PATTERN...`: argparse ended the list at NAME
+            value += [e for e in extras if not e.startswith("-")]
+            extras = [e for e in extras if e.startswith("-")]
+        elif len(extras) == 1 and value is None:
+            # argparse binds `publish TOPIC --single PAYLOAD`'s optional PAYLOAD too early
+            setattr(args, late, extras.pop())
     if extras:
         parser.error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command is None:

@@ -7,7 +7,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 from .output import emit_json, payload_fields
-from .runtime import bus_config, interruptible, resolve_root, run_async
+from .queue import missing_queue
+from .runtime import CliError, bus_config, interruptible, resolve_root, run_async
 
 if TYPE_CHECKING:
     from fsbus import Message
@@ -29,14 +30,25 @@ def add_subscribe_command(
         description="Print each message whose topic matches PATTERN as one JSON object per "
         'line: {"topic", "payload" (text when UTF-8) or "payload_base64", "kind", '
         '"headers", "expires", "published_at", "host", "delivery_count", "priority", '
-        '"name"}. Exit status: 0 when --count messages arrived or --timeout ran out '
-        "(with whatever arrived printed), 130 on Ctrl-C (after a clean shutdown: "
-        "work-queue messages being handled are released, no lock is left).",
+        '"name"}, and "queue" with --queue. With --queue NAME, consume the durable queue '
+        "NAME instead (see `fsbus queue`): every message it holds, each acknowledged once "
+        "printed, so it goes to one of the queue's consumers only; a PATTERN given too is "
+        "bound to the queue first. Exit status: 0 when --count messages arrived or "
+        "--timeout ran out (with whatever arrived printed), 130 on Ctrl-C (after a clean "
+        "shutdown: work-queue messages being handled are released, no lock is left).",
     )
     p.add_argument(
         "pattern",
         metavar="PATTERN",
-        help="topic pattern: '*' matches one word, '#' zero or more (e.g. 'orders.*.paid')",
+        nargs="?",
+        help="topic pattern: '*' matches one word, '#' zero or more (e.g. 'orders.*.paid'); "
+        "optional with --queue",
+    )
+    p.add_argument(
+        "--queue",
+        metavar="NAME",
+        help="consume the durable queue NAME (declared with `fsbus queue declare`); with "
+        "PATTERN, bind PATTERN to it first (safe to repeat)",
     )
     p.add_argument(
         "--single",
@@ -48,7 +60,8 @@ def add_subscribe_command(
     p.add_argument(
         "--existing",
         action="store_true",
-        help="also deliver messages already on the bus when subscribing",
+        help="also deliver messages already on the bus when subscribing (a queue always "
+        "delivers what it holds)",
     )
     p.add_argument(
         "--count",
@@ -107,6 +120,8 @@ def message_json(msg: Message) -> dict[str, Any]:
             "name": msg.name,
         }
     )
+    if msg.queue is not None:
+        out["queue"] = msg.queue
     return out
 
 
@@ -114,31 +129,48 @@ def run_subscribe(args: argparse.Namespace) -> int:
     """Entry point of ``fsbus subscribe``."""
     import anyio
 
-    from fsbus import Bus
+    from fsbus import Bus, QueueNotFound
 
+    if args.pattern is None and args.queue is None:
+        raise CliError("give a PATTERN, or --queue NAME to consume a durable queue")
+    if args.queue is not None and args.existing:
+        raise CliError(
+            "--existing does not apply to --queue: a queue delivers every message it holds"
+        )
     root = resolve_root(args)
     config = bus_config(args)
     # Without --single this is an observer: it never takes work-queue messages.
     kind: Literal["single", "multi"] = "single" if args.single else "multi"
+    if args.queue is None:
+        what = repr(args.pattern)
+    else:
+        what = f"queue {args.queue!r}"
+        if args.pattern is not None:
+            what += f" (bound to {args.pattern!r})"
 
     async def command() -> int:
         received = 0
         async with Bus(root, config=config) as bus:
-            async with bus.messages(args.pattern, existing=args.existing, kind=kind) as it:
-                if not args.quiet:
-                    print(
-                        f"fsbus: subscribed to {args.pattern!r} on {root} (Ctrl-C to stop)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                with interruptible(), anyio.move_on_after(args.timeout):
-                    async for msg in it:
-                        emit_json(message_json(msg))
-                        if msg.single:
-                            await it.ack(msg)
-                        received += 1
-                        if args.count is not None and received >= args.count:
-                            break
+            try:
+                async with bus.messages(
+                    args.pattern, existing=args.existing, kind=kind, queue=args.queue
+                ) as it:
+                    if not args.quiet:
+                        print(
+                            f"fsbus: subscribed to {what} on {root} (Ctrl-C to stop)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    with interruptible(), anyio.move_on_after(args.timeout):
+                        async for msg in it:
+                            emit_json(message_json(msg))
+                            if msg.single:
+                                await it.ack(msg)
+                            received += 1
+                            if args.count is not None and received >= args.count:
+                                break
+            except QueueNotFound as exc:
+                raise missing_queue(args.queue, root) from exc
         return 0
 
     return run_async(command)

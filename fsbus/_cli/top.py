@@ -1,4 +1,4 @@
-"""``fsbus top``: live rates and backlog per topic, bucket and stream.
+"""``fsbus top``: live rates and backlog per topic, bucket, stream and queue.
 
 Rates come from comparing two snapshots: a message name that appeared was published
 (in), one that vanished was consumed, expired or collected (out); a stream's rate is
@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from .output import emit, emit_json, format_size, format_table
 from .runtime import bus_config, interruptible, resolve_root, run_async
 
 if TYPE_CHECKING:
-    from fsbus import BusConfig
+    from fsbus import BusConfig, QueueInfo
 
 # anyio and the Bus are imported when the command runs, not for --help.
 
@@ -40,10 +41,11 @@ def add_top_command(
     p = subparsers.add_parser(
         "top",
         parents=[common],
-        help="live message rates and backlog per topic, bucket and stream",
+        help="live message rates and backlog per topic, bucket, stream and queue",
         description="Redraw, every --interval seconds, the backlog (messages waiting, "
         "locked, bytes) and rates (in: newly published, out: consumed or expired) per "
-        "topic, the deepest buckets, and each stream's size and append rate. Ctrl-C "
+        "topic, the deepest buckets, each stream's size and append rate, and each durable "
+        "queue's depth and consumers. Ctrl-C "
         "quits (exit status 0). --once prints a single frame measured over one interval.",
     )
     p.add_argument(
@@ -58,8 +60,10 @@ def add_top_command(
     p.set_defaults(func=run_top)
 
 
-def frame_json(prev: Snapshot, cur: Snapshot, config: BusConfig) -> dict[str, Any]:
-    """Backlog and rates between two snapshots, as one JSON object."""
+def frame_json(
+    prev: Snapshot, cur: Snapshot, config: BusConfig, queues: Sequence[QueueInfo] = ()
+) -> dict[str, Any]:
+    """Backlog and rates between two snapshots (and the queues now), as one JSON object."""
     dt = max(cur.taken - prev.taken, 1e-6)
     before = {m.name: m.topic for m in prev.messages}
     after = {m.name: m.topic for m in cur.messages}
@@ -110,6 +114,10 @@ def frame_json(prev: Snapshot, cur: Snapshot, config: BusConfig) -> dict[str, An
             "deepest": [{"bucket": b, "messages": n} for b, n in buckets.most_common(5)],
         },
         "streams": streams,
+        "queues": [
+            {"name": q.name, "depth": q.depth, "consumers": q.consumers}
+            for q in sorted(queues, key=lambda q: q.name)
+        ],
     }
 
 
@@ -168,6 +176,12 @@ def frame_lines(frame: dict[str, Any], root: Path, *, limit: int, color: bool) -
         )
         lines.append(f"{bold}{table[0]}{reset}")
         lines += table[1:]
+    if frame["queues"]:
+        lines.append("")
+        rows = [[q["name"], str(q["depth"]), str(q["consumers"])] for q in frame["queues"]]
+        table = format_table(["QUEUE", "DEPTH", "CONSUMERS"], rows, right=(1, 2))
+        lines.append(f"{bold}{table[0]}{reset}")
+        lines += table[1:]
     return lines
 
 
@@ -206,7 +220,7 @@ def run_top(args: argparse.Namespace) -> int:
                 while True:
                     await anyio.sleep(interval)
                     cur = await take_snapshot(bus, root)
-                    show(frame_json(prev, cur, config))
+                    show(frame_json(prev, cur, config, await bus.queues()))
                     if args.once:
                         break
                     prev = cur
