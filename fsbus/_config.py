@@ -82,6 +82,12 @@ class BusConfig(BaseModel):
         description="Failed deliveries of a single message before it is dead-lettered "
         "(None: retry until it expires).",
     )
+    count_deliveries: bool = Field(
+        False,
+        description="Record each delivery of a work-queue message before its handler runs, "
+        "so one redelivered after its consumer crashed has delivery_count > 1 (costs one "
+        "small write per delivery; durable queues always do it).",
+    )
     dead_letter_prefix: str = Field(
         "dead-letter", min_length=1, description="Dead-lettered messages go to '<prefix>.<topic>'."
     )

@@ -1127,6 +1127,8 @@ class Bus:
             # failure counts once the batch is held: one listing per bucket, not an
             # open per claim
             self._fs.fill_attempts(c for _, _, c in got if c is not None)
+            if self.config.count_deliveries:
+                self._fs.count_deliveries(c for _, _, c in got if c is not None)
             return got, untried
 
         results, untried = await anyio.to_thread.run_sync(claim_some)
@@ -1595,10 +1597,15 @@ class Bus:
         async with Bus(self._queues.bus_root(name), config=self._queues.sub_config) as inner:
             task_status.started(inner)
             await stop.wait()
+        for key in _CONSUMER_COUNTS:  # this bus's statistics keep what its queues did
+            self._counts[key] += inner._counts[key]
 
     def statistics(self) -> BusStatistics:
-        """A snapshot of this Bus's counters."""
-        c = self._counts
+        """A snapshot of this Bus's counters (its queue consumers' included)."""
+        c = collections.Counter(self._counts)
+        for inner, _stop, _fds in self._queue_buses.values():
+            for key in _CONSUMER_COUNTS:
+                c[key] += inner._counts[key]
         return BusStatistics(
             published=c["published"],
             delivered=c["delivered"],
@@ -1615,6 +1622,12 @@ class Bus:
             claims_lost=c["claims_lost"],
             leases_lost=c["leases_lost"],
         )
+
+
+_CONSUMER_COUNTS = (
+    "delivered acked released failed expired quarantined claims_lost leases_lost".split()
+)
+"""Counters of a queue's own bus that its host bus reports as its own."""
 
 
 async def _gather_payload(payload: object) -> bytes:

@@ -108,6 +108,8 @@ class Claim:
     """Failed deliveries recorded before this one."""
     renamed: bool = False
     """Claimed by renaming it into ``fsbus/claims/`` (locking "rename"), not by flock."""
+    counted: bool = False
+    """This delivery is already in the failure counter (:meth:`BusFS.count_deliveries`)."""
 
 
 class BusFS:
@@ -985,14 +987,30 @@ class BusFS:
         try:
             self.ops.ftruncate(claim.fd, 0)
             # The failure counter is only written under the lock we hold: we know.
-            self._remove_message(claim.bucket, claim.name, attempts=claim.attempts > 0)
+            self._remove_message(
+                claim.bucket, claim.name, attempts=claim.attempts > 0 or claim.counted
+            )
         finally:
             self._unlock_close(claim.fd)
+
+    def count_deliveries(self, claims: Iterable[Claim]) -> None:
+        """Record a delivery of each claim before it is handed out, so a consumer that
+        dies holding it leaves a count behind (its redelivery is not a first delivery)."""
+        for c in claims:
+            try:
+                self._write_file(
+                    self.layout.attempts_path(c.bucket, c.name),
+                    str(c.attempts + 1).encode(),
+                    durable=False,
+                )
+            except OSError:
+                continue  # the count is advisory; never hold a message back over it
+            c.counted = True
 
     def release(self, claim: Claim, *, failed: bool) -> None:
         """Give a claimed message back for redelivery, counting a failure if asked."""
         try:
-            if failed:
+            if failed and not claim.counted:
                 self._write_file(
                     self.layout.attempts_path(claim.bucket, claim.name),
                     str(claim.attempts + 1).encode(),

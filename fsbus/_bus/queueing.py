@@ -17,7 +17,7 @@ from .fs import BusFS, NameClash
 from .layout import Layout
 from .namer import Namer
 from .purge import purge_some, purge_targets
-from .scan import ScanState, decide, long_names
+from .scan import ScanDecision, ScanState, decide, long_names
 
 
 class QueueWriter:
@@ -49,14 +49,29 @@ class QueueWriter:
                 plan = self._namer.plan(topic, True, ttl, durable, headers, priority)
             self._fs.publish(plan, payload)
 
+    def _listing(self) -> ScanDecision:
+        listings = self._fs.list_buckets(range(len(self.layout.buckets)))
+        spills = self._fs.read_spills(long_names(ScanState(), listings))
+        return decide(ScanState(), listings, spills, int(time.time() * 1000), baseline=True)
+
+    def depth(self) -> int:
+        """Messages not expired: waiting, or held by a consumer."""
+        return len(self._listing().singles)
+
+    def expire(self) -> int:
+        """Remove the expired messages no consumer holds; how many."""
+        buckets = self.layout.buckets
+        d = self._listing()
+        return self.remove(
+            [(buckets[e.bucket_index], e.name) for e in d.expired if e.parsed.single]
+        )
+
     def oldest(self, count: int) -> list[tuple[str, str]]:
         """The ``count`` messages published first, of those no consumer holds."""
         if count <= 0:
             return []
         buckets = self.layout.buckets
-        listings = self._fs.list_buckets(range(len(buckets)))
-        spills = self._fs.read_spills(long_names(ScanState(), listings))
-        d = decide(ScanState(), listings, spills, int(time.time() * 1000), baseline=True)
+        d = self._listing()
 
         def published(e: object) -> int:
             f = e.parsed.fields  # type: ignore[attr-defined]

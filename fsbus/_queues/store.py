@@ -53,6 +53,12 @@ class QueueBus(Protocol):
     ) -> None:
         """Add a work-queue message."""
 
+    def depth(self) -> int:
+        """Messages not expired: waiting, or held by a consumer."""
+
+    def expire(self) -> int:
+        """Remove the expired messages no consumer holds; how many."""
+
     def oldest(self, count: int) -> list[tuple[str, str]]:
         """(bucket, name) of the ``count`` oldest messages no consumer holds."""
 
@@ -95,7 +101,12 @@ class QueueStore:
         self._publishers: dict[str, QueueBus] = {}
         self._bad: set[str] = set()
         self.sub_config = config.model_copy(
-            update={"max_deliveries": None, "bucket_num_chars": 1, "locking": config.locking}
+            update={
+                "max_deliveries": None,
+                "bucket_num_chars": 1,
+                "locking": config.locking,
+                "count_deliveries": True,
+            }
         )
 
     # ------------------------------------------------------------------ paths
@@ -369,16 +380,9 @@ class QueueStore:
         return QueueInfo(d.name, d.bindings, d.options, self.depth(name), self.consumers(name))
 
     def depth(self, name: str) -> int:
-        root = f"{self.bus_root(name)}/messages"
-        n = 0
-        try:
-            buckets = os.listdir(root)
-        except FileNotFoundError:
-            return 0
-        for b in buckets:
-            with contextlib.suppress(OSError):
-                n += sum(1 for f in os.listdir(f"{root}/{b}") if "+s+" in f)
-        return n
+        """Messages in queue ``name`` not expired (0 if it is gone)."""
+        pub = self._publisher(name)
+        return 0 if pub is None else pub.depth()
 
     # ------------------------------------------------------------------ consumers
     def touch(self, name: str) -> None:
@@ -443,12 +447,19 @@ class QueueStore:
         return live
 
     def expire_unused(self) -> list[str]:
-        """Delete queues with ``expires`` set and no use for that long; their names."""
+        """Remove expired messages from every queue, and delete the queues with
+        ``expires`` set and no use for that long; their names."""
         gone = []
         now = time.time()
         for name in self.names():
             d = self._defs.get(name)
-            if d is None or d.options.expires is None:
+            if d is None:
+                continue
+            pub = self._publisher(name)
+            if pub is not None:
+                with contextlib.suppress(OSError):
+                    pub.expire()
+            if d.options.expires is None:
                 continue
             try:
                 used = os.stat(f"{self.dir(name)}/used").st_mtime

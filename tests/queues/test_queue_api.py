@@ -1,0 +1,401 @@
+"""Durable queues in one process: declare, bind, route, consume, options, bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import (
+    BlockingBus,
+    Bus,
+    BusConfig,
+    InvalidPattern,
+    QueueFull,
+    QueueMismatch,
+    QueueNotFound,
+    UsageError,
+)
+
+from .conftest import Inbox, wait_until
+
+
+@pytest.mark.asyncio
+async def test_messages_wait_for_a_consumer_that_was_not_running(root: Path) -> None:
+    async with Bus(root) as bus:
+        info = await bus.declare_queue("billing", ["orders.*"])
+        assert (info.name, info.bindings, info.depth, info.consumers) == (
+            "billing",
+            ("orders.*",),
+            0,
+            0,
+        )
+        await bus.publish("orders.before", b"not routed: published before the binding?")
+    # Published while no consumer of the queue runs anywhere, multi and single alike.
+    async with Bus(root) as bus:
+        for i in range(20):
+            await bus.publish("orders.new", f"m{i}".encode(), single=i % 2 == 1)
+        await bus.publish("invoices.new", b"other topic")
+        assert (await bus.queue_info("billing")).depth == 21
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.subscribe(None, inbox, queue="billing")
+        await inbox.wait_for(21)
+        await wait_until(lambda: bus.statistics().acked >= 21)
+        info = await bus.queue_info("billing")
+        assert info.depth == 0
+    got = Counter(inbox.payloads)
+    assert set(got.values()) == {1}
+    assert {f"m{i}".encode() for i in range(20)} <= set(got)
+    assert b"other topic" not in got
+    assert all(m.queue == "billing" and m.delivery_count == 1 for m in inbox.messages)
+    assert {m.topic for m in inbox.messages} == {"orders.new", "orders.before"}
+
+
+@pytest.mark.asyncio
+async def test_each_queue_gets_its_copy_and_plain_delivery_is_unchanged(root: Path) -> None:
+    a, b, plain, worker = Inbox(), Inbox(), Inbox(), Inbox()
+    async with Bus(root) as bus:
+        await bus.declare_queue("a", ["orders.#"])
+        await bus.declare_queue("b", ["orders.paid", "orders.*"])  # two bindings, one copy
+        await bus.subscribe("orders.#", plain, kind="multi")
+        await bus.subscribe("orders.#", worker, kind="single")
+        await bus.subscribe(None, a, queue="a")
+        await bus.subscribe(None, b, queue="b")
+        await bus.publish("orders.paid", b"multi")
+        await bus.publish("orders.paid", b"single", single=True)
+        await bus.publish("orders.eu.paid", b"deep")
+        await a.wait_for(3)
+        await b.wait_for(2)
+        await plain.wait_for(2)
+        await worker.wait_for(1)
+        await wait_until(lambda: bus.statistics().acked >= 6)
+    assert sorted(a.payloads) == [b"deep", b"multi", b"single"]
+    assert sorted(b.payloads) == [b"multi", b"single"]
+    assert sorted(plain.payloads) == [b"deep", b"multi"]
+    assert worker.payloads == [b"single"]
+
+
+@pytest.mark.asyncio
+async def test_consumers_of_one_queue_compete(root: Path) -> None:
+    inboxes = [Inbox() for _ in range(3)]
+    async with Bus(root) as one, Bus(root) as two:
+        await one.declare_queue("work", ["jobs.#"])
+        await one.subscribe(None, inboxes[0], queue="work")
+        await two.subscribe(None, inboxes[1], queue="work")
+        await two.subscribe(None, inboxes[2], queue="work")
+        assert (await one.queue_info("work")).consumers == 3
+        for i in range(300):
+            await one.publish("jobs.run", str(i).encode())
+        await wait_until(lambda: sum(len(x.messages) for x in inboxes) >= 300)
+        await wait_until(lambda: one.statistics().acked + two.statistics().acked >= 300)
+        assert (await one.queue_info("work")).depth == 0
+    got = Counter(p for x in inboxes for p in x.payloads)
+    assert got == Counter(str(i).encode() for i in range(300))
+
+
+@pytest.mark.asyncio
+async def test_bindings_change_while_messages_flow(root: Path) -> None:
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["a.*"])
+        await bus.publish("a.1", b"a1")
+        await bus.publish("b.1", b"b1-unbound")
+        await bus.bind_queue("q", "b.*")
+        await bus.bind_queue("q", "b.*")  # safe to repeat
+        await bus.publish("b.1", b"b1")
+        await bus.unbind_queue("q", "a.*")
+        await bus.publish("a.1", b"a1-unbound")
+        await bus.publish("b.2", b"b2")
+        assert (await bus.queue_info("q")).bindings == ("b.*",)
+        # A pattern given with queue= is a bind, safe to repeat.
+        await bus.subscribe("c.#", inbox, queue="q")
+        await bus.publish("c.x.y", b"c")
+        await inbox.wait_for(4)
+        assert (await bus.queue_info("q")).bindings == ("b.*", "c.#")
+    assert sorted(inbox.payloads) == [b"a1", b"b1", b"b2", b"c"]
+
+
+@pytest.mark.asyncio
+async def test_a_binding_made_in_another_process_routes_the_next_publish(root: Path) -> None:
+    async with Bus(root) as publisher, Bus(root) as admin:
+        await publisher.publish("x.1", b"warm the routing cache")
+        for i in range(20):
+            await admin.declare_queue(f"q{i}", [f"x.{i}"])
+            await publisher.publish(f"x.{i}", b"routed")
+            assert (await admin.queue_info(f"q{i}")).depth == 1
+
+
+@pytest.mark.asyncio
+async def test_message_ttl_expires_waiting_messages(root: Path, fast: BusConfig) -> None:
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("short", ["t.#"], message_ttl=0.3)
+        await bus.declare_queue("long", ["t.#"])
+        await bus.publish("t.1", b"x")
+        await bus.publish("t.2", b"own ttl", ttl=0.2)
+        assert (await bus.queue_info("short")).depth == 2
+        inbox = Inbox()
+        await bus.subscribe(None, inbox, queue="long")
+        await inbox.wait_for(2)
+        with anyio.fail_after(20):
+            while (await bus.queue_info("short")).depth:  # noqa: ASYNC110 (files: polled)
+                await anyio.sleep(0.05)
+        late = Inbox()
+        await bus.subscribe(None, late, queue="short")
+        await bus.publish("t.3", b"fresh")
+        await late.wait_for(1)
+    assert late.payloads == [b"fresh"]
+
+
+@pytest.mark.asyncio
+async def test_max_length_drop_head_keeps_the_newest(root: Path) -> None:
+    async with Bus(root) as bus:
+        await bus.declare_queue("recent", ["m.#"], max_length=5)
+        for i in range(12):
+            await bus.publish("m.x", str(i).encode())
+        assert (await bus.queue_info("recent")).depth == 5
+        inbox = Inbox()
+        await bus.subscribe(None, inbox, queue="recent")
+        await inbox.wait_for(5)
+    assert sorted(int(p) for p in inbox.payloads) == [7, 8, 9, 10, 11]
+
+
+@pytest.mark.asyncio
+async def test_max_length_reject_publish_refuses_and_publishes_nothing(root: Path) -> None:
+    plain = Inbox()
+    async with Bus(root) as bus:
+        await bus.declare_queue("bounded", ["m.#"], max_length=3, overflow="reject-publish")
+        await bus.subscribe("m.#", plain)
+        for i in range(3):
+            await bus.publish("m.x", str(i).encode())
+        with pytest.raises(QueueFull, match=r"bounded.*reject-publish"):
+            await bus.publish("m.x", b"refused")
+        await bus.publish("other", b"unrelated topics still flow")
+        await plain.wait_for(3)
+        assert (await bus.queue_info("bounded")).depth == 3
+        inbox = Inbox()
+        await bus.subscribe(None, inbox, queue="bounded")
+        await inbox.wait_for(3)
+        await wait_until(lambda: bus.statistics().acked >= 3)
+        await bus.publish("m.x", b"room again")
+        await inbox.wait_for(4)
+    assert b"refused" not in inbox.payloads + plain.payloads
+    assert inbox.payloads[-1] == b"room again"
+
+
+@pytest.mark.asyncio
+async def test_dead_letter_after_max_deliveries(root: Path, fast: BusConfig) -> None:
+    dead = Inbox()
+    failing = Inbox(fail=lambda m: m.payload == b"poison")
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("dlq", ["dead.#"])
+        await bus.declare_queue("work", ["jobs.#"], max_deliveries=3, dead_letter="dead.work")
+        await bus.subscribe(None, failing, queue="work")
+        await bus.publish("jobs.a", b"ok")
+        await bus.publish("jobs.a", b"poison", headers={"k": "v"})
+        await bus.subscribe(None, dead, queue="dlq")
+        (msg,) = await dead.wait_for(1)
+        await wait_until(lambda: bus.statistics().dead_lettered == 1)
+        assert (await bus.queue_info("work")).depth == 0
+    attempts = [m.delivery_count for m in failing.messages if m.payload == b"poison"]
+    assert attempts == [1, 2, 3]
+    assert failing.payloads.count(b"ok") == 1
+    assert msg.payload == b"poison"
+    assert msg.topic == "dead.work"
+    assert msg.headers["k"] == "v"
+    assert msg.headers["x-fsbus-queue"] == "work"
+    assert msg.headers["x-fsbus-topic"] == "jobs.a"
+
+
+@pytest.mark.asyncio
+async def test_auto_delete_when_the_last_consumer_leaves(root: Path) -> None:
+    async with Bus(root) as bus:
+        await bus.declare_queue("temp", ["t.#"], auto_delete=True)
+        s1 = await bus.subscribe(None, Inbox(), queue="temp")
+        s2 = await bus.subscribe(None, Inbox(), queue="temp")
+        await bus.unsubscribe(s1)
+        assert (await bus.queue_info("temp")).consumers == 1
+        await bus.unsubscribe(s2)
+        with pytest.raises(QueueNotFound):
+            await bus.queue_info("temp")
+        assert [q.name for q in await bus.queues()] == []
+        await bus.publish("t.x", b"no queue any more")
+
+
+@pytest.mark.asyncio
+async def test_expires_deletes_an_unused_queue(root: Path, fast: BusConfig) -> None:
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("idle", ["i.#"], expires=0.5)
+        await bus.declare_queue("kept", ["i.#"])
+        await bus.publish("i.x", b"waiting")
+        with anyio.fail_after(20):
+            while "idle" in [q.name for q in await bus.queues()]:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert [q.name for q in await bus.queues()] == ["kept"]
+        assert not (root / "fsbus" / "queues" / "idle").exists()
+
+
+@pytest.mark.asyncio
+async def test_purge_and_delete_count_messages(root: Path) -> None:
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["p.#"])
+        for _ in range(7):
+            await bus.publish("p.x", b"m")
+        assert await bus.purge_queue("q") == 7
+        assert (await bus.queue_info("q")).depth == 0
+        for _ in range(4):
+            await bus.publish("p.x", b"m")
+        with pytest.raises(QueueMismatch, match="if_empty"):
+            await bus.delete_queue("q", if_empty=True)
+        assert await bus.delete_queue("q") == 4
+        with pytest.raises(QueueNotFound, match="declare it first"):
+            await bus.queue_info("q")
+
+
+@pytest.mark.asyncio
+async def test_priority_and_messages_iterator(root: Path) -> None:
+    async with Bus(root) as bus:
+        await bus.declare_queue("prio", ["j.#"])
+        for p in (5, 1, 9, 0):
+            await bus.publish("j.x", str(p).encode(), single=True, priority=p)
+        got = []
+        async with bus.messages(queue="prio") as it:
+            async for msg in it:
+                got.append(int(msg.payload))
+                await it.ack(msg)
+                if len(got) == 4:
+                    break
+        assert got == [0, 1, 5, 9]
+        assert (await bus.queue_info("prio")).depth == 0
+
+
+def test_the_blocking_face(root: Path) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("b", ["x.#"], max_length=10)
+        for i in range(3):
+            bus.publish("x.y", str(i).encode())
+        assert bus.queue_info("b").depth == 3
+        assert [q.name for q in bus.queues()] == ["b"]
+        got = []
+        with bus.messages(queue="b") as it:
+            for _ in range(3):
+                msg = it.get(timeout=10)
+                assert msg.queue == "b"
+                got.append(msg.payload)
+                it.ack(msg)
+        assert sorted(got) == [b"0", b"1", b"2"]
+        bus.enqueue("b", "direct.topic", b"straight in")
+        assert bus.purge_queue("b") == 1
+        assert bus.delete_queue("b") == 0
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("", "must not be empty"),
+        ("a/b", "invalid queue name"),
+        ("..", "invalid queue name"),
+        ("-x", "invalid queue name"),
+        ("x" * 201, "at most 200"),
+        (7, "must be a str"),
+    ],
+)
+async def test_an_invalid_queue_name_is_refused(root: Path, name: object, why: str) -> None:
+    async with Bus(root) as bus:
+        with pytest.raises(UsageError, match=why):
+            await bus.declare_queue(name, ["a"])  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match=why):
+            await bus.subscribe(None, Inbox(), queue=name)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_bad_options_and_patterns_are_refused(root: Path) -> None:
+    async with Bus(root) as bus:
+        with pytest.raises(UsageError, match="max_length must be a positive int"):
+            await bus.declare_queue("q", ["a"], max_length=0)
+        with pytest.raises(UsageError, match="overflow must be one of"):
+            await bus.declare_queue("q", ["a"], overflow="reject")
+        with pytest.raises(UsageError, match="message_ttl"):
+            await bus.declare_queue("q", ["a"], message_ttl=-1)
+        with pytest.raises(InvalidPattern, match="control character"):
+            await bus.declare_queue("q", ["a.\x00"])
+        with pytest.raises(UsageError, match="give a pattern, or queue="):
+            await bus.subscribe(None, Inbox())
+        assert await bus.queues() == []
+
+
+@pytest.mark.asyncio
+async def test_declaring_again_with_other_options_is_refused(root: Path) -> None:
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["a"], max_length=10)
+        again = await bus.declare_queue("q", ["b"], max_length=10)  # same options: adds b
+        assert again.bindings == ("a", "b")
+        with pytest.raises(QueueMismatch, match=r"max_length: None != 10.*delete it first"):
+            await bus.declare_queue("q", ["a"])
+        assert (await bus.queue_info("q")).options.max_length == 10
+
+
+@pytest.mark.asyncio
+async def test_consuming_a_missing_queue_says_how_to_declare_it(root: Path) -> None:
+    async with Bus(root) as bus:
+        with pytest.raises(QueueNotFound, match=r"no queue named 'nope'.*declare_queue"):
+            await bus.subscribe(None, Inbox(), queue="nope")
+        with pytest.raises(QueueNotFound):
+            async with bus.messages(queue="nope"):
+                pass
+        with pytest.raises(QueueNotFound):
+            await bus.bind_queue("nope", "a.b")
+        with pytest.raises(QueueNotFound):
+            await bus.enqueue("nope", "a.b", b"x")
+
+
+@pytest.mark.asyncio
+async def test_a_corrupt_definition_is_quarantined_and_the_bus_runs_on(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.declare_queue("good", ["x.#"])
+        await bus.declare_queue("bad", ["x.#"])
+        await bus.publish("x.1", b"before")
+    definition = root / "fsbus" / "queues" / "bad" / "queue.json"
+    definition.write_bytes(b'{"format": 1, "name": "bad", "opt')
+    caplog.set_level(logging.WARNING, logger="fsbus")
+    async with Bus(root) as bus:
+        await bus.publish("x.2", b"after")
+        assert [q.name for q in await bus.queues()] == ["good"]
+        await bus.subscribe(None, inbox, queue="good")
+        await inbox.wait_for(2)
+        with pytest.raises(QueueNotFound):
+            await bus.subscribe(None, Inbox(), queue="bad")
+        # Declaring it again brings it back with its waiting message.
+        await bus.declare_queue("bad", ["x.#"])
+        assert (await bus.queue_info("bad")).depth == 1
+    moved = list((root / "fsbus" / "quarantine").glob("*queue-bad.json"))
+    assert len(moved) == 1
+    assert moved[0].read_bytes().startswith(b'{"format": 1')
+    warnings = [r.getMessage() for r in caplog.records if "corrupt definition" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "declare the queue again" in warnings[0]
+
+
+@pytest.mark.asyncio
+async def test_foreign_files_in_the_queues_folder_are_ignored(root: Path) -> None:
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["x"])
+    queues = root / "fsbus" / "queues"
+    (queues / "stray.txt").write_text("not a queue")
+    (queues / "empty-dir").mkdir()
+    (queues / "other").mkdir()
+    (queues / "other" / "queue.json").write_text(json.dumps({"format": 99}))
+    async with Bus(root) as bus:
+        assert [q.name for q in await bus.queues()] == ["q"]
+        await bus.publish("x", b"still routed")
+        assert (await bus.queue_info("q")).depth == 1
+    assert (queues / "stray.txt").read_text() == "not a queue"

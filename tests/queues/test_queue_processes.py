@@ -1,0 +1,256 @@
+"""Durable queues across real processes: competing consumers, kill -9, restarts.
+
+Every test counts per queue: every message handled, none lost, a message handled twice
+only as a redelivery (``delivery_count > 1``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from fsbus import BlockingBus
+from tests.peer_process import JsonLinesPeer
+
+Spawn = Callable[..., JsonLinesPeer]
+FAST = {"poll_interval": 0.05, "retry_interval": 0.05, "gc_interval": 0.2}
+
+
+def handled(peers: Iterable[JsonLinesPeer], queue: str) -> Counter[str]:
+    """How many times each id's handler returned, in consumers of ``queue``."""
+    return Counter(e["id"] for p in peers for e in p.of("done") if e["queue"] == queue)
+
+
+def check_counts(peers: list[JsonLinesPeer], queue: str, ids: set[str]) -> Counter[str]:
+    """Every id handled; any handled twice was redelivered. Returns the counts."""
+    done = handled(peers, queue)
+    assert set(done) == ids, (
+        f"queue {queue}: lost {sorted(ids - set(done))[:10]}, "
+        f"unexpected {sorted(set(done) - ids)[:10]}"
+    )
+    redelivered = {
+        e["id"]
+        for p in peers
+        for e in p.of("start")
+        if e["queue"] == queue and e["delivery_count"] > 1
+    }
+    twice = {i for i, n in done.items() if n > 1}
+    assert twice <= redelivered, f"queue {queue}: duplicates not redelivered: {twice}"
+    return done
+
+
+def wait_all(peers: list[JsonLinesPeer], queue: str, ids: set[str], timeout: float = 90) -> None:
+    """Wait until every id was handled by some consumer of ``queue`` (polled every 10 ms,
+    the events of all the peers together); fail saying what is missing."""
+    deadline = time.monotonic() + timeout
+    while not ids <= set(handled(peers, queue)):
+        if time.monotonic() > deadline or all(p.proc.poll() is not None for p in peers):
+            missing = sorted(ids - set(handled(peers, queue)))
+            raise AssertionError(
+                f"queue {queue}: {len(missing)} message(s) never handled, e.g. {missing[:10]}\n"
+                + "\n".join(p.describe() for p in peers)
+            )
+        time.sleep(0.01)
+
+
+def test_two_queues_on_one_topic_three_consumers_each(root: Path, spawn: Spawn) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("billing", ["orders.*"])
+        bus.declare_queue("shipping", ["orders.#"])
+    consumers = {
+        q: [spawn("consumer", queue=q, config=FAST, face=f) for f in ("async", "async", "blocking")]
+        for q in ("billing", "shipping")
+    }
+    for group in consumers.values():
+        for c in group:
+            c.wait_count("ready", 1)
+    ids = [str(i) for i in range(600)]
+    multi = spawn("pub", messages=[["orders.new", i] for i in ids[:300]], config=FAST)
+    single = spawn("pub", messages=[["orders.new", i] for i in ids[300:]], single=True, config=FAST)
+    multi.wait_count("published", 300)
+    single.wait_count("published", 300)
+    for q, group in consumers.items():
+        wait_all(group, q, set(ids))
+        done = check_counts(group, q, set(ids))
+        assert set(done.values()) == {1}, f"{q}: a message handled twice without a kill"
+        assert all(len(c.of("done")) > 0 for c in group), f"{q}: a consumer got nothing"
+    with BlockingBus(root) as bus:
+        assert {q.name: q.depth for q in bus.queues()} == {"billing": 0, "shipping": 0}
+
+
+def test_consumers_killed_mid_handling(root: Path, spawn: Spawn) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("a", ["jobs.#"])
+        bus.declare_queue("b", ["jobs.#"])
+    groups = {
+        q: [spawn("consumer", queue=q, work=0.01, config=FAST) for _ in range(3)] for q in "ab"
+    }
+    for group in groups.values():
+        for c in group:
+            c.wait_count("ready", 1)
+    ids = {str(i) for i in range(400)}
+    publisher = spawn("pub", messages=[["jobs.x", i] for i in sorted(ids)], config=FAST)
+    for group in groups.values():
+        # kill -9 one consumer while it holds messages (it has started more than it ended)
+        victim = group[0]
+        victim.wait_for(
+            lambda evs: (
+                sum(e["event"] == "start" for e in evs) > sum(e["event"] == "done" for e in evs) + 0
+                and sum(e["event"] == "done" for e in evs) >= 20
+            ),
+            what="20 messages handled and one in hand",
+        )
+        victim.proc.kill()
+        victim.wait_exit()
+    publisher.wait_count("published", len(ids))
+    killed_any_in_hand = False
+    for q, group in groups.items():
+        wait_all(group[1:], q, ids - set(handled(group[:1], q)))
+        done = check_counts(group, q, ids)
+        victim = group[0]
+        in_hand = {e["id"] for e in victim.of("start")} - {e["id"] for e in victim.of("done")}
+        killed_any_in_hand |= bool(in_hand)
+        # what it held when killed was handled by a survivor, as a redelivery
+        for i in in_hand:
+            assert done[i] >= 1
+    assert killed_any_in_hand
+
+
+def test_declared_while_no_consumer_runs_then_1000_messages(root: Path, spawn: Spawn) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("late", ["events.#"])
+    ids = [str(i) for i in range(1000)]
+    half = len(ids) // 2
+    p1 = spawn("pub", messages=[["events.a", i] for i in ids[:half]], config=FAST)
+    p2 = spawn("pub", messages=[["events.b.c", i] for i in ids[half:]], single=True, config=FAST)
+    p1.wait_count("published", half)
+    p2.wait_count("published", len(ids) - half)
+    p1.stop()
+    p2.stop()
+    with BlockingBus(root) as bus:
+        assert bus.queue_info("late").depth == 1000
+    group = [spawn("consumer", queue="late", config=FAST) for _ in range(3)]
+    wait_all(group, "late", set(ids))
+    done = check_counts(group, "late", set(ids))
+    assert set(done.values()) == {1}
+
+
+def test_bindings_changed_mid_flow_from_another_process(root: Path, spawn: Spawn) -> None:
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["a.*"])
+        group = [spawn("consumer", queue="q", config=FAST) for _ in range(3)]
+        publisher = spawn("pub-lines", config=FAST)
+        for p in (*group, publisher):
+            p.wait_count("ready", 1)
+        expected: set[str] = set()
+        sent = 0
+
+        def send(topic: str, ident: str, routed: bool) -> None:
+            nonlocal sent
+            publisher.send(f"{topic} {ident}")
+            sent += 1
+            publisher.wait_count("published", sent)
+            if routed:
+                expected.add(ident)
+
+        for round_ in range(5):
+            send("a.x", f"a{round_}", True)
+            send("b.x", f"b{round_}-before", False)
+            admin.bind_queue("q", "b.*")
+            send("b.x", f"b{round_}", True)
+            admin.unbind_queue("q", "a.*")
+            send("a.x", f"a{round_}-after", False)
+            admin.bind_queue("q", "a.*")
+            admin.unbind_queue("q", "b.*")
+        wait_all(group, "q", expected)
+        # the barrier: one last routed message, handled after everything before it
+        send("a.x", "last", True)
+        wait_all(group, "q", expected)
+        done = check_counts(group, "q", expected)
+        assert set(done.values()) == {1}
+        assert admin.queue_info("q").depth == 0
+
+
+def test_ttl_max_length_and_dead_letter_across_processes(root: Path, spawn: Spawn) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("ttl", ["t.#"], message_ttl=0.5)
+        bus.declare_queue("recent", ["r.#"], max_length=10)
+        bus.declare_queue("work", ["w.#"], max_deliveries=2, dead_letter="dead.work")
+        bus.declare_queue("dead", ["dead.#"])
+    pubs = [
+        spawn("pub", messages=[["t.x", f"t{i}"] for i in range(50)], config=FAST),
+        spawn("pub", messages=[["r.x", f"r{i}"] for i in range(100)], config=FAST),
+    ]
+    for p in pubs:
+        p.wait_count("published", 1)
+    pubs[0].wait_count("published", 50)
+    pubs[1].wait_count("published", 100)
+    # no consumer of "ttl" runs: another process's gc removes its expired copies
+    other = spawn("consumer", queue="dead", config=FAST)
+    other.wait_count("ready", 1)
+    with BlockingBus(root) as bus:
+        deadline = time.monotonic() + 30
+        while bus.queue_info("ttl").depth and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bus.queue_info("ttl").depth == 0
+        assert bus.queue_info("recent").depth == 10
+    ttl = spawn("consumer", queue="ttl", config=FAST)
+    recent = spawn("consumer", queue="recent", config=FAST)
+    workers = [spawn("consumer", queue="work", fail=["w3", "w7"], config=FAST) for _ in range(2)]
+    for p in (ttl, recent, *workers):
+        p.wait_count("ready", 1)
+    spawn("pub", messages=[["t.x", "fresh"]] + [["w.x", f"w{i}"] for i in range(10)], config=FAST)
+    wait_all([ttl], "ttl", {"fresh"})
+    wait_all([recent], "recent", {f"r{i}" for i in range(90, 100)})
+    wait_all(workers, "work", {f"w{i}" for i in range(10)} - {"w3", "w7"})
+    wait_all([other], "dead", {"w3", "w7"})
+    assert handled([ttl], "ttl") == Counter({"fresh": 1})
+    assert set(handled([recent], "recent")) == {f"r{i}" for i in range(90, 100)}
+    dead = list(other.of("done"))
+    assert sorted(e["id"] for e in dead) == ["w3", "w7"]
+    assert {e["headers"]["x-fsbus-queue"] for e in dead} == {"work"}
+    tries = Counter(e["id"] for w in workers for e in w.of("start") if e["id"] in ("w3", "w7"))
+    assert tries == Counter({"w3": 2, "w7": 2})
+
+
+def test_every_process_restarted(root: Path, spawn: Spawn) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("a", ["jobs.#"])
+        bus.declare_queue("b", ["jobs.*"])
+    ids = {str(i) for i in range(300)}
+    first = sorted(ids)[:150]
+    second = sorted(ids)[150:]
+    peers: dict[str, list[JsonLinesPeer]] = {"a": [], "b": []}
+
+    def start_consumers() -> None:
+        for q in "ab":
+            for _ in range(2):
+                peers[q].append(spawn("consumer", queue=q, work=0.005, config=FAST))
+
+    start_consumers()
+    pub1 = spawn("pub", messages=[["jobs.x", i] for i in first], config=FAST)
+    pub1.wait_count("published", 1)
+    deadline = time.monotonic() + 60
+    while any(sum(handled(peers[q], q).values()) < 5 for q in "ab"):
+        assert time.monotonic() < deadline, "the consumers handled nothing in 60 s"
+        time.sleep(0.01)
+    # every process dies at once, the publisher mid-run included
+    everyone = [pub1, *peers["a"], *peers["b"]]
+    for p in everyone:
+        p.proc.kill()
+    for p in everyone:
+        p.wait_exit()
+    published = {e["id"] for e in pub1.of("published")}
+    start_consumers()
+    pub2 = spawn("pub", messages=[["jobs.x", i] for i in second], config=FAST)
+    pub2.wait_count("published", len(second))
+    expected = published | set(second)
+    for q in "ab":
+        wait_all(peers[q][2:], q, expected - set(handled(peers[q][:2], q)))
+        done = handled(peers[q], q)
+        assert expected <= set(done)
+        # a message the publisher wrote but was killed before reporting may be there too
+        assert set(done) <= ids
+        check_counts(peers[q], q, set(done))
