@@ -10,6 +10,7 @@ publishes are batched into worker-thread hops the same way.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import heapq
 import inspect
@@ -306,7 +307,7 @@ class Bus:
         self._counts = dict.fromkeys(
             (
                 "published delivered acked released failed dead_lettered expired quarantined scans "
-                "claims_lost leases_lost"
+                "claims_lost leases_lost peer_routed"
             ).split(),
             0,
         )
@@ -666,25 +667,31 @@ class Bus:
         if existing:
             self._existing_pending.append(sub)
         if not self._scanning:
-            # List every bucket now, so that anything published after this call
-            # returns is new to this bus (and anything before it is "existing").
-            self._scanning = True
-            if not self._workers_started:
-                # Handlers of the first scan (existing messages) need the pool running.
-                self._workers_started = True
-                for _ in range(self.config.handler_concurrency):
-                    tg.start_soon(self._jobs.work)
             try:
-                await self._scan(baseline=True, deliver=False)
+                await self._start_scanning(tg)
             except BaseException:
-                self._scanning = False
                 await self.unsubscribe(sub)
                 raise
-            tg.start_soon(self._scan_loop)
         else:
             self._force_full = True  # work items already present reach it promptly
             self._waker.wake()
         return sub
+
+    async def _start_scanning(self, tg: anyio.abc.TaskGroup) -> None:
+        # List every bucket now, so that anything published after this call
+        # returns is new to this bus (and anything before it is "existing").
+        self._scanning = True
+        if not self._workers_started:
+            # Handlers of the first scan (existing messages) need the pool running.
+            self._workers_started = True
+            for _ in range(self.config.handler_concurrency):
+                tg.start_soon(self._jobs.work)
+        try:
+            await self._scan(baseline=True, deliver=False)
+        except BaseException:
+            self._scanning = False
+            raise
+        tg.start_soon(self._scan_loop)
 
     async def unsubscribe(self, sub: Subscription) -> None:
         """Remove a subscription; messages already handed to it finish."""
@@ -835,6 +842,8 @@ class Bus:
         self._retries.put_back((key for key in due if key[0] not in listings), now)
         if decision.expired or decision.foreign:
             await self._housekeep(decision.expired, decision.foreign)
+        if not baseline:
+            await self._route_peer_messages(decision)
         # Work items already on the heap, in flight or backing off need no second look:
         # new ones go on the heap, and a full listing or a bucket listed again for a
         # retry puts back everything it holds (what was dropped while busy, released...).
@@ -868,6 +877,45 @@ class Bus:
             await self._deliver_multi(multis, extra, reads)
         if self._ready_keys and self._free > 0:
             await self._claim_ready()
+
+    async def _route_peer_messages(self, decision: ScanDecision) -> None:
+        """Copy new messages of qlobber-fsq peers (which do not route) into the durable
+        queues bound to their topics; the first fsbus process to see one does it, once.
+        """
+        routed = []
+        for e in (*decision.new_multi, *decision.new_singles):
+            if e.parsed.fields is None and e.topic is not None:
+                targets = self._queues.targets(e.topic)
+                if targets:
+                    routed.append((e, targets))
+        if not routed:
+            return
+        buckets = self.layout.buckets
+
+        def work() -> int:
+            made = 0
+            now_ms = int(time.time() * 1000)
+            for e, targets in routed:
+                bucket = buckets[e.bucket_index]
+                ttl = (e.parsed.expires_ms - now_ms) / 1000
+                if ttl <= 0 or not self._queues.mark_routed(bucket, e.name):
+                    continue  # expired, or another process routes it
+                got = self._fs.read_multi(bucket, e.name, has_meta=False)
+                if got.payload is None:
+                    continue  # a peer consumed it first
+                assert e.topic is not None
+                made += self._queues.route(
+                    targets,
+                    e.topic,
+                    got.payload,
+                    ttl=ttl,
+                    durable=False,
+                    headers=None,
+                    priority=None,
+                )
+            return made
+
+        self._counts["peer_routed"] += await anyio.to_thread.run_sync(work)
 
     def _trie_test(self, entry: Entry, sub: Subscription) -> bool:
         assert entry.topic is not None
@@ -1531,6 +1579,10 @@ class Bus:
         d = await anyio.to_thread.run_sync(self._queues.get, name)
         inner = await self._queue_bus(name)
         fd = await anyio.to_thread.run_sync(self._queues.attach, name)
+        if not self._scanning and self._tg is not None:
+            # a consumer's process routes the messages of qlobber-fsq peers (who do not)
+            with contextlib.suppress(FsBusError, OSError):
+                await self._start_scanning(self._tg)
         max_deliveries = d.options.max_deliveries
         dead_letter = d.options.dead_letter
 

@@ -67,17 +67,15 @@ class QueueWriter:
         )
 
     def oldest(self, count: int) -> list[tuple[str, str]]:
-        """The ``count`` messages published first, of those no consumer holds."""
+        """The ``count`` messages at the head of the queue, of those no consumer holds."""
         if count <= 0:
             return []
         buckets = self.layout.buckets
         d = self._listing()
 
-        def published(e: object) -> int:
-            f = e.parsed.fields  # type: ignore[attr-defined]
-            return f.published_ms if f is not None else e.parsed.expires_ms  # type: ignore[attr-defined, no-any-return]
-
-        entries = sorted(d.singles, key=published)
+        # the head of the queue: what a consumer would take next (priority, then
+        # publish time and the publisher's sequence)
+        entries = sorted(d.singles, key=lambda e: e.rank)
         out = []
         for e in entries:
             bucket = buckets[e.bucket_index]
@@ -101,4 +99,4 @@ class QueueWriter:
 
 def open_store(layout: Layout, config: BusConfig) -> QueueStore:
     """The queue store of the bus laid out as ``layout``."""
-    return QueueStore(layout.private, config, layout.quarantine, QueueWriter)
+    return QueueStore(layout.private, config, layout.quarantine, QueueWriter, layout.messages)

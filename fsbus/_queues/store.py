@@ -87,8 +87,16 @@ _DEF = "queue.json"
 class QueueStore:
     """The queues of one bus directory, as seen by one process (thread-safe)."""
 
-    def __init__(self, private: str, config: BusConfig, quarantine: str, opener: Opener) -> None:
+    def __init__(
+        self,
+        private: str,
+        config: BusConfig,
+        quarantine: str,
+        opener: Opener,
+        messages: str | None = None,
+    ) -> None:
         self.base = f"{private}/queues"
+        self._messages = messages
         self._opener = opener
         self.config = config
         self._quarantine = quarantine
@@ -281,6 +289,44 @@ class QueueStore:
         if excess > 0:
             pub.remove(pub.oldest(excess))
 
+    # ------------------------------------------------------------------ peers' messages
+    def mark_routed(self, bucket: str, name: str) -> bool:
+        """Claim the routing of a qlobber-fsq peer's message (which routes nothing):
+        True for the one process, on any host, that creates its marker first."""
+        folder = f"{self.base}/.routed/{bucket}"
+        path = f"{folder}/{name}"
+        for _ in range(2):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+                return True
+            except FileExistsError:
+                return False
+            except FileNotFoundError:
+                os.makedirs(folder, exist_ok=True)
+        return False
+
+    def sweep_routed(self, messages: str, min_age: float = 60.0) -> int:
+        """Remove the routing markers of peers' messages that are gone (older than
+        ``min_age``: a process may still be listing the message as new)."""
+        removed = 0
+        top = f"{self.base}/.routed"
+        try:
+            buckets = os.listdir(top)
+        except FileNotFoundError:
+            return 0
+        now = time.time()
+        for bucket in buckets:
+            with contextlib.suppress(OSError):
+                for name in os.listdir(f"{top}/{bucket}"):
+                    path = f"{top}/{bucket}/{name}"
+                    with contextlib.suppress(OSError):
+                        if now - os.stat(path).st_mtime < min_age:
+                            continue
+                        if not os.path.lexists(f"{messages}/{bucket}/{name}"):
+                            os.unlink(path)
+                            removed += 1
+        return removed
+
     # ------------------------------------------------------------------ definitions
     @contextlib.contextmanager
     def _changing(self) -> Iterator[None]:
@@ -451,6 +497,8 @@ class QueueStore:
         ``expires`` set and no use for that long; their names."""
         gone = []
         now = time.time()
+        if self._messages is not None:
+            self.sweep_routed(self._messages)
         for name in self.names():
             d = self._defs.get(name)
             if d is None:
