@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = REPO / "tests" / "multiprocess" / "bus_child.py"
+QUEUE_CHILD = REPO / "tests" / "queues" / "queue_child.py"
 NODE_PEER = REPO / "tests" / "interop" / "qlobber_peer.js"
 WAIT = 60.0
 
@@ -53,11 +54,13 @@ class Peers:
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         }
 
-    def fsbus(self, role: str, root: Path, *, name: str, **params: Any) -> JsonLinesPeer:
+    def fsbus(
+        self, role: str, root: Path, *, name: str, child: Path = CHILD, **params: Any
+    ) -> JsonLinesPeer:
         f = self.tmp / f"child-{len(self.started)}.json"
         f.write_text(json.dumps({"root": str(root), **params}))
         peer = JsonLinesPeer(
-            [sys.executable, str(CHILD), role, str(f)], name=name, cwd=REPO, env=self.env
+            [sys.executable, str(child), role, str(f)], name=name, cwd=REPO, env=self.env
         )
         self.started.append(peer)
         return peer
@@ -189,6 +192,71 @@ def test_worker_processes_on_both_clients_share_a_queue(
     done = counts(workers, "done")
     assert done == Counter(f"j{i}" for i in range(n))
     assert counts(workers[2:], "done").total() > 0  # client B's workers took a share
+
+
+def test_durable_queues_across_the_two_clients(two_clients: TwoClients, peers: Peers) -> None:
+    """Two queues declared on A; a publisher on B before any consumer runs and after;
+    consumers on both clients, one SIGKILLed mid-run. Per queue: every message handled,
+    a second handling only as a redelivery."""
+    a, b = two_clients.a / "bus", two_clients.b / "bus"
+    with BlockingBus(a) as bus:
+        bus.declare_queue("all", ["orders.#"])
+        bus.declare_queue("paid", ["orders.*.paid"])
+    n = 200
+    ids = [f"o{i}" for i in range(n)]
+    topic = {i: "orders.eu.paid" if k % 2 else "orders.eu.new" for k, i in enumerate(ids)}
+    early = peers.fsbus(
+        "pub",
+        b,
+        name="publisher on B, no consumer yet",
+        child=QUEUE_CHILD,
+        messages=[[topic[i], i] for i in ids[: n // 2]],
+    )
+    early.wait_count("published", n // 2, timeout=WAIT)
+    consumers = {
+        "all": [
+            peers.fsbus(
+                "consumer", root, name=f"all on {side}", child=QUEUE_CHILD, queue="all", work=0.005
+            )
+            for side, root in (("A", a), ("B", b), ("B", b))
+        ],
+        "paid": [
+            peers.fsbus("consumer", b, name="paid on B", child=QUEUE_CHILD, queue="paid"),
+            peers.fsbus("consumer", a, name="paid on A", child=QUEUE_CHILD, queue="paid"),
+        ],
+    }
+    for group in consumers.values():
+        for c in group:
+            c.wait_count("ready", 1, timeout=WAIT)
+    late = peers.fsbus(
+        "pub",
+        b,
+        name="publisher on B",
+        child=QUEUE_CHILD,
+        messages=[[topic[i], i] for i in ids[n // 2 :]],
+        single=True,
+    )
+    victim = consumers["all"][2]
+    until(lambda: victim.count("done") >= 5, "the consumer on B handled 5")
+    victim.proc.kill()
+    victim.wait_exit()
+    late.wait_count("published", n - n // 2, timeout=WAIT)
+    expected = {"all": set(ids), "paid": {i for i in ids if topic[i].endswith("paid")}}
+    for q, group in consumers.items():
+        until(
+            lambda g=group, q=q: expected[q] <= set(counts(g, "done")),
+            f"every message of queue {q} handled",
+            timeout=2 * WAIT,
+        )
+        done = counts(group, "done")
+        assert set(done) == expected[q]
+        redelivered = {
+            str(e["id"]) for c in group for e in c.of("start") if e["delivery_count"] > 1
+        }
+        assert {i for i, k in done.items() if k > 1} <= redelivered
+    with BlockingBus(a) as bus:
+        until(lambda: bus.queue_info("all").depth == 0, "queue all empty")
+        assert bus.queue_info("paid").depth == 0
 
 
 def test_qlobber_fsq_on_one_client_and_fsbus_on_the_other(
