@@ -20,6 +20,7 @@ import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .._config import BusConfig, make_config
+from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
 from .engine import (
@@ -331,6 +332,11 @@ class BlockingBus:
         """Delete queue ``name`` and its messages; returns how many messages it held."""
         self._check_open()
         return self._queues.delete(name, if_unused=if_unused, if_empty=if_empty)
+
+    def routes(self, topic: str) -> list[str]:
+        """The durable queues a message published on ``topic`` now gets a copy in."""
+        self._check_open()
+        return [d.name for d in self._queues.targets(validate_topic(topic))]
 
     def queue_info(self, name: str) -> QueueInfo:
         """Queue ``name``: bindings, options, depth and consumers now."""

@@ -31,7 +31,7 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._config import BusConfig, make_config
-from .._core.topics import validate_pattern
+from .._core.topics import validate_pattern, validate_topic
 from .._core.trie import TopicTrie
 from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
@@ -1516,6 +1516,11 @@ class Bus:
         return await anyio.to_thread.run_sync(
             functools.partial(self._queues.delete, name, if_unused=if_unused, if_empty=if_empty)
         )
+
+    def routes(self, topic: str) -> list[str]:
+        """The durable queues a message published on ``topic`` now gets a copy in."""
+        self._check_open()
+        return [d.name for d in self._queues.targets(validate_topic(topic))]
 
     async def queue_info(self, name: str) -> QueueInfo:
         """Queue ``name``: bindings, options, depth and consumers now."""
