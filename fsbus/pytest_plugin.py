@@ -10,6 +10,9 @@ test suite gets these fixtures without any ``conftest.py``:
     Override it in a ``conftest.py`` to change options for some tests.
 ``fsbus_blocking_bus``
     An open :class:`~fsbus.BlockingBus` on ``fsbus_root``, closed after the test.
+``fsbus_amqp_url``
+    The URL of an AMQP 0-9-1 gateway on ``fsbus_root`` (a free port of 127.0.0.1):
+    code that talks to RabbitMQ through pika, aio-pika or kombu runs on the bus unchanged.
 ``fsbus_bus``
     An open :class:`~fsbus.Bus` on ``fsbus_root``, closed after the test. It is an
     async fixture run by pytest-asyncio (mark the test ``@pytest.mark.asyncio`` in
@@ -34,7 +37,7 @@ import pytest
 if TYPE_CHECKING:
     from fsbus import BlockingBus, Bus, BusConfig
 
-__all__ = ["fsbus_blocking_bus", "fsbus_bus", "fsbus_config", "fsbus_root"]
+__all__ = ["fsbus_amqp_url", "fsbus_blocking_bus", "fsbus_bus", "fsbus_config", "fsbus_root"]
 
 
 @pytest.fixture
@@ -111,3 +114,14 @@ async def fsbus_bus(fsbus_root: Path, fsbus_config: BusConfig | None) -> AsyncIt
     """An open :class:`fsbus.Bus` on ``fsbus_root``, closed after the test."""
     async for bus in _open_bus(fsbus_root, fsbus_config):
         yield bus
+
+
+@pytest.fixture
+def fsbus_amqp_url(fsbus_root: Path, fsbus_config: BusConfig | None) -> Iterator[str]:
+    """The URL of an AMQP 0-9-1 gateway on the test's bus (``fsbus_root``), on a free
+    port of 127.0.0.1, served from a thread: RabbitMQ clients (pika, aio-pika, kombu)
+    connect to it unchanged. Works in plain and async tests."""
+    from fsbus.amqp import running
+
+    with running(fsbus_root, config=fsbus_config) as gateway:
+        yield gateway.url

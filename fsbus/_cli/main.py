@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from fsbus import FsBusError, UsageError, __version__
 from fsbus.ui import add_ui_command
 
+from .amqp import add_amqp_command
 from .browse import add_browse_commands
 from .completion import add_completion_command
 from .maintenance import add_maintenance_commands
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_stream_commands(subparsers, common)
     add_queue_commands(subparsers, common)
     add_ui_command(subparsers, common)
+    add_amqp_command(subparsers, common)
     add_completion_command(subparsers, parser)
     return parser
 

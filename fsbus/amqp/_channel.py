@@ -1,0 +1,752 @@
+"""One AMQP channel: exchanges, queues, publishing, consuming and acknowledgements, each
+mapped onto the bus's topics and durable queues (see :mod:`fsbus.amqp._routing`)."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from pamqp import commands as spec
+from pamqp import frame as pframe
+from pamqp import header as pheader
+
+from .. import (
+    InvalidTopic,
+    Message,
+    QueueFull,
+    QueueMismatch,
+    QueueNotFound,
+    Subscription,
+    UsageError,
+)
+from ._frames import FRAME_HEADER, RawFrame, content_frames, content_header
+from ._routing import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    EXCHANGE_TYPES,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+    UNEXPECTED_FRAME,
+    AmqpError,
+    amqp_priority_to_bus,
+    binding_pattern,
+    expiration_seconds,
+    own_pattern,
+    publish_topic,
+    queue_arguments,
+)
+from ._state import jsonable
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+PROPS = "x-amqp-props"
+EXCHANGE = "x-amqp-exchange"
+ROUTING_KEY = "x-amqp-routing-key"
+UNLIMITED_PREFETCH = 256
+"""Messages claimed at once for a consumer with no prefetch limit."""
+
+
+class _Requeue(Exception):
+    """The client gave a message back (nack/reject with requeue, recover, close)."""
+
+
+@dataclass
+class Pending:
+    """A delivered message waiting for the client's ack, nack or reject."""
+
+    msg: Message
+    queue: str
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outcome: str = "requeue"
+
+
+@dataclass
+class Consumer:
+    tag: str
+    queue: str
+    no_ack: bool
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    sub: Subscription | None = None
+
+
+@dataclass
+class _Publish:
+    method: spec.Basic.Publish
+    size: int = -1
+    props: bytes = b""
+    properties: spec.Basic.Properties | None = None
+    body: bytearray = field(default_factory=bytearray)
+
+
+def _not_found_queue(name: str) -> AmqpError:
+    return AmqpError(NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '/'")
+
+
+def _not_found_exchange(name: str) -> AmqpError:
+    return AmqpError(NOT_FOUND, f"NOT_FOUND - no exchange '{name}' in vhost '/'")
+
+
+class Channel:
+    """The state of one open channel of a connection."""
+
+    def __init__(self, conn: Connection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.gateway = conn.gateway
+        self.bus = conn.gateway.bus
+        self.state = conn.gateway.state
+        self.closing = False
+        self.confirm = False
+        self.published = 0
+        self.flow = anyio.Event()
+        self.flow.set()
+        self.prefetch = 0
+        self.next_tag = 1
+        self.unacked: dict[int, Pending] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self.last_queue = ""
+        self._pub: _Publish | None = None
+
+    # ------------------------------------------------------------------ dispatch
+    async def method(self, m: Any) -> None:
+        if self.closing:
+            if isinstance(m, spec.Channel.CloseOk):
+                self.conn.channels.pop(self.number, None)
+            return  # everything else is ignored until close-ok
+        if self._pub is not None:
+            raise AmqpError(
+                UNEXPECTED_FRAME,
+                f"UNEXPECTED_FRAME - expected content header for class 60, got {m.name}",
+                connection=True,
+            )
+        handler = _HANDLERS.get(type(m))
+        if handler is None:
+            if m.name.startswith("Tx."):
+                raise AmqpError(
+                    NOT_IMPLEMENTED,
+                    "NOT_IMPLEMENTED - transactions (tx.*) are not supported by the fsbus "
+                    "gateway; use publisher confirms",
+                    connection=True,
+                )
+            raise AmqpError(
+                COMMAND_INVALID,
+                f"COMMAND_INVALID - {m.name} is not valid on a channel",
+                connection=True,
+            )
+        await handler(self, m)
+
+    async def reply(self, *frames: Any) -> None:
+        await self.conn.send(self.number, *frames)
+
+    # ------------------------------------------------------------------ channel
+    async def _channel_close(self, m: spec.Channel.Close) -> None:
+        await self.close()
+        self.conn.channels.pop(self.number, None)
+        await self.reply(spec.Channel.CloseOk())
+
+    async def _flow(self, m: spec.Channel.Flow) -> None:
+        if m.active:
+            self.flow.set()
+        elif self.flow.is_set():
+            self.flow = anyio.Event()
+        await self.reply(spec.Channel.FlowOk(active=bool(m.active)))
+
+    async def close(self) -> None:
+        """Cancel every consumer and give back every unacknowledged message."""
+        consumers, self.consumers = list(self.consumers.values()), {}
+        pending, self.unacked = list(self.unacked.values()), {}
+        for p in pending:
+            p.outcome = "requeue"
+            p.done.set()
+        self.flow.set()
+        for c in consumers:
+            c.ready.set()
+            if c.sub is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.bus.unsubscribe(c.sub)
+
+    # ------------------------------------------------------------------ exchanges
+    async def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
+        name = m.exchange or ""
+        existing = await anyio.to_thread.run_sync(self.state.exchange, name)
+        if m.passive:
+            if existing is None:
+                raise _not_found_exchange(name)
+        else:
+            if name.startswith("amq.") or name == "":
+                if existing is None or existing["type"] != m.exchange_type:
+                    raise AmqpError(
+                        ACCESS_REFUSED,
+                        f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'",
+                    )
+            elif m.exchange_type not in EXCHANGE_TYPES:
+                raise AmqpError(
+                    COMMAND_INVALID,
+                    f"COMMAND_INVALID - unknown exchange type '{m.exchange_type}'",
+                    connection=True,
+                )
+            elif existing is not None:
+                for key, got in (
+                    ("type", m.exchange_type),
+                    ("durable", bool(m.durable)),
+                    ("auto_delete", bool(m.auto_delete)),
+                    ("internal", bool(m.internal)),
+                ):
+                    if existing.get(key) != got:
+                        raise AmqpError(
+                            PRECONDITION_FAILED,
+                            f"PRECONDITION_FAILED - inequivalent arg '{key}' for exchange "
+                            f"'{name}' in vhost '/': received '{_show(got)}' but current is "
+                            f"'{_show(existing.get(key))}'",
+                        )
+            else:
+                doc = {
+                    "name": name,
+                    "type": m.exchange_type,
+                    "durable": bool(m.durable),
+                    "auto_delete": bool(m.auto_delete),
+                    "internal": bool(m.internal),
+                    "arguments": jsonable(m.arguments or {}),
+                }
+                await anyio.to_thread.run_sync(self.state.write, "exchanges", name, doc)
+        if not m.nowait:
+            await self.reply(spec.Exchange.DeclareOk())
+
+    async def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
+        name = m.exchange or ""
+        if name.startswith("amq.") or name == "":
+            raise AmqpError(
+                ACCESS_REFUSED,
+                f"ACCESS_REFUSED - operation not permitted on the default or 'amq.*' "
+                f"exchange '{name}'",
+            )
+        await anyio.to_thread.run_sync(self.state.remove, "exchanges", name)
+        await anyio.to_thread.run_sync(self.state.remove, "headers", name)
+        if not m.nowait:
+            await self.reply(spec.Exchange.DeleteOk())
+
+    async def _exchange_of(self, name: str) -> dict[str, Any]:
+        ex = await anyio.to_thread.run_sync(self.state.exchange, name)
+        if ex is None:
+            raise _not_found_exchange(name)
+        return ex
+
+    # ------------------------------------------------------------------ queues
+    async def _queue_meta(self, name: str) -> dict[str, Any] | None:
+        """The AMQP side of queue ``name``, if the bus has the queue."""
+        try:
+            await self.bus.queue_info(name)
+        except QueueNotFound:
+            return None
+        except UsageError:
+            return None
+        meta = await anyio.to_thread.run_sync(self.state.read, "queues", name)
+        return (
+            meta
+            if meta is not None
+            else {
+                "name": name,
+                "durable": True,
+                "exclusive": False,
+                "auto_delete": False,
+                "arguments": {},
+                "owner": None,
+            }
+        )
+
+    def _check_exclusive(self, name: str, meta: dict[str, Any]) -> None:
+        owner = meta.get("owner")
+        if owner and owner != self.conn.id and self.state.owner_alive(str(owner)):
+            raise AmqpError(
+                RESOURCE_LOCKED,
+                f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in "
+                "vhost '/'. It could be originally declared on another connection or the "
+                "exclusive property value does not match that of the original declaration.",
+            )
+
+    async def _queue_declare(self, m: spec.Queue.Declare) -> None:
+        name = m.queue or ""
+        generated = name == ""
+        if generated:
+            name = "amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip(
+                "="
+            )
+        elif name.startswith("amq.") and not m.passive:
+            raise AmqpError(
+                ACCESS_REFUSED,
+                f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'",
+            )
+        meta = await self._queue_meta(name)
+        if m.passive:
+            if meta is None:
+                raise _not_found_queue(name)
+            self._check_exclusive(name, meta)
+        else:
+            args = queue_arguments(m.arguments)
+            wanted = {
+                "name": name,
+                "durable": bool(m.durable),
+                "exclusive": bool(m.exclusive),
+                "auto_delete": bool(m.auto_delete),
+                "arguments": jsonable(m.arguments or {}),
+                "owner": self.conn.id if m.exclusive else None,
+            }
+            if meta is not None:
+                self._check_exclusive(name, meta)
+                for key in ("durable", "exclusive", "auto_delete"):
+                    if meta.get(key) != wanted[key]:
+                        raise AmqpError(
+                            PRECONDITION_FAILED,
+                            f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue '{name}' "
+                            f"in vhost '/': received '{_show(wanted[key])}' but current is "
+                            f"'{_show(meta.get(key))}'",
+                        )
+                have = meta.get("arguments") or {}
+                for key in sorted(set(have) | set(wanted["arguments"])):
+                    if have.get(key) != wanted["arguments"].get(key):
+                        raise AmqpError(
+                            PRECONDITION_FAILED,
+                            f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue '{name}' "
+                            f"in vhost '/': received {_arg(wanted['arguments'].get(key))} but "
+                            f"current is {_arg(have.get(key))}",
+                        )
+            dead_letter = None
+            if args.dead_letter_exchange is not None and args.dead_letter_routing_key is not None:
+                ex = await anyio.to_thread.run_sync(self.state.exchange, args.dead_letter_exchange)
+                if ex is not None:
+                    dead_letter = publish_topic(
+                        args.dead_letter_exchange, ex["type"], args.dead_letter_routing_key
+                    )
+            try:
+                await self.bus.declare_queue(
+                    name,
+                    [own_pattern(name)],
+                    message_ttl=args.message_ttl,
+                    max_length=args.max_length or None,
+                    overflow=args.overflow,
+                    dead_letter=dead_letter if args.delivery_limit else None,
+                    max_deliveries=args.delivery_limit or None,
+                    auto_delete=bool(m.auto_delete) and not m.exclusive,
+                    expires=args.expires,
+                )
+            except QueueMismatch as exc:
+                raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
+            except UsageError as exc:
+                raise AmqpError(
+                    PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - queue name '{name}' cannot name an fsbus queue: {exc}",
+                ) from None
+            if meta is None or meta.get("owner") != wanted["owner"]:
+                await anyio.to_thread.run_sync(self.state.write, "queues", name, wanted)
+            if m.exclusive:
+                self.conn.exclusive.add(name)
+        self.last_queue = name
+        info = await self.bus.queue_info(name)
+        if not m.nowait:
+            await self.reply(
+                spec.Queue.DeclareOk(
+                    queue=name, message_count=info.depth, consumer_count=info.consumers
+                )
+            )
+
+    async def _queue_name(self, name: str) -> str:
+        name = name or self.last_queue
+        meta = await self._queue_meta(name)
+        if meta is None:
+            raise _not_found_queue(name)
+        self._check_exclusive(name, meta)
+        return name
+
+    async def _queue_bind(self, m: spec.Queue.Bind, *, bind: bool = True) -> None:
+        name = await self._queue_name(m.queue)
+        ex = await self._exchange_of(m.exchange)
+        if ex["type"] == "headers":
+            args = jsonable(m.arguments or {})
+
+            def change() -> None:
+                with self.state.locked():
+                    current = self.state.headers_bindings(m.exchange)
+                    entry = (name, args)
+                    if bind and entry not in current:
+                        current.append(entry)
+                    elif not bind:
+                        current = [b for b in current if b != entry]
+                    self.state.set_headers_bindings(m.exchange, current)
+
+            await anyio.to_thread.run_sync(change)
+        else:
+            pattern = binding_pattern(m.exchange, ex["type"], m.routing_key or "")
+            assert pattern is not None
+            try:
+                if bind:
+                    await self.bus.bind_queue(name, pattern)
+                else:
+                    await self.bus.unbind_queue(name, pattern)
+            except UsageError as exc:
+                raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
+        if bind and not m.nowait:
+            await self.reply(spec.Queue.BindOk())
+        elif not bind:
+            await self.reply(spec.Queue.UnbindOk())
+
+    async def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
+        await self._queue_bind(m, bind=False)  # type: ignore[arg-type]
+
+    async def _queue_purge(self, m: spec.Queue.Purge) -> None:
+        name = await self._queue_name(m.queue)
+        n = await self.bus.purge_queue(name)
+        if not m.nowait:
+            await self.reply(spec.Queue.PurgeOk(message_count=n))
+
+    async def _queue_delete(self, m: spec.Queue.Delete) -> None:
+        name = m.queue or self.last_queue
+        meta = await self._queue_meta(name)
+        if meta is None:
+            if not m.nowait:
+                await self.reply(spec.Queue.DeleteOk(message_count=0))
+            return
+        self._check_exclusive(name, meta)
+        info = await self.bus.queue_info(name)
+        if m.if_unused and info.consumers:
+            raise AmqpError(
+                PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use"
+            )
+        if m.if_empty and info.depth:
+            raise AmqpError(
+                PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty",
+            )
+        await self.gateway.cancel_consumers_of(name)
+        try:
+            n = await self.bus.delete_queue(name)
+        except QueueNotFound:
+            n = 0
+        await anyio.to_thread.run_sync(self.state.remove, "queues", name)
+        self.conn.exclusive.discard(name)
+        if not m.nowait:
+            await self.reply(spec.Queue.DeleteOk(message_count=n))
+
+    # ------------------------------------------------------------------ publishing
+    async def _publish(self, m: spec.Basic.Publish) -> None:
+        self._pub = _Publish(m)
+
+    async def content(self, raw: RawFrame) -> None:
+        pub = self._pub
+        if self.closing:
+            return
+        if pub is None:
+            raise AmqpError(
+                UNEXPECTED_FRAME,
+                f"UNEXPECTED_FRAME - content frame on channel {self.number} with no "
+                "basic.publish before it",
+                connection=True,
+            )
+        if raw.kind == FRAME_HEADER:
+            if pub.size >= 0:
+                raise AmqpError(
+                    UNEXPECTED_FRAME, "UNEXPECTED_FRAME - a second content header", connection=True
+                )
+            try:
+                pub.size, pub.props = content_header(raw.payload)
+                _n, _c, decoded = pframe.unmarshal(raw.data)
+            except Exception as exc:
+                raise AmqpError(
+                    COMMAND_INVALID, f"COMMAND_INVALID - bad content header: {exc}", connection=True
+                ) from None
+            assert isinstance(decoded, pheader.ContentHeader)
+            pub.properties = decoded.properties
+        else:
+            if pub.size < 0:
+                raise AmqpError(
+                    UNEXPECTED_FRAME,
+                    "UNEXPECTED_FRAME - content body before its header",
+                    connection=True,
+                )
+            pub.body += raw.payload
+            if len(pub.body) > pub.size:
+                raise AmqpError(
+                    COMMAND_INVALID,
+                    f"COMMAND_INVALID - content body longer than its header said ({pub.size})",
+                    connection=True,
+                )
+        if pub.size >= 0 and len(pub.body) == pub.size:
+            self._pub = None
+            await self._route(pub)
+
+    async def _route(self, pub: _Publish) -> None:
+        m = pub.method
+        self.published += 1
+        seq = self.published
+        props = pub.properties or spec.Basic.Properties()
+        exchange, rk = m.exchange or "", m.routing_key or ""
+        ex = await anyio.to_thread.run_sync(self.state.exchange, exchange)
+        if ex is None:
+            raise _not_found_exchange(exchange)
+        ttl = expiration_seconds(props.expiration)
+        durable = props.delivery_mode == 2
+        priority = amqp_priority_to_bus(props.priority)
+        headers = {
+            PROPS: base64.b64encode(pub.props).decode("ascii"),
+            EXCHANGE: exchange,
+            ROUTING_KEY: rk,
+        }
+        body = bytes(pub.body)
+        ok = True
+        try:
+            routed = await self.gateway.route(
+                exchange,
+                ex["type"],
+                rk,
+                props.headers,
+                body,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+            )
+        except QueueFull:
+            routed, ok = 1, False
+        except (OSError, UsageError, InvalidTopic):
+            routed, ok = 0, False
+        except Exception:  # a storage failure (full disk...): nack, keep serving
+            routed, ok = 0, False
+        if not routed and m.mandatory:
+            await self.conn.send_raw(
+                pframe.marshal(
+                    spec.Basic.Return(
+                        reply_code=312, reply_text="NO_ROUTE", exchange=exchange, routing_key=rk
+                    ),
+                    self.number,
+                )
+                + content_frames(self.number, pub.props, body, self.conn.frame_max)
+            )
+        if self.confirm:
+            await self.reply(
+                spec.Basic.Ack(delivery_tag=seq) if ok else spec.Basic.Nack(delivery_tag=seq)
+            )
+
+    async def _confirm_select(self, m: spec.Confirm.Select) -> None:
+        self.confirm = True
+        if not m.nowait:
+            await self.reply(spec.Confirm.SelectOk())
+
+    # ------------------------------------------------------------------ consuming
+    async def _qos(self, m: spec.Basic.Qos) -> None:
+        self.prefetch = m.prefetch_count or 0
+        await self.reply(spec.Basic.QosOk())
+
+    def _view(self, msg: Message) -> tuple[bytes, str, str]:
+        """(raw properties, exchange, routing key) a client sees for a bus message."""
+        raw = msg.headers.get(PROPS)
+        if raw is not None:
+            try:
+                props = base64.b64decode(raw)
+            except ValueError:
+                props = b"\x00\x00"
+            return props, msg.headers.get(EXCHANGE, ""), msg.headers.get(ROUTING_KEY, msg.topic)
+        # published by fsbus or qlobber-fsq: its headers become the headers table
+        table: dict[str, Any] = dict(msg.headers) if msg.headers else {}
+        properties = spec.Basic.Properties(headers=table or None)
+        payload = pheader.ContentHeader(0, 0, properties).marshal()
+        return payload[12:], "amq.topic", msg.topic
+
+    async def _consume(self, m: spec.Basic.Consume) -> None:
+        name = await self._queue_name(m.queue)
+        tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(
+            secrets.token_bytes(16)
+        ).decode().rstrip("=")
+        if tag in self.consumers:
+            raise AmqpError(
+                NOT_ALLOWED,
+                f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
+                connection=True,
+            )
+        info = await self.bus.queue_info(name)
+        if m.exclusive and info.consumers:
+            raise AmqpError(
+                ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use"
+            )
+        consumer = Consumer(tag, name, bool(m.no_ack))
+        self.consumers[tag] = consumer
+
+        async def handle(msg: Message) -> None:
+            await consumer.ready.wait()
+            await self.flow.wait()
+            if self.consumers.get(tag) is not consumer:
+                raise _Requeue
+            await self._deliver(consumer, msg)
+
+        prefetch = self.prefetch or UNLIMITED_PREFETCH
+        consumer.sub = await self.bus.subscribe(None, handle, queue=name, prefetch=prefetch)
+        self.gateway.consumers.setdefault(name, set()).add((self, tag))
+        if not m.nowait:
+            await self.reply(spec.Basic.ConsumeOk(consumer_tag=tag))
+        consumer.ready.set()
+
+    async def _deliver(self, consumer: Consumer, msg: Message) -> None:
+        props, exchange, rk = self._view(msg)
+        tag = self.next_tag
+        self.next_tag += 1
+        pending = None
+        if not consumer.no_ack:
+            pending = Pending(msg, consumer.queue)
+            self.unacked[tag] = pending
+        await self.conn.send_raw(
+            pframe.marshal(
+                spec.Basic.Deliver(
+                    consumer_tag=consumer.tag,
+                    delivery_tag=tag,
+                    redelivered=msg.delivery_count > 1,
+                    exchange=exchange,
+                    routing_key=rk,
+                ),
+                self.number,
+            )
+            + content_frames(self.number, props, msg.payload, self.conn.frame_max)
+        )
+        if pending is not None:
+            await self._settled(pending)
+
+    async def _settled(self, pending: Pending) -> None:
+        await pending.done.wait()
+        if pending.outcome == "ack":
+            return
+        if pending.outcome == "drop":
+            await self.gateway.dead_letter(pending.queue, pending.msg)
+            return
+        raise _Requeue
+
+    async def _cancel(self, m: spec.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag or "", None)
+        if consumer is not None:
+            self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
+            if consumer.sub is not None:
+                sub = consumer.sub
+                self.conn._tg.start_soon(self.bus.unsubscribe, sub)
+        if not m.nowait:
+            await self.reply(spec.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    async def server_cancel(self, tag: str) -> None:
+        """The queue went away: cancel the consumer and tell the client if it listens."""
+        consumer = self.consumers.pop(tag, None)
+        if consumer is None:
+            return
+        if consumer.sub is not None:
+            self.conn._tg.start_soon(self.bus.unsubscribe, consumer.sub)
+        if self.conn.capabilities.get("consumer_cancel_notify"):
+            await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
+
+    async def _get(self, m: spec.Basic.Get) -> None:
+        name = await self._queue_name(m.queue)
+        info = await self.bus.queue_info(name)
+        if info.depth == 0:
+            await self.reply(spec.Basic.GetEmpty())
+            return
+        got = anyio.Event()
+        state = {"taken": False, "closed": False}
+
+        async def handle(msg: Message) -> None:
+            if state["taken"] or state["closed"]:
+                raise _Requeue
+            state["taken"] = True
+            got.set()
+            props, exchange, rk = self._view(msg)
+            tag = self.next_tag
+            self.next_tag += 1
+            pending = None if m.no_ack else Pending(msg, name)
+            if pending is not None:
+                self.unacked[tag] = pending
+            left = max(0, (await self.bus.queue_info(name)).depth - 1)
+            await self.conn.send_raw(
+                pframe.marshal(
+                    spec.Basic.GetOk(
+                        delivery_tag=tag,
+                        redelivered=msg.delivery_count > 1,
+                        exchange=exchange,
+                        routing_key=rk,
+                        message_count=left,
+                    ),
+                    self.number,
+                )
+                + content_frames(self.number, props, msg.payload, self.conn.frame_max)
+            )
+            if pending is not None:
+                await self._settled(pending)
+
+        sub = await self.bus.subscribe(None, handle, queue=name, prefetch=1)
+        with anyio.move_on_after(2.0):
+            await got.wait()
+        state["closed"] = True
+        self.conn._tg.start_soon(self.bus.unsubscribe, sub)
+        if not state["taken"]:
+            await self.reply(spec.Basic.GetEmpty())
+
+    def _settle(self, tag: int, multiple: bool, outcome: str) -> None:
+        if multiple:
+            tags = [t for t in self.unacked if tag == 0 or t <= tag]
+        else:
+            if tag not in self.unacked:
+                raise AmqpError(
+                    PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+                )
+            tags = [tag]
+        for t in tags:
+            p = self.unacked.pop(t)
+            p.outcome = outcome
+            p.done.set()
+
+    async def _ack(self, m: spec.Basic.Ack) -> None:
+        self._settle(m.delivery_tag or 0, bool(m.multiple), "ack")
+
+    async def _nack(self, m: spec.Basic.Nack) -> None:
+        self._settle(m.delivery_tag or 0, bool(m.multiple), "requeue" if m.requeue else "drop")
+
+    async def _reject(self, m: spec.Basic.Reject) -> None:
+        self._settle(m.delivery_tag or 0, False, "requeue" if m.requeue else "drop")
+
+    async def _recover(self, m: spec.Basic.Recover) -> None:
+        for p in self.unacked.values():
+            p.outcome = "requeue"
+            p.done.set()
+        self.unacked.clear()
+        if isinstance(m, spec.Basic.Recover):
+            await self.reply(spec.Basic.RecoverOk())
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _arg(value: Any) -> str:
+    return "none" if value is None else f"the value '{value}' of type '{type(value).__name__}'"
+
+
+_HANDLERS: dict[type, Any] = {
+    spec.Channel.Close: Channel._channel_close,
+    spec.Channel.Flow: Channel._flow,
+    spec.Exchange.Declare: Channel._exchange_declare,
+    spec.Exchange.Delete: Channel._exchange_delete,
+    spec.Queue.Declare: Channel._queue_declare,
+    spec.Queue.Bind: Channel._queue_bind,
+    spec.Queue.Unbind: Channel._queue_unbind,
+    spec.Queue.Purge: Channel._queue_purge,
+    spec.Queue.Delete: Channel._queue_delete,
+    spec.Basic.Publish: Channel._publish,
+    spec.Basic.Qos: Channel._qos,
+    spec.Basic.Consume: Channel._consume,
+    spec.Basic.Cancel: Channel._cancel,
+    spec.Basic.Get: Channel._get,
+    spec.Basic.Ack: Channel._ack,
+    spec.Basic.Nack: Channel._nack,
+    spec.Basic.Reject: Channel._reject,
+    spec.Basic.Recover: Channel._recover,
+    spec.Basic.RecoverAsync: Channel._recover,
+    spec.Confirm.Select: Channel._confirm_select,
+}

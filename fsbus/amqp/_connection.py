@@ -1,0 +1,393 @@
+"""One AMQP 0-9-1 client connection: the handshake, heartbeats, the frame loop, channels.
+
+Frames are decoded and encoded by pamqp; the gateway's own job is the state machine and
+the mapping onto the bus (see :mod:`fsbus.amqp._routing` and :mod:`fsbus.amqp._channel`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+from pamqp import commands as spec
+from pamqp import frame as pframe
+from pamqp.base import Frame
+
+from ._frames import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    HEARTBEAT,
+    PROTOCOL_HEADER,
+    FrameReader,
+)
+from ._routing import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    FRAME_ERROR,
+    NOT_ALLOWED,
+    SYNTAX_ERROR,
+    UNEXPECTED_FRAME,
+    AmqpError,
+)
+
+if TYPE_CHECKING:
+    from ._channel import Channel
+    from ._server import Gateway
+
+log = logging.getLogger("fsbus.amqp")
+
+FRAME_MAX = 131072
+CHANNEL_MAX = 2047
+HEARTBEAT_SECONDS = 60
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class _Closed(Exception):
+    """The connection is over (closed cleanly, or by the peer)."""
+
+
+_ENDINGS = (
+    _Closed,
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+)
+
+
+class Connection:
+    """The server side of one client connection."""
+
+    def __init__(self, gateway: Gateway, stream: anyio.abc.SocketStream) -> None:
+        self.gateway = gateway
+        self.stream = stream
+        self.id = f"{gateway.state.gateway_id}/{uuid.uuid4().hex[:12]}"
+        self.channels: dict[int, Channel] = {}
+        self.frame_max = FRAME_MAX
+        self.heartbeat = 0
+        self.user = ""
+        self.client_properties: dict[str, Any] = {}
+        self._send_lock = anyio.Lock()
+        self._last_recv = time.monotonic()
+        self._closing = False
+        self.exclusive: set[str] = set()
+        self.capabilities: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ sending
+    async def send_raw(self, data: bytes) -> None:
+        async with self._send_lock:
+            await self.stream.send(data)
+
+    async def send(self, channel: int, *frames: Frame) -> None:
+        await self.send_raw(b"".join(pframe.marshal(f, channel) for f in frames))
+
+    # ------------------------------------------------------------------ the run
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                try:
+                    await self._serve(tg)
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            rest = group.split(_ENDINGS)[1]
+            if rest is not None:
+                log.exception("connection %s failed", self.id, exc_info=rest)
+        except _ENDINGS:
+            pass
+        except Exception:
+            log.exception("connection %s failed", self.id)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._cleanup()
+
+    async def _serve(self, tg: anyio.abc.TaskGroup) -> None:
+        reader = FrameReader(self.frame_max)
+        with anyio.move_on_after(HANDSHAKE_TIMEOUT) as scope:
+            header = b""
+            while len(header) < 8:
+                header += await self.stream.receive(8 - len(header))
+        if scope.cancelled_caught:
+            return  # a client that never finishes its header is dropped
+        if header != PROTOCOL_HEADER:
+            await self.send_raw(PROTOCOL_HEADER)
+            return
+        await self.send(
+            0,
+            spec.Connection.Start(
+                server_properties={
+                    "product": "fsbus",
+                    "version": self.gateway.version,
+                    "platform": "Python",
+                    "capabilities": {
+                        "publisher_confirms": True,
+                        "exchange_exchange_bindings": False,
+                        "basic.nack": True,
+                        "consumer_cancel_notify": True,
+                        "connection.blocked": True,
+                        "authentication_failure_close": True,
+                        "per_consumer_qos": True,
+                    },
+                },
+                mechanisms="PLAIN AMQPLAIN",
+                locales="en_US",
+            ),
+        )
+        opened = False
+        while True:
+            try:
+                with anyio.fail_after(HANDSHAKE_TIMEOUT if not opened else None):
+                    data = await self.stream.receive(65536)
+            except TimeoutError:
+                return
+            self._last_recv = time.monotonic()
+            try:
+                frames = reader.feed(data)
+            except AmqpError as exc:
+                await self.close_connection(exc)
+                return
+            for raw in frames:
+                if raw.kind == FRAME_HEARTBEAT:
+                    continue
+                try:
+                    if not opened:
+                        opened = await self._handshake(raw, reader, tg)
+                    else:
+                        await self._dispatch(raw)
+                except AmqpError as exc:
+                    if exc.connection or raw.channel == 0:
+                        await self.close_connection(exc, _method_id(raw))
+                        return
+                    await self._channel_error(raw.channel, exc, _method_id(raw))
+                if self._closing:
+                    return
+
+    async def _handshake(self, raw: Any, reader: FrameReader, tg: anyio.abc.TaskGroup) -> bool:
+        method = self._decode(raw)
+        if isinstance(method, spec.Connection.StartOk):
+            self.client_properties = dict(method.client_properties or {})
+            self.capabilities = dict(self.client_properties.get("capabilities") or {})
+            user, password = _credentials(method.mechanism, method.response)
+            if not self.gateway.authenticate(user, password, self._peer_is_loopback()):
+                raise AmqpError(
+                    ACCESS_REFUSED,
+                    f"ACCESS_REFUSED - Login was refused using authentication mechanism "
+                    f"{method.mechanism}. For details see the broker logfile.",
+                    connection=True,
+                )
+            self.user = user
+            await self.send(
+                0,
+                spec.Connection.Tune(
+                    channel_max=CHANNEL_MAX, frame_max=FRAME_MAX, heartbeat=HEARTBEAT_SECONDS
+                ),
+            )
+            return False
+        if isinstance(method, spec.Connection.TuneOk):
+            if method.frame_max:
+                self.frame_max = max(4096, min(method.frame_max, FRAME_MAX))
+                reader.frame_max = self.frame_max
+            self.heartbeat = method.heartbeat or 0
+            if self.heartbeat:
+                tg.start_soon(self._heartbeats)
+            return False
+        if isinstance(method, spec.Connection.Open):
+            vhost = method.virtual_host or "/"
+            if vhost != "/":
+                raise AmqpError(
+                    NOT_ALLOWED,
+                    f"NOT_ALLOWED - vhost {vhost} not found (an fsbus gateway serves '/')",
+                    connection=True,
+                )
+            await self.send(0, spec.Connection.OpenOk())
+            return True
+        raise AmqpError(
+            COMMAND_INVALID,
+            f"COMMAND_INVALID - expected the connection handshake, got {method.name}",
+            connection=True,
+        )
+
+    def _decode(self, raw: Any) -> Any:
+        try:
+            _used, _channel, value = pframe.unmarshal(raw.data)
+        except Exception as exc:  # pamqp raises its own errors, ValueError, struct.error
+            raise AmqpError(
+                SYNTAX_ERROR, f"SYNTAX_ERROR - cannot decode the frame: {exc}", connection=True
+            ) from None
+        return value
+
+    async def _dispatch(self, raw: Any) -> None:
+        if raw.kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
+            raise AmqpError(
+                FRAME_ERROR, f"FRAME_ERROR - unknown frame type {raw.kind}", connection=True
+            )
+        if raw.channel == 0:
+            if raw.kind != FRAME_METHOD:
+                raise AmqpError(
+                    UNEXPECTED_FRAME,
+                    "UNEXPECTED_FRAME - content frame on channel 0",
+                    connection=True,
+                )
+            method = self._decode(raw)
+            if isinstance(method, spec.Connection.Close):
+                await self.send(0, spec.Connection.CloseOk())
+                raise _Closed
+            if isinstance(method, spec.Connection.CloseOk):
+                raise _Closed
+            raise AmqpError(
+                COMMAND_INVALID,
+                f"COMMAND_INVALID - {method.name} is not allowed on channel 0",
+                connection=True,
+            )
+        ch = self.channels.get(raw.channel)
+        if raw.kind != FRAME_METHOD:
+            if ch is None:
+                raise AmqpError(
+                    CHANNEL_ERROR,
+                    f"CHANNEL_ERROR - expected 'channel.open' on channel {raw.channel}",
+                    connection=True,
+                )
+            await ch.content(raw)
+            return
+        method = self._decode(raw)
+        if isinstance(method, spec.Channel.Open):
+            if ch is not None:
+                raise AmqpError(
+                    CHANNEL_ERROR,
+                    f"CHANNEL_ERROR - second 'channel.open' seen on channel {raw.channel}",
+                    connection=True,
+                )
+            if raw.channel > CHANNEL_MAX:
+                raise AmqpError(
+                    NOT_ALLOWED,
+                    f"NOT_ALLOWED - channel {raw.channel} above channel_max {CHANNEL_MAX}",
+                    connection=True,
+                )
+            from ._channel import Channel
+
+            self.channels[raw.channel] = Channel(self, raw.channel)
+            await self.send(raw.channel, spec.Channel.OpenOk())
+            return
+        if ch is None:
+            raise AmqpError(
+                CHANNEL_ERROR,
+                f"CHANNEL_ERROR - expected 'channel.open' on channel {raw.channel}",
+                connection=True,
+            )
+        await ch.method(method)
+
+    async def _channel_error(
+        self, number: int, exc: AmqpError, method: tuple[int, int] = (0, 0)
+    ) -> None:
+        ch = self.channels.get(number)
+        if ch is not None:
+            ch.closing = True
+            await ch.close()
+        await self.send(
+            number,
+            spec.Channel.Close(
+                reply_code=exc.code,
+                reply_text=exc.text[:255],
+                class_id=method[0],
+                method_id=method[1],
+            ),
+        )
+
+    async def close_connection(self, exc: AmqpError, method: tuple[int, int] = (0, 0)) -> None:
+        self._closing = True
+        try:
+            await self.send(
+                0,
+                spec.Connection.Close(
+                    reply_code=exc.code,
+                    reply_text=exc.text[:255],
+                    class_id=method[0],
+                    method_id=method[1],
+                ),
+            )
+            with anyio.move_on_after(1.0):
+                # wait for close-ok (or anything) before dropping the socket
+                await self.stream.receive(65536)
+        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+    async def _heartbeats(self) -> None:
+        interval = max(self.heartbeat / 2, 0.5)
+        while True:
+            await anyio.sleep(interval)
+            if time.monotonic() - self._last_recv > 2 * self.heartbeat:
+                log.info("connection %s missed heartbeats; closing it", self.id)
+                await self.stream.aclose()
+                return
+            try:
+                await self.send_raw(HEARTBEAT)
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+
+    def _peer_is_loopback(self) -> bool:
+        try:
+            addr = self.stream.extra(anyio.abc.SocketAttribute.remote_address)
+        except Exception:  # a UNIX socket or no address: local
+            return True
+        host = addr[0] if isinstance(addr, tuple) else str(addr)
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return True
+
+    async def _cleanup(self) -> None:
+        for ch in list(self.channels.values()):
+            await ch.close()
+        self.channels.clear()
+        for queue in list(self.exclusive):
+            await self.gateway.drop_exclusive(queue)
+        self.exclusive.clear()
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.stream.aclose()
+            except (OSError, anyio.BrokenResourceError):
+                pass
+
+
+def _method_id(raw: Any) -> tuple[int, int]:
+    """(class id, method id) of a method frame, for close replies; (0, 0) otherwise."""
+    if raw.kind == FRAME_METHOD and len(raw.payload) >= 4:
+        return int.from_bytes(raw.payload[:2], "big"), int.from_bytes(raw.payload[2:4], "big")
+    return 0, 0
+
+
+def _credentials(mechanism: str, response: Any) -> tuple[str, str]:
+    if isinstance(response, bytes):
+        data = response
+    else:
+        data = str(response).encode("utf-8", "surrogateescape")
+    if mechanism == "PLAIN":
+        parts = data.split(b"\x00")
+        if len(parts) == 3:
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        return "", ""
+    if mechanism == "AMQPLAIN":
+        from pamqp import decode
+
+        table: dict[str, Any] = {}
+        try:
+            offset = 0
+            while offset < len(data):
+                used, key = decode.short_str(data[offset:])
+                offset += used
+                used, value = decode.embedded_value(data[offset:])
+                offset += used
+                table[key] = value
+        except Exception:
+            return "", ""
+        return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
+    return "", ""

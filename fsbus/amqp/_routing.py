@@ -1,0 +1,194 @@
+"""AMQP exchanges, bindings and queue arguments mapped onto bus topics and queues (pure).
+
+Every AMQP publish becomes one bus publish whose topic says where it goes:
+
+* ``amq.topic`` (and the default topic exchange a bus user thinks of): the routing key
+  itself, so fsbus subscribers and AMQP queues bound to ``amq.topic`` see each other;
+* another ``topic`` exchange ``X``: ``amqp.<X>.<routing key>``;
+* a ``direct`` exchange: ``amqp-direct.<X>.<routing key as one word>``;
+* a ``fanout`` exchange: ``amqp-fanout.<X>``;
+* the default exchange ``""``: ``amqp-queue.<queue name as one word>``; every queue the
+  gateway declares is bound to its own such topic.
+
+``<X>`` is the exchange name as one word. A word here is escaped: ``%`` ``.`` ``*`` and
+``#`` become ``%25`` ``%2E`` ``%2A`` ``%23``, so a name or a direct routing key never
+splits into words or turns into a wildcard. A binding of queue ``Q`` to an exchange is a
+binding of the durable queue ``Q`` to the matching pattern (a topic exchange's binding
+key keeps its ``*`` and ``#``). Headers exchanges route in the gateway (see
+:func:`headers_match`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+PREDECLARED = {
+    "amq.direct": "direct",
+    "amq.fanout": "fanout",
+    "amq.topic": "topic",
+    "amq.headers": "headers",
+    "amq.match": "headers",
+}
+
+
+class AmqpError(Exception):
+    """A channel or connection error with its AMQP reply code."""
+
+    def __init__(self, code: int, text: str, *, connection: bool = False) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        self.connection = connection
+
+
+NOT_FOUND = 404
+ACCESS_REFUSED = 403
+RESOURCE_LOCKED = 405
+PRECONDITION_FAILED = 406
+NOT_ALLOWED = 530
+FRAME_ERROR = 501
+SYNTAX_ERROR = 502
+COMMAND_INVALID = 503
+CHANNEL_ERROR = 504
+UNEXPECTED_FRAME = 505
+NOT_IMPLEMENTED = 540
+
+
+def word(text: str) -> str:
+    """``text`` as one topic word (escaped: see the module docs)."""
+    return (
+        text.replace("%", "%25").replace(".", "%2E").replace("*", "%2A").replace("#", "%23")
+    ) or "%"
+
+
+def publish_topic(exchange: str, kind: str, routing_key: str) -> str | None:
+    """The bus topic of a publish to ``exchange`` (None: headers, routed here)."""
+    if exchange == "":
+        return f"amqp-queue.{word(routing_key)}"
+    if kind == "topic":
+        if exchange == "amq.topic":
+            return routing_key
+        return f"amqp.{word(exchange)}.{routing_key}"
+    if kind == "direct":
+        return f"amqp-direct.{word(exchange)}.{word(routing_key)}"
+    if kind == "fanout":
+        return f"amqp-fanout.{word(exchange)}"
+    return None
+
+
+def binding_pattern(exchange: str, kind: str, binding_key: str) -> str | None:
+    """The bus pattern a binding to ``exchange`` stands for (None: headers)."""
+    if kind == "topic":
+        if exchange == "amq.topic":
+            return binding_key
+        return f"amqp.{word(exchange)}.{binding_key}"
+    if kind == "direct":
+        return f"amqp-direct.{word(exchange)}.{word(binding_key)}"
+    if kind == "fanout":
+        return f"amqp-fanout.{word(exchange)}"
+    return None
+
+
+def own_pattern(queue: str) -> str:
+    """The default exchange's binding of ``queue``."""
+    return f"amqp-queue.{word(queue)}"
+
+
+def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bool:
+    """RabbitMQ's headers exchange rule: ``x-match`` all (default) or any, over the
+    binding arguments not starting with ``x-``; a binding value None tests presence."""
+    mode = str(arguments.get("x-match", "all"))
+    wanted = {k: v for k, v in arguments.items() if not k.startswith("x-")}
+    have = headers or {}
+    if not wanted:
+        return mode in ("all", "all-with-x")
+    tests = [(k in have and (v is None or have[k] == v)) for k, v in wanted.items()]
+    return any(tests) if mode.startswith("any") else all(tests)
+
+
+@dataclass(frozen=True)
+class QueueArguments:
+    """The ``x-`` arguments of ``queue.declare`` the gateway understands."""
+
+    message_ttl: float | None = None
+    expires: float | None = None
+    max_length: int | None = None
+    overflow: str = "drop-head"
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    max_priority: int | None = None
+    delivery_limit: int | None = None
+
+
+def _int_arg(args: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
+    if key not in args:
+        return None
+    value = args[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise AmqpError(
+            PRECONDITION_FAILED,
+            f"PRECONDITION_FAILED - invalid arg '{key}' for queue: {value!r} is not an "
+            f"integer >= {minimum}",
+        )
+    return value
+
+
+def queue_arguments(args: Mapping[str, Any] | None) -> QueueArguments:
+    """Parse queue.declare's arguments; AmqpError 406 on a bad value."""
+    args = args or {}
+    ttl = _int_arg(args, "x-message-ttl", minimum=0)
+    expires = _int_arg(args, "x-expires", minimum=1)
+    max_length = _int_arg(args, "x-max-length", minimum=0)
+    max_priority = _int_arg(args, "x-max-priority", minimum=0)
+    limit = _int_arg(args, "x-delivery-limit", minimum=0)
+    overflow = str(args.get("x-overflow", "drop-head"))
+    if overflow not in ("drop-head", "reject-publish"):
+        raise AmqpError(
+            PRECONDITION_FAILED,
+            f"PRECONDITION_FAILED - invalid arg 'x-overflow' for queue: {overflow!r} (this "
+            "gateway takes drop-head or reject-publish)",
+        )
+    if max_priority is not None and max_priority > 255:
+        raise AmqpError(
+            PRECONDITION_FAILED,
+            f"PRECONDITION_FAILED - invalid arg 'x-max-priority' for queue: {max_priority} > 255",
+        )
+    dlx = args.get("x-dead-letter-exchange")
+    dlk = args.get("x-dead-letter-routing-key")
+    return QueueArguments(
+        message_ttl=None if ttl is None else max(ttl, 1) / 1000,
+        expires=None if expires is None else expires / 1000,
+        max_length=max_length,
+        overflow=overflow,
+        dead_letter_exchange=None if dlx is None else str(dlx),
+        dead_letter_routing_key=None if dlk is None else str(dlk),
+        max_priority=max_priority,
+        delivery_limit=limit,
+    )
+
+
+def amqp_priority_to_bus(priority: int | None, max_priority: int | None = None) -> int | None:
+    """AMQP priorities are higher-first (0-255); the bus's lower-first with 50 as the
+    default. Priority p becomes 50 - p (at least 0), so no priority stays at 50."""
+    if priority is None:
+        return None
+    p = min(priority, max_priority) if max_priority is not None else priority
+    return max(0, 50 - p)
+
+
+def expiration_seconds(expiration: str | None) -> float | None:
+    """The ``expiration`` property (milliseconds, as text) in seconds; AmqpError 406 if bad."""
+    if expiration is None or expiration == "":
+        return None
+    try:
+        ms = int(expiration)
+    except ValueError:
+        ms = -1
+    if ms < 0:
+        raise AmqpError(
+            PRECONDITION_FAILED, f"PRECONDITION_FAILED - invalid expiration '{expiration}'"
+        )
+    return max(ms, 1) / 1000

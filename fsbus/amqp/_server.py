@@ -1,0 +1,208 @@
+"""The gateway: a TCP listener speaking AMQP 0-9-1 over one bus directory."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+import anyio.abc
+
+from .. import Bus, BusConfig, Message, QueueNotFound, __version__
+from ._routing import headers_match, publish_topic, word
+from ._state import AmqpState
+
+if TYPE_CHECKING:
+    from ._channel import Channel
+
+log = logging.getLogger("fsbus.amqp")
+
+DEFAULT_USERS = {"guest": "guest"}
+HANDLERS = 1000
+"""Handlers the gateway's bus runs at once: each unacknowledged delivery holds one."""
+
+
+class Gateway:
+    """An AMQP 0-9-1 endpoint over the bus in ``root`` (an async context manager).
+
+    ``users`` maps user names to passwords (default ``{"guest": "guest"}``); as RabbitMQ
+    does, ``guest`` may connect only from a loopback address. ``port=0`` picks a free
+    port; :attr:`port` and :attr:`url` tell which.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 5672,
+        users: Mapping[str, str] | None = None,
+        config: BusConfig | None = None,
+    ) -> None:
+        self.root = os.fspath(root)
+        self.host = host
+        self.port = port
+        self.users = dict(DEFAULT_USERS if users is None else users)
+        base = config or BusConfig()
+        self._config = base.model_copy(update={"handler_concurrency": HANDLERS})
+        self.version = __version__
+        self.bus: Bus = Bus(self.root, config=self._config)
+        self.state: AmqpState
+        self.consumers: dict[str, set[tuple[Channel, str]]] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def url(self) -> str:
+        """``amqp://guest:guest@HOST:PORT/`` for clients."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"amqp://guest:guest@{host}:{self.port}/"
+
+    async def __aenter__(self) -> Self:
+        stack = self._stack
+        await stack.enter_async_context(self.bus)
+        self.state = await anyio.to_thread.run_sync(AmqpState, self.root)
+        stack.callback(self.state.close)
+        listener = await anyio.create_tcp_listener(
+            local_host=self.host, local_port=self.port, reuse_port=False
+        )
+        stack.push_async_callback(listener.aclose)
+        self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        self._tg = tg
+        stack.callback(tg.cancel_scope.cancel)
+        tg.start_soon(listener.serve, self._handle)
+        tg.start_soon(self._collect_orphans)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        from ._connection import Connection
+
+        await Connection(self, stream).run()
+
+    def authenticate(self, user: str, password: str, loopback: bool) -> bool:
+        if self.users.get(user) != password or not user:
+            return False
+        return not (user == "guest" and not loopback)
+
+    # ------------------------------------------------------------------ routing
+    async def route(
+        self,
+        exchange: str,
+        kind: str,
+        routing_key: str,
+        amqp_headers: Mapping[str, Any] | None,
+        body: bytes,
+        *,
+        ttl: float | None,
+        durable: bool,
+        headers: dict[str, str],
+        priority: int | None,
+    ) -> int:
+        """Publish one message; returns how many queues got it (QueueFull if one is full)."""
+        if kind == "headers":
+            bindings = await anyio.to_thread.run_sync(self.state.headers_bindings, exchange)
+            targets = sorted({q for q, a in bindings if headers_match(a, amqp_headers)})
+            topic = f"amqp-headers.{word(exchange)}"
+        else:
+            topic = publish_topic(exchange, kind, routing_key) or ""
+            targets = self.bus.routes(topic)
+            if exchange == "amq.topic":
+                # on the bus itself too: fsbus subscribers of the routing key see it
+                await self.bus.publish(
+                    topic, body, ttl=ttl, durable=durable, headers=headers, priority=priority
+                )
+                return len(targets)
+        made = 0
+        for q in targets:
+            try:
+                await self.bus.enqueue(
+                    q, topic, body, ttl=ttl, durable=durable, headers=headers, priority=priority
+                )
+                made += 1
+            except QueueNotFound:
+                continue
+        return made
+
+    async def dead_letter(self, queue: str, msg: Message) -> None:
+        """A message rejected without requeue: to the queue's dead-letter exchange, if any."""
+        meta = await anyio.to_thread.run_sync(self.state.read, "queues", queue)
+        args = (meta or {}).get("arguments") or {}
+        dlx = args.get("x-dead-letter-exchange")
+        if dlx is None:
+            return
+        ex = await anyio.to_thread.run_sync(self.state.exchange, str(dlx))
+        if ex is None:
+            return
+        rk = str(
+            args.get("x-dead-letter-routing-key", msg.headers.get("x-amqp-routing-key", msg.topic))
+        )
+        headers = dict(msg.headers)
+        headers["x-amqp-exchange"] = str(dlx)
+        headers["x-amqp-routing-key"] = rk
+        with contextlib.suppress(Exception):
+            await self.route(
+                str(dlx),
+                ex["type"],
+                rk,
+                None,
+                msg.payload,
+                ttl=None,
+                durable=False,
+                headers=headers,
+                priority=None,
+            )
+
+    # ------------------------------------------------------------------ consumers
+    async def cancel_consumers_of(self, queue: str) -> None:
+        for channel, tag in list(self.consumers.pop(queue, set())):
+            with contextlib.suppress(Exception):
+                await channel.server_cancel(tag)
+
+    async def drop_exclusive(self, queue: str) -> None:
+        """The connection owning exclusive queue ``queue`` ended: delete it."""
+        await self.cancel_consumers_of(queue)
+        with contextlib.suppress(QueueNotFound):
+            await self.bus.delete_queue(queue)
+        await anyio.to_thread.run_sync(self.state.remove, "queues", queue)
+
+    async def _collect_orphans(self) -> None:
+        """Delete exclusive queues of gateways that died, now and every 30 s."""
+        while True:
+            try:
+                names = await anyio.to_thread.run_sync(self.state.orphaned_exclusive_queues)
+                for name in names:
+                    log.info("deleting exclusive queue %r of a gateway that is gone", name)
+                    await self.drop_exclusive(name)
+            except OSError as exc:
+                log.warning("collecting exclusive queues of dead gateways failed: %s", exc)
+            await anyio.sleep(30)
+
+
+async def serve(
+    root: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 5672,
+    users: Mapping[str, str] | None = None,
+    config: BusConfig | None = None,
+    ready: anyio.Event | None = None,
+) -> None:
+    """Run a gateway until cancelled; ``ready`` is set once it listens."""
+    async with Gateway(root, host=host, port=port, users=users, config=config) as gw:
+        log.info("fsbus AMQP gateway on %s for %s", gw.url, gw.root)
+        if ready is not None:
+            ready.set()
+        await anyio.sleep_forever()

@@ -1,0 +1,166 @@
+"""What AMQP adds to a bus directory: exchanges, queue flags, headers bindings, owners.
+
+Layout, under ``<root>/fsbus/amqp/``::
+
+    exchanges/<X>.json     an exchange: type, durable, auto_delete, internal, arguments
+    queues/<Q>.json        a queue's AMQP side: durable, exclusive owner, arguments
+    headers/<X>.json       the bindings of headers exchange X: [[queue, arguments], ...]
+    owners/<id>            one file per gateway, flocked while it runs
+    LOCK                   flock held while any of these changes
+
+``<X>`` and ``<Q>`` are names escaped as one topic word. The queues themselves (their
+bindings and messages) are the bus's durable queues. Every file is written whole and
+renamed, so a reader sees the old or the new one. Blocking: call from a worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from ._routing import PREDECLARED, word
+
+
+def jsonable(value: Any) -> Any:
+    """A field-table value as JSON (for storing and comparing arguments)."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    if isinstance(value, bytes | bytearray):
+        return value.decode("latin-1")
+    return str(value)
+
+
+class AmqpState:
+    """The AMQP files of one bus directory."""
+
+    def __init__(self, root: str) -> None:
+        self.base = os.path.join(root, "fsbus", "amqp")
+        for sub in ("exchanges", "queues", "headers", "owners"):
+            os.makedirs(os.path.join(self.base, sub), exist_ok=True)
+        self.gateway_id = uuid.uuid4().hex[:16]
+        path = os.path.join(self.base, "owners", self.gateway_id)
+        self._owner_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.base, "owners", self.gateway_id))
+        os.close(self._owner_fd)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = os.open(os.path.join(self.base, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ files
+    def _path(self, kind: str, name: str) -> str:
+        return os.path.join(self.base, kind, word(name) + ".json")
+
+    def read(self, kind: str, name: str) -> dict[str, Any] | None:
+        try:
+            with open(self._path(kind, name), "rb") as f:
+                doc = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return None  # unreadable or corrupt: as if absent (declaring again rewrites it)
+        return doc if isinstance(doc, dict) else None
+
+    def write(self, kind: str, name: str, doc: dict[str, Any]) -> None:
+        path = self._path(kind, name)
+        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(doc, sort_keys=True).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+
+    def remove(self, kind: str, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(kind, name))
+
+    # ------------------------------------------------------------------ exchanges
+    def exchange(self, name: str) -> dict[str, Any] | None:
+        """An exchange's definition; the predeclared ones always exist."""
+        if name in PREDECLARED:
+            return {
+                "type": PREDECLARED[name],
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+        if name == "":
+            return {
+                "type": "direct",
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+                "arguments": {},
+            }
+        return self.read("exchanges", name)
+
+    # ------------------------------------------------------------------ headers bindings
+    def headers_bindings(self, exchange: str) -> list[tuple[str, dict[str, Any]]]:
+        doc = self.read("headers", exchange)
+        if not doc:
+            return []
+        return [(str(q), dict(a)) for q, a in doc.get("bindings", [])]
+
+    def set_headers_bindings(
+        self, exchange: str, bindings: list[tuple[str, dict[str, Any]]]
+    ) -> None:
+        self.write("headers", exchange, {"bindings": [[q, a] for q, a in bindings]})
+
+    # ------------------------------------------------------------------ owners
+    def owner_alive(self, owner: str) -> bool:
+        """Is the gateway that ``owner`` ("<gateway>/<connection>") names still running?"""
+        gateway = owner.split("/", 1)[0]
+        if gateway == self.gateway_id:
+            return True
+        path = os.path.join(self.base, "owners", gateway)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # its gateway died: nobody holds it
+            return False
+        finally:
+            os.close(fd)
+
+    def orphaned_exclusive_queues(self) -> list[str]:
+        """Exclusive queues whose gateway is gone (crashed): to be deleted."""
+        out = []
+        folder = os.path.join(self.base, "queues")
+        for f in os.listdir(folder):
+            if not f.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(folder, f), "rb") as fh:
+                    doc = json.loads(fh.read())
+            except (OSError, ValueError):
+                continue
+            owner = doc.get("owner") if isinstance(doc, dict) else None
+            if owner and not self.owner_alive(str(owner)):
+                out.append(str(doc.get("name")))
+        return out
