@@ -388,10 +388,15 @@ class BlockingBus:
             return self._portal, self._bus
 
     # ------------------------------------------------------------------ inspect
-    def browse(self, pattern: str = "#") -> Iterator[MessageInfo]:
-        """Every unexpired message matching ``pattern``; nothing is read or consumed."""
+    def browse(self, pattern: str = "#", *, queue: str | None = None) -> Iterator[MessageInfo]:
+        """Every unexpired message matching ``pattern``; nothing is read or consumed.
+
+        With ``queue=``, the messages waiting in that durable queue or held by one of
+        its consumers, those whose topic matches ``pattern`` (see :meth:`Bus.browse`);
+        a queue that does not exist raises :class:`~fsbus.QueueNotFound`.
+        """
         self._check_open()
-        yield from browse_messages(self._fs, pattern, self._hosts)
+        yield from browse_messages(self._fs, pattern, self._hosts, queue=queue, queues=self._queues)
 
     def read_payload(self, info: MessageInfo) -> bytes | None:
         """The payload of a browsed message without consuming it (None when gone)."""

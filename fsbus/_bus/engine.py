@@ -1419,10 +1419,21 @@ class Bus:
             log.warning("moved %d foreign file(s) to %s", q, self.layout.quarantine)
         return n + q + debris
 
-    async def browse(self, pattern: str = "#") -> AsyncIterator[MessageInfo]:
-        """Every unexpired message matching ``pattern``, without reading or consuming it."""
+    async def browse(
+        self, pattern: str = "#", *, queue: str | None = None
+    ) -> AsyncIterator[MessageInfo]:
+        """Every unexpired message matching ``pattern``, without reading or consuming it.
+
+        With ``queue=``, the messages waiting in that durable queue or held by one of
+        its consumers (``locked``), those whose topic matches ``pattern``; nothing is
+        taken from the queue. A queue that does not exist raises
+        :class:`~fsbus.QueueNotFound`.
+        """
         self._check_open()
-        infos = await anyio.to_thread.run_sync(browse_messages, self._fs, pattern, self._hosts)
+        browse = functools.partial(
+            browse_messages, self._fs, pattern, self._hosts, queue=queue, queues=self._queues
+        )
+        infos = await anyio.to_thread.run_sync(browse)
         for info in infos:
             yield info
 
@@ -1748,45 +1759,69 @@ def collect_garbage(
     return n, q, debris
 
 
-def browse_messages(fs: BusFS, pattern: str, hosts: dict[str, str]) -> list[MessageInfo]:
-    """Blocking: the unexpired messages matching ``pattern`` (used by both faces)."""
+def browse_messages(
+    fs: BusFS,
+    pattern: str,
+    hosts: dict[str, str],
+    *,
+    queue: str | None = None,
+    queues: QueueStore | None = None,
+) -> list[MessageInfo]:
+    """Blocking: the unexpired messages matching ``pattern`` (used by both faces).
+
+    With ``queue`` (and the bus's queue store ``queues``): the messages of that queue,
+    read from the queue's own bus (``fsbus/queues/<name>/bus``) without creating or
+    changing anything there; host names still come from the main bus ``fs``.
+    """
     pattern = validate_pattern(pattern)
     trie: TopicTrie[int] = TopicTrie()
     trie.add(pattern, 1)
-    lay = fs.layout
-    listings = fs.list_buckets(range(len(lay.buckets)))
-    spills = fs.read_spills(long_names(ScanState(), listings))
-    d = decide(ScanState(), listings, spills, int(time.time() * 1000), baseline=True)
-    out = []
-    for e in [*d.present_multi, *d.singles]:
-        assert e.topic is not None
-        if not trie.match(e.topic):
-            continue
-        bucket = lay.buckets[e.bucket_index]
-        st = fs.stat_message(bucket, e.name)
-        if st is None:
-            continue
-        f = e.parsed.fields
-        if f is not None and f.host not in hosts:
-            hosts.update(fs.read_hosts())
-        meta = fs.read_meta(bucket, e.name) if f and f.flags & FLAG_META else None
-        out.append(
-            MessageInfo(
-                topic=e.topic,
-                single=e.parsed.single,
-                expires=e.parsed.expires_ms / 1000,
-                size=max(0, st.st_size - 1),
-                name=e.name,
-                bucket=bucket,
-                path=lay.message_path(bucket, e.name),
-                locked=e.parsed.single and fs.is_locked(bucket, e.name),
-                priority=f.priority if f else fs.config.default_priority,
-                published_at=f.published_ms / 1000 if f else None,
-                host=hosts.get(f.host, f.host) if f else None,
-                headers=decode_meta(meta),
+    src = fs
+    if queue is not None:
+        if queues is None:
+            raise UsageError("browse(queue=...) needs the bus's queues")  # pragma: no cover
+        queues.get(queue)  # QueueNotFound (or UsageError for a bad name)
+        # Not set up: setup() would create directories (and a deleted queue's folder
+        # again); listing a missing bucket of the queue's bus just lists nothing.
+        src = BusFS(Layout.of(queues.bus_root(queue), queues.sub_config), queues.sub_config, fs.ops)
+    try:
+        lay = src.layout
+        listings = src.list_buckets(range(len(lay.buckets)))
+        spills = src.read_spills(long_names(ScanState(), listings))
+        d = decide(ScanState(), listings, spills, int(time.time() * 1000), baseline=True)
+        out = []
+        for e in [*d.present_multi, *d.singles]:
+            assert e.topic is not None
+            if not trie.match(e.topic):
+                continue
+            bucket = lay.buckets[e.bucket_index]
+            st = src.stat_message(bucket, e.name)
+            if st is None:
+                continue
+            f = e.parsed.fields
+            if f is not None and f.host not in hosts:
+                hosts.update(fs.read_hosts())
+            meta = src.read_meta(bucket, e.name) if f and f.flags & FLAG_META else None
+            out.append(
+                MessageInfo(
+                    topic=e.topic,
+                    single=e.parsed.single,
+                    expires=e.parsed.expires_ms / 1000,
+                    size=max(0, st.st_size - 1),
+                    name=e.name,
+                    bucket=bucket,
+                    path=lay.message_path(bucket, e.name),
+                    locked=e.parsed.single and src.is_locked(bucket, e.name),
+                    priority=f.priority if f else src.config.default_priority,
+                    published_at=f.published_ms / 1000 if f else None,
+                    host=hosts.get(f.host, f.host) if f else None,
+                    headers=decode_meta(meta),
+                )
             )
-        )
-    return out
+        return out
+    finally:
+        if src is not fs:
+            src.close()
 
 
 class MessageIterator:

@@ -2,8 +2,11 @@
 
 Rates come from comparing two snapshots: a message name that appeared was published
 (in), one that vanished was consumed, expired or collected (out); a stream's rate is
-the growth of its end offset. Messages published and consumed between two snapshots
-are not seen, so ``in``/``out`` are lower bounds on a busy bus.
+the growth of its end offset. A durable queue's rates are measured the same way on the
+names of the copies in it (``bus.browse(queue=...)``): a copy that appeared was routed
+into it, one that vanished was acknowledged, expired, dropped or purged. Messages
+published and consumed between two snapshots are not seen, so ``in``/``out`` are
+lower bounds on a busy bus.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +25,14 @@ from .output import emit, emit_json, format_size, format_table
 from .runtime import bus_config, interruptible, resolve_root, run_async
 
 if TYPE_CHECKING:
-    from fsbus import BusConfig, QueueInfo
+    from fsbus import Bus, BusConfig, QueueInfo
 
 # anyio and the Bus are imported when the command runs, not for --help.
 
-__all__ = ["add_top_command", "frame_json", "frame_lines"]
+__all__ = ["add_top_command", "frame_json", "frame_lines", "queue_copies", "queue_rates"]
+
+QueueCopies = Mapping[str, Collection[str]]
+"""Queue name -> the names of the copies in it at one moment."""
 
 CLEAR = "\x1b[H\x1b[2J"
 BOLD = "\x1b[1m"
@@ -45,7 +51,8 @@ def add_top_command(
         description="Redraw, every --interval seconds, the backlog (messages waiting, "
         "locked, bytes) and rates (in: newly published, out: consumed or expired) per "
         "topic, the deepest buckets, each stream's size and append rate, and each durable "
-        "queue's depth and consumers. Ctrl-C "
+        "queue's depth, consumers and rates (in: copies routed into it, out: acknowledged, "
+        "expired, dropped or purged). Ctrl-C "
         "quits (exit status 0). --once prints a single frame measured over one interval.",
     )
     p.add_argument(
@@ -60,11 +67,56 @@ def add_top_command(
     p.set_defaults(func=run_top)
 
 
+async def queue_copies(bus: Bus) -> tuple[list[QueueInfo], dict[str, frozenset[str]]]:
+    """Every durable queue now, and the names of the copies in each (browsed, not taken)."""
+    from fsbus import QueueNotFound
+
+    infos = []
+    copies: dict[str, frozenset[str]] = {}
+    for q in await bus.queues():
+        try:
+            copies[q.name] = frozenset([i.name async for i in bus.browse(queue=q.name)])
+        except QueueNotFound:
+            continue  # deleted while we looked
+        infos.append(q)
+    return infos, copies
+
+
+def queue_rates(
+    before: QueueCopies, after: QueueCopies, seconds: float
+) -> dict[str, tuple[float, float]]:
+    """(in, out) copies per second of each queue in ``after``, over ``seconds``.
+
+    As for topics: a copy name present in ``after`` and not in ``before`` arrived, one
+    in ``before`` and not in ``after`` left. A queue new in ``after`` counts all its
+    copies as arrivals; a queue gone from ``after`` is not reported.
+    """
+    dt = max(seconds, 1e-6)
+    out = {}
+    for name, now in after.items():
+        then = before.get(name, ())
+        now_set, then_set = set(now), set(then)
+        out[name] = (
+            round(len(now_set - then_set) / dt, 2),
+            round(len(then_set - now_set) / dt, 2),
+        )
+    return out
+
+
 def frame_json(
-    prev: Snapshot, cur: Snapshot, config: BusConfig, queues: Sequence[QueueInfo] = ()
+    prev: Snapshot,
+    cur: Snapshot,
+    config: BusConfig,
+    queues: Sequence[QueueInfo] = (),
+    copies: tuple[QueueCopies, QueueCopies] | None = None,
 ) -> dict[str, Any]:
-    """Backlog and rates between two snapshots (and the queues now), as one JSON object."""
+    """Backlog and rates between two snapshots (and the queues now), as one JSON object.
+
+    ``copies``: the names of each queue's copies at ``prev`` and at ``cur`` (from
+    :func:`queue_copies`), for the queues' ``in_rate``/``out_rate`` (None without them).
+    """
     dt = max(cur.taken - prev.taken, 1e-6)
+    rates = queue_rates(copies[0], copies[1], dt) if copies is not None else {}
     before = {m.name: m.topic for m in prev.messages}
     after = {m.name: m.topic for m in cur.messages}
     arrived = Counter(t for n, t in after.items() if n not in before)
@@ -115,7 +167,13 @@ def frame_json(
         },
         "streams": streams,
         "queues": [
-            {"name": q.name, "depth": q.depth, "consumers": q.consumers}
+            {
+                "name": q.name,
+                "depth": q.depth,
+                "consumers": q.consumers,
+                "in_rate": rates[q.name][0] if q.name in rates else None,
+                "out_rate": rates[q.name][1] if q.name in rates else None,
+            }
             for q in sorted(queues, key=lambda q: q.name)
         ],
     }
@@ -178,11 +236,26 @@ def frame_lines(frame: dict[str, Any], root: Path, *, limit: int, color: bool) -
         lines += table[1:]
     if frame["queues"]:
         lines.append("")
-        rows = [[q["name"], str(q["depth"]), str(q["consumers"])] for q in frame["queues"]]
-        table = format_table(["QUEUE", "DEPTH", "CONSUMERS"], rows, right=(1, 2))
+        rows = [
+            [
+                q["name"],
+                str(q["depth"]),
+                str(q["consumers"]),
+                _rate(q["in_rate"]),
+                _rate(q["out_rate"]),
+            ]
+            for q in frame["queues"]
+        ]
+        table = format_table(
+            ["QUEUE", "DEPTH", "CONSUMERS", "IN/s", "OUT/s"], rows, right=(1, 2, 3, 4)
+        )
         lines.append(f"{bold}{table[0]}{reset}")
         lines += table[1:]
     return lines
+
+
+def _rate(r: float | None) -> str:
+    return "-" if r is None else f"{r:,.1f}"
 
 
 def run_top(args: argparse.Namespace) -> int:
@@ -216,14 +289,16 @@ def run_top(args: argparse.Namespace) -> int:
     async def command() -> int:
         async with Bus(root, config=config) as bus:
             prev = await take_snapshot(bus, root)
+            _, prev_copies = await queue_copies(bus)
             with interruptible():
                 while True:
                     await anyio.sleep(interval)
                     cur = await take_snapshot(bus, root)
-                    show(frame_json(prev, cur, config, await bus.queues()))
+                    queues, cur_copies = await queue_copies(bus)
+                    show(frame_json(prev, cur, config, queues, (prev_copies, cur_copies)))
                     if args.once:
                         break
-                    prev = cur
+                    prev, prev_copies = cur, cur_copies
         return 0
 
     code = run_async(command)

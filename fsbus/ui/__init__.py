@@ -1,10 +1,11 @@
 """``fsbus ui``: a local web dashboard of a bus, in the spirit of RabbitMQ's management UI.
 
 Served by the standard library's ``http.server`` (the ``ui`` extra needs nothing
-else). Shows backlog and rates per topic and bucket, work-queue messages being
-handled and by which process, streams with their segments and consumer groups, and
-each message's headers and payload; purges work queues after confirmation with the
-access token printed at start. Built on the public ``fsbus`` API.
+else). Shows backlog and rates per topic and bucket, durable queues with their depth,
+consumers and rates, work-queue messages being handled and by which process, streams
+with their segments and consumer groups, and each message's headers and payload;
+purges work queues after confirmation with the access token printed at start. Built
+on the public ``fsbus`` API.
 """
 
 from __future__ import annotations

@@ -37,9 +37,10 @@ def add_ui_command(
     p = subparsers.add_parser(
         "ui",
         parents=[common] if common is not None else [],
-        help="serve a local web dashboard of the bus (backlog, rates, locks, streams)",
+        help="serve a local web dashboard of the bus (backlog, rates, queues, locks, streams)",
         description="Serve a web dashboard of the bus on 127.0.0.1: backlog and rates per "
-        "topic and bucket, work-queue messages being handled and by which process, streams "
+        "topic and bucket, durable queues (depth, consumers, rates), work-queue messages "
+        "being handled and by which process, streams "
         "with their segments and consumer groups, each message's headers and payload, and "
         "purging work queues. Purging needs the access token printed at start. Stop with "
         "Ctrl-C.",

@@ -178,7 +178,7 @@ def _td(text: str, *, num: bool = False) -> str:
 
 
 def overview_page(snap: Snapshot) -> str:
-    """The main page: totals, topics, work-queue locks, buckets and streams."""
+    """The main page: totals, topics, durable queues, work-queue locks, streams, buckets."""
     now = snap.taken_at
     window = (
         f"rates over the last {snap.rate_window:.0f} s"
@@ -192,6 +192,7 @@ def overview_page(snap: Snapshot) -> str:
             _card(str(len(snap.locked)), "locked now"),
             _card(_bytes(snap.size), "payload bytes"),
             _card(str(len(snap.topics)), "topics"),
+            _card(str(len(snap.queues)), "queues"),
             _card(str(len(snap.streams)), "streams"),
         ]
     )
@@ -215,6 +216,21 @@ def overview_page(snap: Snapshot) -> str:
             for t in snap.topics
         ),
         empty="No messages on the bus.",
+    )
+    queues = _table(
+        ["Queue", "Bindings", "#Depth", "#Consumers", "#In", "#Out"],
+        (
+            [
+                _td(f"<code>{escape(q.name)}</code>"),
+                _td(_bindings(q.bindings)),
+                _td(str(q.depth), num=True),
+                _td(str(q.consumers), num=True),
+                _td(_rate(q.rate_in), num=True),
+                _td(_rate(q.rate_out), num=True),
+            ]
+            for q in snap.queues
+        ),
+        empty="No durable queues. Declare one with: fsbus queue declare NAME PATTERN",
     )
     locked = _table(
         ["Topic", "Message", "Held by", "#Priority", "Published"],
@@ -272,6 +288,7 @@ def overview_page(snap: Snapshot) -> str:
         '<div id="live">'
         f'<div class="cards">{cards}</div>'
         f'<h2>Topics <span class="muted">({escape(window)})</span></h2>{topics}'
+        f"<h2>Queues</h2>{queues}"
         f"<h2>Work queue: messages being handled</h2>{locked}"
         f"<h2>Streams</h2>{streams}"
         f"<h2>Buckets</h2><details><summary>{len(snap.buckets)} of the bus's buckets hold "
@@ -285,6 +302,12 @@ def overview_page(snap: Snapshot) -> str:
 
 def _short(name: str) -> str:
     return name if len(name) <= 48 else name[:20] + "…" + name[-24:]
+
+
+def _bindings(bindings: Sequence[str]) -> str:
+    if not bindings:
+        return '<span class="muted">none</span>'
+    return " ".join(f"<code>{escape(b)}</code>" for b in bindings)
 
 
 def _segments(segments: Sequence[tuple[int, int, int]]) -> str:

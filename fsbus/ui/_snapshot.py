@@ -2,8 +2,9 @@
 
 A :class:`Snapshot` is one look at a bus: backlog per topic and per bucket, the
 work-queue messages currently locked (and by which process, when this host can
-tell), and the streams. Rates come from comparing successive snapshots: a message
-name that appears is an arrival, one that disappears was consumed or expired.
+tell), the durable queues, and the streams. Rates come from comparing successive
+snapshots: a message name that appears is an arrival, one that disappears was
+consumed or expired (for a queue: a copy that appears in it, one that leaves it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "LockedRow",
     "PayloadTooLargeToShow",
     "PurgeResult",
+    "QueueRow",
     "RateTracker",
     "Snapshot",
     "StreamRow",
@@ -123,6 +125,24 @@ class GroupRow:
 
 
 @dataclass(frozen=True)
+class QueueRow:
+    """One durable queue: its bindings, depth, consumers and rates."""
+
+    name: str
+    """Queue name."""
+    bindings: tuple[str, ...]
+    """Patterns bound to it."""
+    depth: int
+    """Copies waiting or held by a consumer (not expired)."""
+    consumers: int
+    """Live consumers."""
+    rate_in: float | None
+    """Copies per second arriving (None until two snapshots exist)."""
+    rate_out: float | None
+    """Copies per second leaving: acknowledged, expired, dropped or purged."""
+
+
+@dataclass(frozen=True)
 class StreamRow:
     """One stream and its segments."""
 
@@ -165,6 +185,8 @@ class Snapshot:
     """Streams under the root."""
     rate_window: float | None
     """Seconds the rates are measured over (None: not yet measured)."""
+    queues: tuple[QueueRow, ...] = ()
+    """Durable queues, in name order."""
 
     @property
     def messages(self) -> int:
@@ -235,6 +257,16 @@ class RateTracker:
             dt,
         )
 
+    def observe_groups(
+        self, now: float, names: dict[str, str]
+    ) -> tuple[dict[str, tuple[float, float]], float | None]:
+        """:meth:`observe` for names keyed to one group each (a queue's name).
+
+        Returns rates (in, out) per group and the seconds they span.
+        """
+        rates, _, window = self.observe(now, {n: (g, g) for n, g in names.items()})
+        return rates, window
+
 
 class Dashboard:
     """Reads a bus for the UI; safe to call from the server's threads."""
@@ -248,6 +280,7 @@ class Dashboard:
         self._clock = clock
         self._lock = threading.Lock()
         self._rates = RateTracker()
+        self._queue_rates = RateTracker()
         self._cached: Snapshot | None = None
 
     # ------------------------------------------------------------------ overview
@@ -303,7 +336,37 @@ class Dashboard:
             locked=tuple(self.locked_rows(i for i in infos if i.locked)),
             streams=tuple(self.streams()),
             rate_window=window,
+            queues=tuple(self._queue_rows(now)),
         )
+
+    def _queue_rows(self, now: float) -> list[QueueRow]:
+        """Each durable queue, with rates from the copies that entered and left it."""
+        infos = []
+        names: dict[str, str] = {}
+        for q in self.bus.queues():
+            try:
+                copies = list(self.bus.browse(queue=q.name))
+            except fsbus.QueueNotFound:
+                continue  # deleted while we looked
+            infos.append(q)
+            # copies of one message in two queues have names of their own; the key
+            # keeps them apart anyway
+            names.update({f"{q.name}/{c.name}": q.name for c in copies})
+        rates, window = self._queue_rates.observe_groups(now, names)
+        rows = []
+        for q in sorted(infos, key=lambda q: q.name):
+            rate = rates.get(q.name, (0.0, 0.0)) if window else (None, None)
+            rows.append(
+                QueueRow(
+                    name=q.name,
+                    bindings=tuple(q.bindings),
+                    depth=q.depth,
+                    consumers=q.consumers,
+                    rate_in=rate[0],
+                    rate_out=rate[1],
+                )
+            )
+        return rows
 
     def locked_rows(self, infos: Iterable[MessageInfo]) -> list[LockedRow]:
         """Each locked message with the process holding it, when this host can tell."""

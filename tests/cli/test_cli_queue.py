@@ -400,15 +400,59 @@ def test_stats_and_top_list_queues(cli: Cli, root: Path) -> None:
 
     [frame] = ok(cli("top", "--once", "--interval", "0.05", "--json")).json_lines()
     assert frame["queues"] == [
-        {"name": "alpha", "depth": 1, "consumers": 0},
-        {"name": "beta", "depth": 2, "consumers": 0},
+        {"name": "alpha", "depth": 1, "consumers": 0, "in_rate": 0.0, "out_rate": 0.0},
+        {"name": "beta", "depth": 2, "consumers": 0, "in_rate": 0.0, "out_rate": 0.0},
     ]
     top = ok(cli("top", "--once", "--interval", "0.05")).stdout.splitlines()
     at = next(i for i, line in enumerate(top) if line.split()[:1] == ["QUEUE"])
+    assert top[at].split() == ["QUEUE", "DEPTH", "CONSUMERS", "IN/s", "OUT/s"]
     assert [line.split() for line in top[at + 1 : at + 3]] == [
-        ["alpha", "1", "0"],
-        ["beta", "2", "0"],
+        ["alpha", "1", "0", "0.0", "0.0"],
+        ["beta", "2", "0", "0.0", "0.0"],
     ]
+
+
+def test_top_measures_each_queues_rates_in_and_out(cli: Cli, spawn: Spawn, tmp_path: Path) -> None:
+    """Copies routed into a queue count as in, copies acknowledged as out, once each."""
+    ok(cli("queue", "declare", "work", "w.#"))
+    ok(cli("queue", "declare", "idle", "x.#"))
+    top = spawn("top", "--interval", "0.3", "--json")
+
+    def frame() -> dict[str, dict[str, Any]]:
+        [line] = top.lines(1)
+        data = json.loads(line)
+        for q in data["queues"]:  # rate x interval: how many copies, rounding aside
+            q["came"] = round(q["in_rate"] * data["interval"])
+            q["went"] = round(q["out_rate"] * data["interval"])
+        return {q["name"]: q for q in data["queues"]}
+
+    first = frame()
+    assert (first["work"]["came"], first["work"]["went"]) == (0, 0)
+    publish_lines(cli, tmp_path, "w.job", [f"job-{i}" for i in range(10)])
+    came = went = 0
+    deadline = time.monotonic() + TIMEOUT
+    while came < 10:
+        assert time.monotonic() < deadline, f"top saw {came} of 10 copies arrive"
+        rows = frame()
+        came += rows["work"]["came"]
+        went += rows["work"]["went"]
+        assert (rows["idle"]["came"], rows["idle"]["went"]) == (0, 0)
+    assert (came, went) == (10, 0)
+    assert rows["work"]["depth"] == 10
+
+    got = ok(cli("subscribe", "--queue", "work", "--count", "10", "-q", "--json")).json_lines()
+    assert sorted(m["payload"] for m in got) == sorted(f"job-{i}" for i in range(10))
+    while went < 10:
+        assert time.monotonic() < deadline, f"top saw {went} of 10 copies leave"
+        rows = frame()
+        came += rows["work"]["came"]
+        went += rows["work"]["went"]
+        assert (rows["idle"]["came"], rows["idle"]["went"]) == (0, 0)
+    assert (came, went) == (10, 10)
+    assert frame()["work"]["depth"] == 0
+    top.interrupt()
+    code, _rest = top.finish()
+    assert code == 0
 
 
 def test_queue_help_is_light_and_complete(cli: Cli) -> None:
