@@ -8,7 +8,7 @@ import sys
 
 from ._common import add_options, options
 
-SCENARIOS = ("fanout", "workqueue", "chaos", "mixed")
+SCENARIOS = ("fanout", "workqueue", "chaos", "mixed", "queues")
 
 
 def main(argv: list[str] | None = None) -> int:

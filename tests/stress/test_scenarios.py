@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stress import chaos, fanout, mixed, workqueue
+from stress import chaos, fanout, mixed, queues, workqueue
 from stress._common import Summary, matches
 
 pytestmark = pytest.mark.slow
@@ -63,6 +63,17 @@ def test_mixed_small() -> None:
     _check(s)
     assert s.notes["long"] > 0
     assert s.notes["gc_rounds"] > 0
+
+
+def test_queues_small() -> None:
+    """Three durable queues with overlapping bindings, consumers of both faces SIGKILLed."""
+    s = queues.run("small")
+    _check(s)
+    assert s.delivered == s.notes["expected"]
+    assert s.notes["kills"] > 0
+    assert all(s.notes[f"q_{q}"] > 0 for q in queues.QUEUES)
+    assert s.notes["after_bind"] > 0  # the binding added mid-run routed what came after
+    assert s.notes["unrouted"] > 0
 
 
 def test_runner_exit_code_and_summary_line(tmp_path: Path) -> None:
