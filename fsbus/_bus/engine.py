@@ -1635,6 +1635,11 @@ class Bus:
         sub.queue = name
 
         async def leave() -> None:
+            # Handlers still running finish and settle first: the queue's bus closes
+            # with its last consumer, and would give their messages back.
+            while sub.in_flight and not sub.bus._closed:
+                sub.settled = anyio.Event()
+                await sub.settled.wait()
             await anyio.to_thread.run_sync(self._queues.detach, name, fd)
             entry = self._queue_buses.get(name)
             if entry is not None:

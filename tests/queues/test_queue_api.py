@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from fsbus import (
@@ -15,6 +16,7 @@ from fsbus import (
     Bus,
     BusConfig,
     InvalidPattern,
+    Message,
     QueueFull,
     QueueMismatch,
     QueueNotFound,
@@ -399,3 +401,34 @@ async def test_foreign_files_in_the_queues_folder_are_ignored(root: Path) -> Non
         await bus.publish("x", b"still routed")
         assert (await bus.queue_info("q")).depth == 1
     assert (queues / "stray.txt").read_text() == "not a queue"
+
+
+@pytest.mark.asyncio
+async def test_unsubscribing_while_a_handler_runs_lets_it_finish(root: Path) -> None:
+    """The queue's bus closes with its last consumer: not before the running handler's
+    message is settled (else it would be given back and delivered again)."""
+    started, finish = anyio.Event(), anyio.Event()
+    seen: list[int] = []
+
+    async def slow(msg: Message) -> None:
+        seen.append(msg.delivery_count)
+        started.set()
+        await finish.wait()
+
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["x"])
+        await bus.publish("x", b"once")
+        sub = await bus.subscribe(None, slow, queue="q")
+        with anyio.fail_after(10):
+            await started.wait()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bus.unsubscribe, sub)
+            await anyio.lowlevel.checkpoint()
+            finish.set()
+        assert (await bus.queue_info("q")).depth == 0
+        again = Inbox()
+        await bus.subscribe(None, again, queue="q")
+        await bus.publish("x", b"next")
+        await again.wait_for(1)
+    assert seen == [1]
+    assert again.payloads == [b"next"]

@@ -1,0 +1,330 @@
+"""AMQP features on the gateway and on RabbitMQ, with pika: the same observable results."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterator
+
+import pika
+import pika.exceptions
+import pytest
+
+from .conftest import Broker, Names
+
+WAIT = 20.0
+
+
+@pytest.fixture
+def conn(broker: Broker) -> Iterator[pika.BlockingConnection]:
+    c = pika.BlockingConnection(pika.URLParameters(broker.url))
+    yield c
+    if c.is_open:
+        c.close()
+
+
+def get_all(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str, n: int) -> list:
+    """``n`` messages of ``queue`` through basic.get (each acked), polling up to WAIT s."""
+    out = []
+    deadline = time.monotonic() + WAIT
+    while len(out) < n:
+        method, props, body = ch.basic_get(queue)
+        if method is None:
+            assert time.monotonic() < deadline, f"only {len(out)} of {n} within {WAIT} s"
+            time.sleep(0.02)
+            continue
+        ch.basic_ack(method.delivery_tag)
+        out.append((method, props, body))
+    return out
+
+
+def test_properties_come_back_as_published(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("props")).method.queue
+    sent = pika.BasicProperties(
+        content_type="application/json",
+        content_encoding="gzip",
+        headers={"s": "v", "n": 7, "nested": {"list": [1, "two", {"x": True}]}},
+        delivery_mode=2,
+        priority=3,
+        correlation_id="corr-1",
+        reply_to="somewhere",
+        expiration="60000",
+        message_id="msg-1",
+        timestamp=1_700_000_000,
+        type="order.created",
+        user_id="guest",
+        app_id="tests",
+    )
+    ch.basic_publish("", q, b"\x00binary\xff", properties=sent)
+    ((_method, got, body),) = get_all(ch, q, 1)
+    assert body == b"\x00binary\xff"
+    for field in (
+        "content_type",
+        "content_encoding",
+        "headers",
+        "delivery_mode",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "timestamp",
+        "type",
+        "user_id",
+        "app_id",
+    ):
+        assert getattr(got, field) == getattr(sent, field), field
+    ch.queue_delete(q)
+
+
+def test_publisher_confirms_and_mandatory_returns(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare(names("confirm"), durable=True).method.queue
+    for i in range(20):
+        ch.basic_publish(
+            "", q, str(i).encode(), pika.BasicProperties(delivery_mode=2), mandatory=True
+        )
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish("", names("nowhere"), b"x", mandatory=True)
+    # not mandatory: dropped quietly, still confirmed
+    ch.basic_publish("", names("nowhere"), b"x")
+    assert ch.queue_declare(q, passive=True).method.message_count == 20
+    ch.queue_delete(q)
+
+
+def test_get_empty_message_count_purge_and_delete(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("counts")).method.queue
+    assert ch.basic_get(q) == (None, None, None)
+    for i in range(5):
+        ch.basic_publish("", q, str(i).encode())
+    deadline = time.monotonic() + WAIT
+    while ch.queue_declare(q, passive=True).method.message_count < 5:
+        assert time.monotonic() < deadline
+    method, _props, body = ch.basic_get(q, auto_ack=True)
+    assert body == b"0" and method.message_count == 4
+    assert ch.queue_purge(q).method.message_count == 4
+    ch.basic_publish("", q, b"last")
+    get_all(ch, q, 1)
+    ch.basic_publish("", q, b"left")
+    while ch.queue_declare(q, passive=True).method.message_count < 1:
+        assert time.monotonic() < deadline
+    assert ch.queue_delete(q).method.message_count == 1
+
+
+def test_nack_reject_requeue_and_redelivered(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("nack")).method.queue
+    for b in (b"a", b"b", b"c"):
+        ch.basic_publish("", q, b)
+    seen = []
+    for method, _props, body in ch.consume(q, inactivity_timeout=WAIT):
+        assert method is not None, f"stalled after {seen}"
+        seen.append((body, method.redelivered))
+        if body == b"a" and not method.redelivered:
+            ch.basic_nack(method.delivery_tag, requeue=True)
+        elif body == b"b":
+            ch.basic_reject(method.delivery_tag, requeue=False)
+        else:
+            ch.basic_ack(method.delivery_tag)
+        if {b for b, _ in seen} == {b"a", b"b", b"c"} and (b"a", True) in seen:
+            break
+    ch.cancel()
+    assert (b"a", False) in seen and (b"a", True) in seen
+    assert [s for s in seen if s[0] == b"b"] == [(b"b", False)]
+    assert ch.queue_declare(q, passive=True).method.message_count == 0
+    ch.queue_delete(q)
+
+
+def test_ack_multiple_and_prefetch(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("prefetch")).method.queue
+    for i in range(6):
+        ch.basic_publish("", q, str(i).encode())
+    ch.basic_qos(prefetch_count=2)
+    got: list[pika.spec.Basic.Deliver] = []
+    ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m))
+    deadline = time.monotonic() + WAIT
+    while len(got) < 2:
+        assert time.monotonic() < deadline
+        conn.process_data_events(time_limit=0.05)
+    conn.process_data_events(time_limit=0.5)  # more would arrive here if prefetch leaked
+    assert len(got) == 2
+    ch.basic_ack(got[-1].delivery_tag, multiple=True)
+    while len(got) < 4:
+        assert time.monotonic() < deadline
+        conn.process_data_events(time_limit=0.05)
+    ch.basic_ack(0, multiple=True)
+    while len(got) < 6:
+        assert time.monotonic() < deadline
+        conn.process_data_events(time_limit=0.05)
+    ch.basic_ack(0, multiple=True)
+    ch.queue_delete(q)
+
+
+def test_priority_is_higher_first(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("prio"), arguments={"x-max-priority": 10}).method.queue
+    for p in (1, 5, 9, 0, 7):
+        ch.basic_publish("", q, str(p).encode(), pika.BasicProperties(priority=p))
+    deadline = time.monotonic() + WAIT
+    while ch.queue_declare(q, passive=True).method.message_count < 5:
+        assert time.monotonic() < deadline
+    assert [b for _m, _p, b in get_all(ch, q, 5)] == [b"9", b"7", b"5", b"1", b"0"]
+    ch.queue_delete(q)
+
+
+def test_expiration_and_message_ttl(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("ttl"), arguments={"x-message-ttl": 200}).method.queue
+    ch.basic_publish("", q, b"short", pika.BasicProperties(expiration="100"))
+    ch.basic_publish("", q, b"queue ttl")
+    deadline = time.monotonic() + WAIT
+    while (
+        ch.basic_get(q, auto_ack=True) != (None, None, None)
+        or ch.queue_declare(q, passive=True).method.message_count
+    ):
+        assert time.monotonic() < deadline, "messages outlived their TTL"
+        time.sleep(0.05)
+    ch.queue_delete(q)
+
+
+def test_max_length_drop_head_and_reject_publish(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    ch = conn.channel()
+    ch.confirm_delivery()
+    head = ch.queue_declare(names("head"), arguments={"x-max-length": 3}).method.queue
+    for i in range(6):
+        ch.basic_publish("", head, str(i).encode())
+    assert [b for _m, _p, b in get_all(ch, head, 3)] == [b"3", b"4", b"5"]
+    refuse = ch.queue_declare(
+        names("refuse"), arguments={"x-max-length": 2, "x-overflow": "reject-publish"}
+    ).method.queue
+    ch.basic_publish("", refuse, b"1")
+    ch.basic_publish("", refuse, b"2")
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", refuse, b"3")
+    ch.queue_delete(head)
+    ch.queue_delete(refuse)
+
+
+def test_dead_letter_exchange_on_reject(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    dlx = names("dlx")
+    ch.exchange_declare(dlx, "fanout")
+    dead = ch.queue_declare(names("dead")).method.queue
+    ch.queue_bind(dead, dlx)
+    work = ch.queue_declare(names("work"), arguments={"x-dead-letter-exchange": dlx}).method.queue
+    ch.basic_publish("", work, b"poison")
+    method, _p, body = get_all_unacked(ch, work)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ((_m, _props, dead_body),) = get_all(ch, dead, 1)
+    assert dead_body == b"poison"
+    for q in (dead, work):
+        ch.queue_delete(q)
+    ch.exchange_delete(dlx)
+
+
+def get_all_unacked(ch: pika.adapters.blocking_connection.BlockingChannel, q: str) -> tuple:
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = ch.basic_get(q)
+        if got[0] is not None:
+            return got
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_headers_exchange(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    ex = names("hdr")
+    ch.exchange_declare(ex, "headers")
+    all_q = ch.queue_declare(names("all")).method.queue
+    any_q = ch.queue_declare(names("any")).method.queue
+    ch.queue_bind(all_q, ex, arguments={"x-match": "all", "format": "pdf", "type": "report"})
+    ch.queue_bind(any_q, ex, arguments={"x-match": "any", "format": "pdf", "type": "log"})
+    ch.basic_publish(
+        ex, "", b"1", pika.BasicProperties(headers={"format": "pdf", "type": "report"})
+    )
+    ch.basic_publish(ex, "", b"2", pika.BasicProperties(headers={"type": "log"}))
+    ch.basic_publish(ex, "", b"3", pika.BasicProperties(headers={"format": "zip"}))
+    assert [b for _m, _p, b in get_all(ch, all_q, 1)] == [b"1"]
+    assert sorted(b for _m, _p, b in get_all(ch, any_q, 2)) == [b"1", b"2"]
+    for q in (all_q, any_q):
+        assert ch.queue_delete(q).method.message_count == 0
+    ch.exchange_delete(ex)
+
+
+# ------------------------------------------------------------------ errors
+def channel_error(broker: Broker, action: object) -> int:
+    """Run ``action(channel)``; return the reply code of the channel (or connection) close."""
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        try:
+            action(ch)  # type: ignore[operator]
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            return int(exc.reply_code)
+        except pika.exceptions.ConnectionClosedByBroker as exc:
+            return int(exc.reply_code)
+    raise AssertionError("no error")
+
+
+def test_errors_are_rabbitmqs(broker: Broker, names: Names) -> None:
+    q = names("q")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.queue_declare(q, arguments={"x-max-length": 10})
+        ex = names("ex")
+        ch.exchange_declare(ex, "fanout")
+        assert (
+            channel_error(broker, lambda ch: ch.queue_declare(names("missing"), passive=True))
+            == 404
+        )
+        assert (
+            channel_error(broker, lambda ch: ch.exchange_declare(names("nox"), passive=True)) == 404
+        )
+        assert channel_error(broker, lambda ch: ch.queue_bind(q, names("nox"))) == 404
+        assert channel_error(broker, lambda ch: ch.basic_consume(names("missing"), print)) == 404
+        assert (
+            channel_error(broker, lambda ch: ch.queue_declare(q, arguments={"x-max-length": 20}))
+            == 406
+        )
+        assert channel_error(broker, lambda ch: ch.queue_declare(q, durable=True)) == 406
+        assert channel_error(broker, lambda ch: ch.exchange_declare(ex, "direct")) == 406
+        assert channel_error(broker, lambda ch: ch.queue_declare("amq.mine")) == 403
+        assert channel_error(broker, lambda ch: (ch.basic_ack(99), ch.queue_declare(q))) == 406
+        excl = ch.queue_declare("", exclusive=True).method.queue
+        assert channel_error(broker, lambda ch: ch.queue_declare(excl, passive=True)) == 405
+        assert channel_error(broker, lambda ch: ch.basic_consume(excl, print)) == 405
+
+        ch.queue_delete(q)
+        ch.exchange_delete(ex)
+
+
+def test_exclusive_queue_goes_with_its_connection(broker: Broker) -> None:
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        excl = c.channel().queue_declare("", exclusive=True).method.queue
+    assert channel_error(broker, lambda ch: ch.queue_declare(excl, passive=True)) == 404
+
+
+def test_bad_login_is_refused(broker: Broker) -> None:
+    params = pika.URLParameters(broker.url.replace("guest:guest", "guest:wrong"))
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(params)
+
+
+def test_timestamp_roundtrip_type(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("ts")).method.queue
+    now = int(datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC).timestamp())
+    ch.basic_publish("", q, b"t", pika.BasicProperties(timestamp=now))
+    ((_m, props, _b),) = get_all(ch, q, 1)
+    assert props.timestamp == now
+    ch.queue_delete(q)
