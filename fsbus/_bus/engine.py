@@ -257,7 +257,7 @@ class Bus:
         self._fs = BusFS(self.layout, self.config, ops)
         self._namer = Namer(self.layout, self.config)
         self._queues: QueueStore = open_store(self.layout, self.config)
-        self._queue_buses: dict[str, tuple[Bus, anyio.Event, list[int]]] = {}
+        self._queue_buses: dict[str, tuple[Bus, anyio.Event, list[object]]] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
         # Topic and kind ("m" or "s") -> subscriptions wanting it; a new dict whenever the
@@ -1594,7 +1594,16 @@ class Bus:
             await self.bind_queue(name, pattern)
         d = await anyio.to_thread.run_sync(self._queues.get, name)
         inner = await self._queue_bus(name)
-        fd = await anyio.to_thread.run_sync(self._queues.attach, name)
+        # Counted as a user of the queue's bus at once (no await since it was handed
+        # out), so a consumer leaving meanwhile does not close it under this one.
+        entry = self._queue_buses[name]
+        token = object()
+        entry[2].append(token)
+        try:
+            fd = await anyio.to_thread.run_sync(self._queues.attach, name)
+        except BaseException:
+            self._release_queue_bus(name, entry, token)
+            raise
         if not self._scanning and self._tg is not None:
             # a consumer's process routes the messages of qlobber-fsq peers (who do not)
             with contextlib.suppress(FsBusError, OSError):
@@ -1631,6 +1640,7 @@ class Bus:
             sub = await inner.subscribe("#", consume, kind="single", prefetch=prefetch)
         except BaseException:
             await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+            self._release_queue_bus(name, entry, token)
             raise
         sub.queue = name
 
@@ -1641,16 +1651,20 @@ class Bus:
                 sub.settled = anyio.Event()
                 await sub.settled.wait()
             await anyio.to_thread.run_sync(self._queues.detach, name, fd)
-            entry = self._queue_buses.get(name)
-            if entry is not None:
-                entry[2].remove(fd)
-                if not entry[2]:
-                    del self._queue_buses[name]
-                    entry[1].set()
+            self._release_queue_bus(name, entry, token)
 
         sub.on_close = leave
-        self._queue_buses[name][2].append(fd)
         return sub
+
+    def _release_queue_bus(
+        self, name: str, entry: tuple[Bus, anyio.Event, list[object]], token: object
+    ) -> None:
+        """One user of a queue's bus is gone; the last one closes it."""
+        entry[2].remove(token)
+        if not entry[2]:
+            if self._queue_buses.get(name) is entry:
+                del self._queue_buses[name]
+            entry[1].set()
 
     async def _queue_bus(self, name: str) -> Bus:
         """The bus of queue ``name`` in this process, hosted by the runner."""

@@ -44,7 +44,7 @@ from ._routing import (
 from ._state import jsonable
 
 if TYPE_CHECKING:
-    from ._connection import Connection
+    from ._contracts import ConnectionPort
 
 PROPS = "x-amqp-props"
 EXCHANGE = "x-amqp-exchange"
@@ -96,7 +96,7 @@ def _not_found_exchange(name: str) -> AmqpError:
 class Channel:
     """The state of one open channel of a connection."""
 
-    def __init__(self, conn: Connection, number: int) -> None:
+    def __init__(self, conn: ConnectionPort, number: int) -> None:
         self.conn = conn
         self.number = number
         self.gateway = conn.gateway
@@ -629,7 +629,7 @@ class Channel:
             self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
             if consumer.sub is not None:
                 sub = consumer.sub
-                self.conn._tg.start_soon(self.bus.unsubscribe, sub)
+                self.conn.tasks.start_soon(self.bus.unsubscribe, sub)
         if not m.nowait:
             await self.reply(spec.Basic.CancelOk(consumer_tag=m.consumer_tag))
 
@@ -639,7 +639,7 @@ class Channel:
         if consumer is None:
             return
         if consumer.sub is not None:
-            self.conn._tg.start_soon(self.bus.unsubscribe, consumer.sub)
+            self.conn.tasks.start_soon(self.bus.unsubscribe, consumer.sub)
         if self.conn.capabilities.get("consumer_cancel_notify"):
             await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
 
@@ -684,7 +684,7 @@ class Channel:
         with anyio.move_on_after(2.0):
             await got.wait()
         state["closed"] = True
-        self.conn._tg.start_soon(self.bus.unsubscribe, sub)
+        self.conn.tasks.start_soon(self.bus.unsubscribe, sub)
         if not state["taken"]:
             await self.reply(spec.Basic.GetEmpty())
 

@@ -39,8 +39,7 @@ from ._routing import (
 )
 
 if TYPE_CHECKING:
-    from ._channel import Channel
-    from ._server import Gateway
+    from ._contracts import GatewayPort
 
 log = logging.getLogger("fsbus.amqp")
 
@@ -66,11 +65,11 @@ _ENDINGS = (
 class Connection:
     """The server side of one client connection."""
 
-    def __init__(self, gateway: Gateway, stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, gateway: GatewayPort, stream: anyio.abc.SocketStream) -> None:
         self.gateway = gateway
         self.stream = stream
         self.id = f"{gateway.state.gateway_id}/{uuid.uuid4().hex[:12]}"
-        self.channels: dict[int, Channel] = {}
+        self.channels: dict[int, Any] = {}
         self.frame_max = FRAME_MAX
         self.heartbeat = 0
         self.user = ""
@@ -93,7 +92,7 @@ class Connection:
     async def run(self) -> None:
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
+                self.tasks = tg
                 try:
                     await self._serve(tg)
                 finally:
@@ -272,9 +271,7 @@ class Connection:
                     f"NOT_ALLOWED - channel {raw.channel} above channel_max {CHANNEL_MAX}",
                     connection=True,
                 )
-            from ._channel import Channel
-
-            self.channels[raw.channel] = Channel(self, raw.channel)
+            self.channels[raw.channel] = self.gateway.new_channel(self, raw.channel)
             await self.send(raw.channel, spec.Channel.OpenOk())
             return
         if ch is None:

@@ -7,17 +7,16 @@ import logging
 import os
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import anyio
 import anyio.abc
 
 from .. import Bus, BusConfig, Message, QueueNotFound, __version__
+from ._channel import Channel
+from ._connection import Connection
 from ._routing import headers_match, publish_topic, word
 from ._state import AmqpState
-
-if TYPE_CHECKING:
-    from ._channel import Channel
 
 log = logging.getLogger("fsbus.amqp")
 
@@ -88,9 +87,10 @@ class Gateway:
         await self._stack.aclose()
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
-        from ._connection import Connection
-
         await Connection(self, stream).run()
+
+    def new_channel(self, conn: Any, number: int) -> Channel:
+        return Channel(conn, number)
 
     def authenticate(self, user: str, password: str, loopback: bool) -> bool:
         if self.users.get(user) != password or not user:

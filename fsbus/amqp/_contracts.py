@@ -1,0 +1,60 @@
+"""What the gateway's parts need of each other, as protocols (no import circles)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import anyio.abc
+
+from .. import Bus, Message
+from ._state import AmqpState
+
+
+class GatewayPort(Protocol):
+    """The gateway, as its connections and channels use it."""
+
+    bus: Bus
+    state: AmqpState
+    version: str
+    consumers: dict[str, set[tuple[Any, str]]]
+
+    def authenticate(self, user: str, password: str, loopback: bool) -> bool: ...
+
+    def new_channel(self, conn: ConnectionPort, number: int) -> Any: ...
+
+    async def drop_exclusive(self, queue: str) -> None: ...
+
+    async def cancel_consumers_of(self, queue: str) -> None: ...
+
+    async def dead_letter(self, queue: str, msg: Message) -> None: ...
+
+    async def route(
+        self,
+        exchange: str,
+        kind: str,
+        routing_key: str,
+        amqp_headers: Mapping[str, Any] | None,
+        body: bytes,
+        *,
+        ttl: float | None,
+        durable: bool,
+        headers: dict[str, str],
+        priority: int | None,
+    ) -> int: ...
+
+
+class ConnectionPort(Protocol):
+    """A client connection, as its channels use it."""
+
+    gateway: GatewayPort
+    id: str
+    channels: dict[int, Any]
+    frame_max: int
+    capabilities: dict[str, Any]
+    exclusive: set[str]
+    tasks: anyio.abc.TaskGroup
+
+    async def send_raw(self, data: bytes) -> None: ...
+
+    async def send(self, channel: int, *frames: Any) -> None: ...
