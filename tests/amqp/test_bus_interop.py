@@ -1,0 +1,182 @@
+"""The gateway and the bus side by side: one directory, AMQP clients and fsbus peers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pika
+import pytest
+
+from fsbus import BlockingBus, Bus, Message
+from fsbus.amqp import running
+
+from .conftest import Broker
+
+WAIT = 20.0
+
+
+def connect(url: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(url))
+
+
+def drain(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str, n: int) -> list[bytes]:
+    got = []
+    for method, _props, body in ch.consume(queue, inactivity_timeout=WAIT):
+        assert method is not None, f"only {len(got)} of {n} within {WAIT} s"
+        ch.basic_ack(method.delivery_tag)
+        got.append(body)
+        if len(got) == n:
+            break
+    ch.cancel()
+    return got
+
+
+@pytest.mark.asyncio
+async def test_amq_topic_is_the_bus(gateway: Broker) -> None:
+    """AMQP publishes on amq.topic reach fsbus subscribers of the routing key; bus
+    publishes reach AMQP queues bound to amq.topic, with fsbus headers as AMQP headers."""
+    assert gateway.root is not None
+    got: list[Message] = []
+    arrived = anyio.Event()
+
+    async def on_order(msg: Message) -> None:
+        got.append(msg)
+        arrived.set()
+
+    async with Bus(gateway.root) as bus:
+        await bus.subscribe("orders.*", on_order)
+
+        def amqp_side() -> list[tuple[bytes, dict]]:
+            with connect(gateway.url) as conn:
+                ch = conn.channel()
+                q = ch.queue_declare("", exclusive=True).method.queue
+                ch.queue_bind(q, "amq.topic", "invoices.#")
+                ch.basic_publish("amq.topic", "orders.new", b"from amqp")
+                out = []
+                for method, props, body in ch.consume(q, inactivity_timeout=WAIT):
+                    assert method is not None
+                    ch.basic_ack(method.delivery_tag)
+                    out.append((body, props.headers, method.routing_key, method.exchange))
+                    break
+                ch.cancel()
+                return out
+
+        async with anyio.create_task_group() as tg:
+            result: list = []
+
+            async def run() -> None:
+                result.extend(await anyio.to_thread.run_sync(amqp_side))
+
+            tg.start_soon(run)
+            with anyio.fail_after(WAIT):
+                await arrived.wait()
+            # the AMQP queue exists now (bound before publishing): publish from the bus
+            with anyio.fail_after(WAIT):
+                while not bus.routes("invoices.eu.paid"):  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            await bus.publish("invoices.eu.paid", b"from fsbus", headers={"k": "v"})
+    assert [m.payload for m in got] == [b"from amqp"]
+    assert got[0].topic == "orders.new"
+    assert result == [(b"from fsbus", {"k": "v"}, "invoices.eu.paid", "amq.topic")]
+
+
+def test_fsbus_and_amqp_consumers_compete_on_one_queue(gateway: Broker) -> None:
+    assert gateway.root is not None
+    with (
+        BlockingBus(gateway.root) as bus,
+        connect(gateway.url) as conn,
+        connect(gateway.url) as pub_conn,
+    ):
+        ch = conn.channel()
+        ch.queue_declare("shared", durable=True)
+        ch.basic_qos(prefetch_count=1)
+        amqp_got: list[bytes] = []
+        bus_got: list[bytes] = []
+        ch.basic_consume(
+            "shared",
+            lambda c, m, _p, b: (amqp_got.append(b), c.basic_ack(m.delivery_tag)),
+        )
+        pub = pub_conn.channel()
+        with bus.messages(queue="shared") as it:
+            for i in range(200):
+                pub.basic_publish("", "shared", str(i).encode())
+            deadline = time.monotonic() + WAIT
+            while len(amqp_got) + len(bus_got) < 200:
+                assert time.monotonic() < deadline, (len(amqp_got), len(bus_got))
+                conn.process_data_events(time_limit=0.005)
+                try:
+                    msg = it.get(timeout=0.005)
+                except TimeoutError:
+                    continue
+                bus_got.append(msg.payload)
+                it.ack(msg)
+        assert Counter(amqp_got + bus_got) == Counter(str(i).encode() for i in range(200))
+        assert amqp_got, "the AMQP consumer took a share"
+        assert bus_got, "the fsbus consumer took a share"
+        ch.queue_delete("shared")
+
+
+def test_durable_state_survives_a_restart_and_two_gateways_share_it(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    with running(root) as first:
+        with connect(first.url) as conn:
+            ch = conn.channel()
+            ch.exchange_declare("events", "topic", durable=True)
+            ch.queue_declare("audit", durable=True)
+            ch.queue_bind("audit", "events", "user.*")
+    with running(root) as second, running(root) as third:
+        with connect(second.url) as pub, connect(third.url) as sub:
+            ch = pub.channel()
+            ch.exchange_declare("events", "topic", passive=True)
+            for i in range(10):
+                ch.basic_publish("events", "user.login", str(i).encode())
+            ch.basic_publish("events", "order.new", b"not bound")
+            assert drain(sub.channel(), "audit", 10) == [str(i).encode() for i in range(10)]
+
+
+def test_the_command_serves_until_sigterm(tmp_path: Path) -> None:
+    """``fsbus amqp --root DIR --listen HOST:PORT`` as a user runs it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fsbus",
+            "amqp",
+            "--root",
+            str(tmp_path / "bus"),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert f"127.0.0.1:{port}" in line, line
+        with connect(f"amqp://guest:guest@127.0.0.1:{port}/") as conn:
+            ch = conn.channel()
+            ch.queue_declare("hello")
+            ch.basic_publish("", "hello", b"hi")
+            assert drain(ch, "hello", 1) == [b"hi"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 128 + signal.SIGTERM or proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert os.path.isdir(tmp_path / "bus" / "fsbus" / "amqp")
