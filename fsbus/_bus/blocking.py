@@ -269,16 +269,22 @@ class BlockingBus:
         buffer: int = 64,
         prefetch: int = 1,
         queue: str | None = None,
+        ack_previous: bool = True,
     ) -> BlockingMessages:
         """Receive matching messages: ``with bus.messages("a.*") as it: it.get(timeout=1)``.
 
         ``queue=`` consumes a durable queue instead (with a pattern: bound to it first).
+        Taking a message acknowledges the one taken before it unless it was settled, or
+        unless ``ack_previous=False``: then each is acknowledged (or released) only when
+        asked, so a batch can be taken first and acknowledged once it is stored.
         """
         self._check_open()
         if pattern is None and queue is None:
             raise UsageError("give a pattern, or queue= to consume a durable queue")
         portal, bus = self._engine()
-        sub = BlockingMessages(portal, bus, pattern, existing, kind, buffer, prefetch, queue)
+        sub = BlockingMessages(
+            portal, bus, pattern, existing, kind, buffer, prefetch, queue, ack_previous
+        )
         sub._on_exit = self._subscriptions.remove
         self._subscriptions.append(sub)
         return sub
@@ -448,11 +454,18 @@ class BlockingMessages:
         buffer: int,
         prefetch: int = 1,
         queue: str | None = None,
+        ack_previous: bool = True,
     ) -> None:
         self._portal = portal
         self._cm = portal.wrap_async_context_manager(
             bus.messages(
-                pattern, existing=existing, kind=kind, buffer=buffer, prefetch=prefetch, queue=queue
+                pattern,
+                existing=existing,
+                kind=kind,
+                buffer=buffer,
+                prefetch=prefetch,
+                queue=queue,
+                ack_previous=ack_previous,
             )
         )
         self._it: MessageIterator | None = None

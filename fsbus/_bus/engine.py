@@ -720,14 +720,17 @@ class Bus:
         buffer: int = _DEFAULT_BUFFER,
         prefetch: int = 1,
         queue: str | None = None,
+        ack_previous: bool = True,
     ) -> AsyncIterator[MessageIterator]:
         """Receive matching messages with ``async for``.
 
         Work-queue messages must be acknowledged with :meth:`MessageIterator.ack` (or are
-        acknowledged when the next message is asked for) or given back with
-        :meth:`MessageIterator.release`. Leaving the block releases what is not acked.
+        acknowledged when the next message is asked for, unless ``ack_previous=False``:
+        then only when asked, so a batch can be taken first and acknowledged once it is
+        stored) or given back with :meth:`MessageIterator.release`. Leaving the block
+        releases what is not acked.
         """
-        it = MessageIterator(buffer)
+        it = MessageIterator(buffer, ack_previous=ack_previous)
         try:
             sub = await self.subscribe(
                 pattern, it._handle, existing=existing, kind=kind, prefetch=prefetch, queue=queue
@@ -1846,7 +1849,8 @@ def browse_messages(
 class MessageIterator:
     """Messages of one subscription, for ``async for`` (see :meth:`Bus.messages`)."""
 
-    def __init__(self, buffer: int) -> None:
+    def __init__(self, buffer: int, *, ack_previous: bool = True) -> None:
+        self._ack_previous = ack_previous
         send, recv = anyio.create_memory_object_stream[tuple[Message, anyio.Event | None]](buffer)
         self._send: MemoryObjectSendStream[tuple[Message, anyio.Event | None]] = send
         self._recv: MemoryObjectReceiveStream[tuple[Message, anyio.Event | None]] = recv
@@ -1878,7 +1882,7 @@ class MessageIterator:
         return await self._next(wait=True)
 
     async def _next(self, *, wait: bool) -> Message:
-        if self._last is not None and self._last.name in self._pending:
+        if self._ack_previous and self._last is not None and self._last.name in self._pending:
             await self.ack(self._last)
         try:
             if wait:

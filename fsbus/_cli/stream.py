@@ -108,6 +108,25 @@ def add_stream_commands(
     p.set_defaults(func=_cmd_read)
 
     p = sub.add_parser(
+        "record",
+        parents=parents,
+        help="record Bus topics into a stream, each message once (until Ctrl-C)",
+        description="Append every message published on topics matching PATTERN to stream "
+        "NAME, exactly once, in publish order as seen: a durable queue collects them while "
+        "the recorder is down, so a restarted recorder misses nothing and appends nothing "
+        "twice. Prints one JSON line per batch recorded.",
+    )
+    p.add_argument("pattern", metavar="PATTERN", help="topics to record, e.g. 'orders.#'")
+    p.add_argument("--into", required=True, metavar="NAME", help="the stream appended to")
+    p.add_argument(
+        "--queue",
+        metavar="QUEUE",
+        help="the durable queue collecting the messages (default: named after PATTERN and NAME)",
+    )
+    p.add_argument("--once", action="store_true", help="record what is waiting now, then exit")
+    p.set_defaults(func=_cmd_record)
+
+    p = sub.add_parser(
         "info",
         parents=parents,
         help="segments, sizes and offsets of a stream (or of every stream)",
@@ -386,6 +405,36 @@ def _cmd_read(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(follow)
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    import json
+    import signal
+    import threading
+
+    from fsbus.recording import drain, record_forever
+
+    root = _root(args)
+    if args.once:
+        r = drain(root, args.pattern, args.into, queue=args.queue)
+        print(
+            json.dumps({"appended": r.appended, "skipped": r.skipped, "end_offset": r.end_offset}),
+            flush=True,
+        )
+        return 0
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    for r in record_forever(root, args.pattern, args.into, queue=args.queue, stop=stop):
+        print(
+            json.dumps({"appended": r.appended, "skipped": r.skipped, "end_offset": r.end_offset}),
+            flush=True,
+        )
+    return 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
