@@ -53,7 +53,19 @@ _SOURCE_KEYS = frozenset(
         "failondataloss",
     }
 )
-_BUS_KEYS = frozenset({"path", "pattern", "includepayload"})
+_BUS_KEYS = frozenset(
+    {
+        "path",
+        "pattern",
+        "includepayload",
+        # streaming reads of Bus topics (a batch read ignores them)
+        "queue",
+        "maxrecordspertrigger",
+        "maxrecordsperpartition",
+        "minpartitions",
+        "failondataloss",
+    }
+)
 _SINK_KEYS = frozenset(
     {
         "path",

@@ -294,6 +294,47 @@ def bus_batch(rows: Sequence[tuple[MessageInfo, bytes | None]]) -> pa.RecordBatc
     return pa.RecordBatch.from_arrays(columns, schema=_BUS_ARROW)
 
 
+def bus_rows_batch(records: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
+    """``BUS_SCHEMA`` rows from records of a Bus recording (``STREAM_SCHEMA`` rows whose
+    headers keep what the Bus knew of each message; see :mod:`fsbus.recording`)."""
+    from fsbus.recording import (
+        EXPIRES,
+        HOST,
+        KIND,
+        MESSAGE,
+        PRIORITY,
+        PUBLISHED,
+        RECORD_HEADERS,
+        TOPIC,
+    )
+
+    def num(text: str | None) -> float | None:
+        try:
+            return float(text) if text else None
+        except ValueError:
+            return None
+
+    heads = [dict(r["headers"] or ()) for r in records]
+    own = set(RECORD_HEADERS)
+    columns = [
+        pa.array([h.get(TOPIC) for h in heads], pa.string()),
+        pa.array([h.get(KIND) for h in heads], pa.string()),
+        pa.array([_micros(num(h.get(EXPIRES))) for h in heads], _TS),
+        pa.array([len(r["value"] or b"") for r in records], pa.int64()),
+        pa.array([r["value"] for r in records], pa.binary()),
+        headers_array([{k: v for k, v in h.items() if k not in own} for h in heads]),
+        pa.array(
+            [int(h[PRIORITY]) if h.get(PRIORITY, "").isdigit() else None for h in heads], pa.int32()
+        ),
+        pa.array([_micros(num(h.get(PUBLISHED))) for h in heads], _TS),
+        pa.array([h.get(HOST) or None for h in heads], pa.string()),
+        pa.array([None] * len(records), pa.bool_()),
+        pa.array([h.get(MESSAGE) for h in heads], pa.string()),
+        pa.array([None] * len(records), pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=_BUS_ARROW)
+
+
 def value_as_string(column: str = "value", *, alias: str | None = None) -> Column:
     """The binary ``column`` decoded as UTF-8 text (a Spark Column)."""
     from pyspark.sql import functions as F

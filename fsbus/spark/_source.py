@@ -78,10 +78,10 @@ class FsBusDataSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         if reader_kind(self.options) == "bus":
-            raise InvalidConfig(
-                "streaming reads take a Stream (option 'stream'); the Bus's messages can "
-                "only be read as a batch snapshot (spark.read with option 'pattern')"
-            )
+            from ._bus_topics import BusTopicsReader, bus_topic_source_options
+
+            opts, pattern, queue = bus_topic_source_options(self.options)
+            return BusTopicsReader(replace(opts, root=absolute(opts.root)), pattern, queue)
         from ._stream_source import StreamMicroBatchReader, resolve_offsets
 
         opts = self._stream_options()

@@ -143,15 +143,6 @@ def test_bad_source_options_fail_before_the_query(
     assert spark.streams.active == []
 
 
-def test_streaming_the_bus_snapshot_is_refused(spark: Any, root: Path) -> None:
-    # Spark asks for the streaming reader only when the query starts, so the query fails.
-    df = start_reader(spark, path=str(root), pattern="#")
-    query = df.writeStream.format("noop").start()
-    with pytest.raises(Exception, match="batch snapshot"):
-        query.awaitTermination(60)
-    assert spark.streams.active == []
-
-
 @pytest.mark.parametrize(
     ("options", "message"),
     [
