@@ -158,6 +158,7 @@ class BusFS:
         """
         ops = self.ops
         lay = self.layout
+        self._created: list[str] = []
         parents = (lay.messages, lay.topics, f"{lay.private}/meta", f"{lay.private}/attempts")
         nested = {f"{p}/{b}" for p in parents for b in lay.buckets}
         for d in lay.all_dirs():
@@ -167,6 +168,7 @@ class BusFS:
                 try:
                     self._make_parents(d)  # like Stream.open: missing parents are made
                     ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
+                    self._created.append(d)
                     if self._dir_mode is not None:
                         ops.chmod(d, self._dir_mode)
                 except FileExistsError:
@@ -181,6 +183,7 @@ class BusFS:
             [d for d in lay.all_dirs() if d in nested and d not in present],
             "creating the bus directory",
         )
+        self._sync_created()
         if self.config.locking == "auto":
             # Rename on mounts where flock stays on each host, and wherever another
             # consumer already claims by rename (a host on the backing disk of an sshfs
@@ -231,6 +234,7 @@ class BusFS:
             ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
             if self._dir_mode is not None:
                 ops.chmod(d, self._dir_mode)
+            self._created.append(d)
         except FileExistsError:
             pass
         except OSError as exc:
@@ -288,6 +292,18 @@ class BusFS:
         except FileNotFoundError:
             self._make_parents(parent)
             self.ops.mkdir(parent, 0o777)
+        self._created.append(parent)
+
+    def _sync_created(self) -> None:
+        """Make the directories this setup created durable: each one's parent is
+        fsynced (a power cut would otherwise take a new bus, or a new queue's bus, with
+        the durable messages later published into it)."""
+        created, self._created = self._created, []
+        for parent in sorted({os.path.dirname(d) for d in created}, key=len, reverse=True):
+            try:
+                self._fsync_dir(parent)
+            except StorageError:
+                pass  # a filesystem that cannot sync directories: nothing more to do
 
     def _check_dir(self, path: str) -> None:
         try:

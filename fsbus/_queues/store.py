@@ -374,6 +374,8 @@ class QueueStore:
                 d = Definition(name, options, wanted)
                 os.makedirs(f"{self.dir(name)}/consumers", exist_ok=True)
                 os.makedirs(self.bus_root(name), exist_ok=True)
+                # the new folders survive a power cut once declare returns
+                _sync_dirs([self.dir(name), self.base, os.path.dirname(self.base)])
             _write_atomic(self.dir(name), _DEF, d.encode())
             self.touch(name)
         return d
@@ -547,6 +549,20 @@ def _write_atomic(folder: str, name: str, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def _sync_dirs(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # a filesystem that cannot sync directories
+        finally:
+            os.close(fd)
 
 
 def usage_if_queue_and_pattern_missing(pattern: object, queue: object) -> None:

@@ -108,7 +108,8 @@ def test_get_empty_message_count_purge_and_delete(
     while ch.queue_declare(q, passive=True).method.message_count < 5:
         assert time.monotonic() < deadline
     method, _props, body = ch.basic_get(q, auto_ack=True)
-    assert body == b"0" and method.message_count == 4
+    assert body == b"0"
+    assert method.message_count == 4
     assert ch.queue_purge(q).method.message_count == 4
     ch.basic_publish("", q, b"last")
     get_all(ch, q, 1)
@@ -136,7 +137,8 @@ def test_nack_reject_requeue_and_redelivered(conn: pika.BlockingConnection, name
         if {b for b, _ in seen} == {b"a", b"b", b"c"} and (b"a", True) in seen:
             break
     ch.cancel()
-    assert (b"a", False) in seen and (b"a", True) in seen
+    assert (b"a", False) in seen
+    assert (b"a", True) in seen
     assert [s for s in seen if s[0] == b"b"] == [(b"b", False)]
     assert ch.queue_declare(q, passive=True).method.message_count == 0
     ch.queue_delete(q)
@@ -223,7 +225,7 @@ def test_dead_letter_exchange_on_reject(conn: pika.BlockingConnection, names: Na
     ch.queue_bind(dead, dlx)
     work = ch.queue_declare(names("work"), arguments={"x-dead-letter-exchange": dlx}).method.queue
     ch.basic_publish("", work, b"poison")
-    method, _p, body = get_all_unacked(ch, work)
+    method, _p, _body = get_all_unacked(ch, work)
     ch.basic_reject(method.delivery_tag, requeue=False)
     ((_m, _props, dead_body),) = get_all(ch, dead, 1)
     assert dead_body == b"poison"
