@@ -1,9 +1,9 @@
-"""The Celery app of tests/amqp/test_clients.py: ``add`` over an AMQP broker, results by rpc://.
+"""The Celery app of tests/amqp_gateway/test_clients.py: ``add`` over an AMQP broker, results by rpc://.
 
-The worker runs as ``celery -A tests.amqp.celery_app worker`` with the broker URL in
+The worker runs as ``celery -A tests.amqp_gateway.celery_app worker`` with the broker URL in
 ``FSBUS_CELERY_BROKER`` (and remote control off when ``FSBUS_CELERY_REMOTE_CONTROL=0``);
 the test process builds its own client with :func:`make_app`.
-Task names are explicit: the worker imports this module as ``tests.amqp.celery_app``,
+Task names are explicit: the worker imports this module as ``tests.amqp_gateway.celery_app``,
 pytest as ``amqp.celery_app``.
 """
 

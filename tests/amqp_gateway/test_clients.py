@@ -8,7 +8,6 @@ strict xfail on the gateway only, so it turns into a failure once the gateway is
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -29,49 +28,6 @@ from .conftest import Broker, Names
 
 HERE = Path(__file__).resolve().parent
 
-
-_IMPORT_AMQP = (
-    "kombu.exceptions",
-    "kombu.common",
-    "kombu.transport.base",
-    "kombu.transport.virtual.base",
-    "kombu.transport.pyamqp",
-)
-
-
-def _import_py_amqp() -> None:
-    """Import kombu's modules that import py-amqp (the ``amqp`` distribution) for real.
-
-    pytest imports this directory as the package ``amqp`` (``tests/`` has no
-    ``__init__.py``, so ``tests/`` goes on sys.path and ``tests/amqp`` is ``amqp``), which
-    shadows py-amqp: ``import kombu`` fails with "cannot import name 'ChannelError' from
-    'amqp'". So they are imported with ``tests/`` off sys.path and this package out of
-    sys.modules, then this package is put back, and kombu keeps its references to
-    py-amqp's modules. ``_IMPORT_AMQP`` are all the kombu modules with an ``import amqp``
-    (each at module level; py-amqp imports nothing lazily), so every other kombu or Celery
-    module reaches py-amqp through them. Renaming ``tests/amqp`` would make this
-    unnecessary.
-    """
-    if all(module in sys.modules for module in _IMPORT_AMQP):
-        return
-
-    def ours(name: str) -> bool:
-        return name == "amqp" or name.startswith("amqp.")
-
-    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if ours(k)}
-    path = sys.path[:]
-    sys.path[:] = [p for p in path if Path(p or os.curdir).resolve() != HERE.parent]
-    try:
-        for module in _IMPORT_AMQP:
-            importlib.import_module(module)
-    finally:
-        sys.path[:] = path
-        for k in [k for k in sys.modules if ours(k)]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-
-
-_import_py_amqp()
 
 from celery.exceptions import TimeoutError as CeleryTimeoutError  # noqa: E402
 from celery.result import AsyncResult  # noqa: E402
@@ -325,7 +281,7 @@ def celery_worker(broker: Broker, names: Names, tmp_path: Path) -> Iterator[Call
                     "-m",
                     "celery",
                     "-A",
-                    "tests.amqp.celery_app",
+                    "tests.amqp_gateway.celery_app",
                     "worker",
                     "--pool=solo",
                     "--concurrency=1",

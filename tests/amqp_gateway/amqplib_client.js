@@ -1,5 +1,5 @@
 // Node's amqplib against an AMQP 0-9-1 broker (the fsbus gateway or RabbitMQ), for
-// tests/amqp/test_clients.py:
+// tests/amqp_gateway/test_clients.py:
 //
 //   node amqplib_client.js AMQP_URL QUEUE [COUNT]
 //
