@@ -744,8 +744,10 @@ class Bus:
         finally:
             self._iterators.discard(it)
             with anyio.CancelScope(shield=True):
-                await self.unsubscribe(sub)
+                # Give back what it holds first: a queue consumer leaves only once its
+                # messages are settled (see _subscribe_queue), and these would wait on us.
                 it._close()
+                await self.unsubscribe(sub)
                 # Leave only when every message it took is settled on disk: acked ones
                 # consumed, the rest released (the engine does that in its handler tasks).
                 with anyio.move_on_after(10):

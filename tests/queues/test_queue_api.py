@@ -432,3 +432,19 @@ async def test_unsubscribing_while_a_handler_runs_lets_it_finish(root: Path) -> 
         await again.wait_for(1)
     assert seen == [1]
     assert again.payloads == [b"next"]
+
+
+def test_leaving_an_iterator_with_messages_it_holds_gives_them_back(root: Path) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["x"])
+        for i in range(3):
+            bus.publish("x", str(i).encode())
+        with bus.messages(queue="q", prefetch=3) as it:
+            first = it.get(timeout=10)
+            it.ack(first)
+            # the other two are claimed for it (prefetch) and not taken: leaving must
+            # give them back, not wait for them
+        assert bus.queue_info("q").depth == 2
+        with bus.messages(queue="q") as it:
+            rest = [it.get(timeout=10).payload for _ in range(2)]
+    assert sorted([first.payload, *rest]) == [b"0", b"1", b"2"]
