@@ -45,6 +45,9 @@ __all__ = [
 ]
 
 SIZES = ("small", "large")
+START_TIMEOUT = 180.0
+"""Seconds a role process may take to open its bus and subscribe (GlusterFS on a loaded
+machine takes tens of seconds)."""
 
 WORDS = ("a", "b", "c", "d", "e")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from fsbus import BlockingBus, BusConfig
 
-from ._common import Summary, read_events, spawn, wait_until, workdir
+from ._common import START_TIMEOUT, Summary, read_events, spawn, wait_until, workdir
 from ._roles import PublishJob, WorkerJob, publisher, worker
 
 __all__ = ["QueueSize", "run_queue"]
@@ -101,8 +101,10 @@ def run_queue(
             started = [start_worker(i) for i in range(sz.workers)]
             for i, (p, ready) in enumerate(started):
                 workers[i] = p
-                if not ready.wait(60):
-                    summary.violations.append("a worker did not start within 60 s")
+                if not ready.wait(START_TIMEOUT):
+                    summary.violations.append(
+                        f"a worker did not start within {START_TIMEOUT:.0f} s"
+                    )
                     return summary
             jobs = [
                 PublishJob(
@@ -144,7 +146,7 @@ def run_queue(
                 generation[slot] += 1
                 p, ready = start_worker(slot)
                 workers[slot] = p
-                ready.wait(60)
+                ready.wait(START_TIMEOUT)
             for p in pubs:
                 p.join()
                 if p.exitcode != 0:

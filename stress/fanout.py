@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._common import (
+    START_TIMEOUT,
     Summary,
     main_for,
     matches,
@@ -87,8 +88,10 @@ def run(
             p.start()
         try:
             for r in readies:
-                if not r.wait(60):
-                    summary.violations.append("a subscriber did not start within 60 s")
+                if not r.wait(START_TIMEOUT):
+                    summary.violations.append(
+                        f"a subscriber did not start within {START_TIMEOUT:.0f} s"
+                    )
                     return summary
             jobs = [
                 PublishJob(

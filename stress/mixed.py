@@ -20,7 +20,7 @@ from typing import Any
 
 from fsbus import BlockingBus, BusConfig
 
-from ._common import Summary, main_for, read_events, spawn, wait_until, workdir
+from ._common import START_TIMEOUT, Summary, main_for, read_events, spawn, wait_until, workdir
 from ._gc import collector
 from ._roles import PublishJob, WorkerJob, publisher, worker
 
@@ -114,8 +114,10 @@ def run(
             p.start()
         try:
             for r in readies:
-                if not r.wait(60):
-                    summary.violations.append("a worker did not start within 60 s")
+                if not r.wait(START_TIMEOUT):
+                    summary.violations.append(
+                        f"a worker did not start within {START_TIMEOUT:.0f} s"
+                    )
                     return summary
             jobs = [
                 PublishJob(
