@@ -96,6 +96,9 @@ EDGE_GROUPS: dict[str, tuple[str, ...]] = {
     "pytest": ("fsbus/pytest_plugin.py", "fsbus/testing.py"),
     "demo": ("fsbus/demo.py", "fsbus/demo/**/*.py"),
     "ui": ("fsbus/ui/**/*.py",),
+    "amqp": ("fsbus/amqp/**/*.py",),
+    "kombu": ("fsbus/kombu.py",),
+    "recording": ("fsbus/recording.py",),
     "bench": ("bench/**/*.py",),
     "stress": ("stress/**/*.py",),
 }

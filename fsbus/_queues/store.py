@@ -82,6 +82,8 @@ REFRESH = 0.005
 SETTLE = 3 * REFRESH
 """Seconds a definition change waits before returning (every cached table is stale)."""
 _DEF = "queue.json"
+FOREVER = 100 * 365 * 24 * 3600.0
+"""The TTL of a copy whose publish gave none, in a queue with no message_ttl."""
 
 
 class QueueStore:
@@ -259,7 +261,9 @@ class QueueStore:
     ) -> int:
         """Put one message into queue ``d``; returns 1 (0 if the queue vanished)."""
         o = d.options
-        life = ttl if ttl is not None else (o.message_ttl or self.config.single_ttl)
+        # No TTL from the publish and none on the queue: the copy waits for a consumer
+        # for good, as in RabbitMQ (not the bus's default single_ttl).
+        life = ttl if ttl is not None else (o.message_ttl or FOREVER)
         if o.message_ttl is not None:
             life = min(life, o.message_ttl)
         pub = self._publisher(d.name)

@@ -448,3 +448,17 @@ def test_leaving_an_iterator_with_messages_it_holds_gives_them_back(root: Path) 
         with bus.messages(queue="q") as it:
             rest = [it.get(timeout=10).payload for _ in range(2)]
     assert sorted([first.payload, *rest]) == [b"0", b"1", b"2"]
+
+
+def test_a_copy_without_a_ttl_waits_for_good(root: Path) -> None:
+    import time
+
+    with BlockingBus(root) as bus:
+        bus.declare_queue("keep", ["k"])
+        bus.declare_queue("short", ["k"], message_ttl=60)
+        bus.publish("k", b"no ttl")
+        bus.publish("k", b"ttl", ttl=30)
+        year = 365 * 24 * 3600
+        kept = sorted(m.expires - time.time() for m in bus.browse(queue="keep"))
+        assert kept[0] < 31 and kept[1] > 50 * year
+        assert all(m.expires - time.time() <= 61 for m in bus.browse(queue="short"))
