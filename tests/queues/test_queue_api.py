@@ -460,5 +460,6 @@ def test_a_copy_without_a_ttl_waits_for_good(root: Path) -> None:
         bus.publish("k", b"ttl", ttl=30)
         year = 365 * 24 * 3600
         kept = sorted(m.expires - time.time() for m in bus.browse(queue="keep"))
-        assert kept[0] < 31 and kept[1] > 50 * year
+        assert kept[0] < 31
+        assert kept[1] > 50 * year
         assert all(m.expires - time.time() <= 61 for m in bus.browse(queue="short"))
