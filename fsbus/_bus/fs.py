@@ -17,6 +17,7 @@ import random
 import re
 import stat
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -70,6 +71,10 @@ def _has_meta_flag(name: str) -> bool:
     if len(unique) == 34 and unique.startswith("f1"):
         return unique[2] in "13579bdf"
     return True
+
+
+_MKDIR_TRIES = 8
+"""Tries to make (or find) one directory another host is making at the same time."""
 
 
 class NameClash(Exception):
@@ -230,15 +235,21 @@ class BusFS:
 
     def _make_dir(self, d: str, what: str) -> None:
         ops = self.ops
-        try:
-            ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
-            if self._dir_mode is not None:
-                ops.chmod(d, self._dir_mode)
-            self._created.append(d)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise storage_error(what, exc, d) from exc
+        for attempt in range(_MKDIR_TRIES):
+            try:
+                ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
+                if self._dir_mode is not None:
+                    ops.chmod(d, self._dir_mode)
+                self._created.append(d)
+            except FileExistsError:
+                # Made by another host just now. GlusterFS can answer EEXIST to mkdir and
+                # then ENOENT to a lookup for a moment: look again before giving up.
+                if attempt + 1 < _MKDIR_TRIES and not self._exists(d):
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+            except OSError as exc:
+                raise storage_error(what, exc, d) from exc
+            break
         self._check_dir(d)
 
     def _make_dirs(self, dirs: list[str], what: str) -> None:
