@@ -28,7 +28,6 @@ Only the public fsbus API is used.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 from typing import Any
@@ -37,21 +36,7 @@ import anyio
 import anyio.to_thread
 
 from fsbus import BlockingBus, Bus, BusConfig, Message
-
-_out = threading.Lock()
-
-
-def emit(event: str, **fields: Any) -> None:
-    line = json.dumps({"event": event, "pid": os.getpid(), **fields})
-    with _out:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
-
-def wait_for_line(*words: str) -> None:
-    for line in sys.stdin:
-        if any(w in line for w in words):
-            return
+from tests.multiprocess.bus_child import emit, wait_for_line  # one JSON-lines protocol
 
 
 def describe(msg: Message) -> dict[str, Any]:
