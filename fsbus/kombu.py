@@ -46,12 +46,14 @@ import time
 import weakref
 from collections import deque, namedtuple
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from queue import Empty
 from typing import Any
 from urllib.parse import unquote
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
+from anyio.from_thread import BlockingPortal
 from kombu.exceptions import ChannelError
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport.base import to_rabbitmq_queue_arguments
@@ -718,6 +720,15 @@ class Channel(virtual.Channel):
         """Cancel consumers, give back what is unacked, delete exclusive queues."""
         if self.closed:
             return
+        if self.transport._forked():
+            # kombu closes inherited connections after a fork: their consumers, unacked
+            # messages and exclusive queues are the parent's, so only forget them here.
+            self.closed = True
+            with self.transport._lock:
+                self._subs.clear()
+            if self.connection is not None:
+                self.connection.close_channel(self)
+            return
         super().close()  # unacked messages are released (see _restore)
         with self.transport._lock:
             subs = dict.fromkeys(sub for group in self._subs.values() for sub in group)
@@ -779,7 +790,7 @@ class Transport(virtual.Transport):
         config = options.get("config")
         self._config = BusConfig(**config) if isinstance(config, dict) else config
         self._bus: BlockingBus | None = None
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._loop: _LoopThread | None = None
         self._portal: BlockingPortal | None = None
         self._engine_cm: AbstractContextManager[Bus] | None = None
         self._engine_bus: Bus | None = None
@@ -809,8 +820,8 @@ class Transport(virtual.Transport):
         with self._lock:
             _ = self.bus
             if self._portal is None:
-                self._portal_cm = start_blocking_portal("asyncio")
-                self._portal = self._portal_cm.__enter__()
+                self._loop = _LoopThread()
+                self._portal = self._loop.portal
             if self._engine_bus is None:
                 cm = self._portal.wrap_async_context_manager(Bus(self.root, config=self._config))
                 self._engine_bus = cm.__enter__()
@@ -829,20 +840,24 @@ class Transport(virtual.Transport):
         super().close_connection(connection)
         self._close_bus()
 
+    def _forked(self) -> bool:
+        """True in a process forked after this connection opened its bus."""
+        return self._pid not in (0, os.getpid())
+
     def _close_bus(self) -> None:
         with self._lock:
             bus, self._bus = self._bus, None
             engine_cm, self._engine_cm, self._engine_bus = self._engine_cm, None, None
-            portal_cm, self._portal_cm, self._portal = self._portal_cm, None, None
+            loop, self._loop, self._portal = self._loop, None, None
             self._held.clear()
-        if self._pid != os.getpid():
+        if self._forked():
             return  # a forked child: the threads are the parent's
         try:
             if engine_cm is not None:
                 engine_cm.__exit__(None, None, None)
         finally:
-            if portal_cm is not None:
-                portal_cm.__exit__(None, None, None)
+            if loop is not None:
+                loop.stop()
             if bus is not None:
                 bus.close()
 
@@ -915,6 +930,46 @@ class Transport(virtual.Transport):
         left = wait - (time.monotonic() - start)
         if left > 0:
             time.sleep(left)  # nothing to wait on: look at all the queues again then
+
+
+class _LoopThread:
+    """An event loop in a daemon thread, with a portal into it.
+
+    Not anyio's ``start_blocking_portal``: its context manager is a suspended generator,
+    and a forked child that drops it (kombu closes pooled connections after a fork)
+    finalises the generator, which asks the parent's loop thread, absent in the child,
+    to stop and waits forever. A child simply forgets this object.
+    """
+
+    def __init__(self) -> None:
+        ready: Future[BlockingPortal] = Future()
+
+        async def serve() -> None:
+            async with BlockingPortal() as portal:
+                ready.set_result(portal)
+                await portal.sleep_until_stopped()
+
+        def run() -> None:
+            try:
+                anyio.run(serve)
+            except BaseException as exc:  # reported to the thread that waits for it
+                if not ready.done():
+                    ready.set_exception(exc)
+
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=run, name="fsbus-kombu-loop", daemon=True)
+        self._thread.start()
+        self.portal = ready.result()
+
+    def stop(self) -> None:
+        """Stop the loop and wait for its thread (nothing to do in a forked child)."""
+        if self._pid != os.getpid():
+            return
+        try:
+            self.portal.call(self.portal.stop, False)
+        except RuntimeError:  # stopped already
+            pass
+        self._thread.join()
 
 
 def register(name: str = SCHEME) -> None:

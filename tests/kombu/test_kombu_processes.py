@@ -145,3 +145,37 @@ def test_topic_bindings_made_in_another_process_route_publishes(
     assert every.stop() == 0
     assert sorted(b["key"] for b in bodies(eu)) == ["order.eu.new", "order.eu.paid"]
     assert sorted(b["key"] for b in bodies(every)) == sorted(keys[:4])
+
+
+def _child_publishes(url: str, results: Any) -> None:
+    # kombu closed the parent's pooled connections on fork (its after-fork hook): this
+    # child got here only if that close let go of the parent's event-loop thread.
+    with Connection(url) as conn:
+        conn.SimpleQueue("from-child").put({"pid": "child"})
+    results.put("done")
+
+
+def test_a_process_forked_while_a_pooled_connection_consumes_runs_and_exits(
+    url: str, bus: BlockingBus
+) -> None:
+    import multiprocessing
+
+    with Connection(url) as conn:
+        pool = conn.Pool(limit=1)
+        pooled = pool.acquire()
+        q = pooled.SimpleQueue("work")
+        q.put({"n": 1})
+        q.get(timeout=WAIT).ack()  # the pooled connection now runs its event-loop thread
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=_child_publishes, args=(url, results))
+        child.start()
+        child.join(WAIT)
+        if child.exitcode is None:
+            child.kill()
+        assert child.exitcode == 0
+        assert results.get(timeout=WAIT) == "done"
+        q.close()
+        pooled.release()
+        pool.force_close_all()
+    wait_for(lambda: bus.queue_info("from-child").depth == 1, what="the child's message")
