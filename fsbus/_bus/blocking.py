@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import IO, Self
 
 import anyio
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 
 from .._config import BusConfig, make_config
 from .._core.topics import validate_topic
@@ -32,6 +32,7 @@ from .engine import (
 )
 from .fs import BusFS, NameClash
 from .layout import Layout
+from .loop_thread import LoopThread
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer, new_publish_info
 from .ops import Ops
@@ -73,7 +74,7 @@ class BlockingBus:
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._loop: LoopThread | None = None
         self._portal: BlockingPortal | None = None
         self._bus_cm: AbstractContextManager[Bus] | None = None
         self._bus: Bus | None = None
@@ -108,6 +109,10 @@ class BlockingBus:
         with self._close_lock:
             if not self._open:
                 return
+            if self._loop is not None and self._loop.forked:
+                # A forked child: the subscriptions and their loop are the parent's.
+                self._subscriptions.clear()
+                self._loop = self._portal = self._bus_cm = self._bus = None
             with self._lock:
                 # End open subscriptions first: a thread waiting in get() gets ClosedError
                 # (the event loop cannot stop while their blocks are still open).
@@ -116,9 +121,9 @@ class BlockingBus:
                 if self._bus_cm is not None:
                     self._bus_cm.__exit__(None, None, None)
                     self._bus_cm = self._bus = None
-                if self._portal_cm is not None:
-                    self._portal_cm.__exit__(None, None, None)
-                    self._portal_cm = self._portal = None
+                if self._loop is not None:
+                    self._loop.stop()
+                    self._loop = self._portal = None
             self._fs.close()
             self._queues.close()
             self._open = False
@@ -385,8 +390,8 @@ class BlockingBus:
     def _engine(self) -> tuple[BlockingPortal, Bus]:
         with self._lock:
             if self._portal is None:
-                self._portal_cm = start_blocking_portal("asyncio")
-                self._portal = self._portal_cm.__enter__()
+                self._loop = LoopThread("fsbus-blocking-loop")
+                self._portal = self._loop.portal
             if self._bus is None:
                 bus = Bus(self.root, config=self.config, ops=self._ops)
                 self._bus_cm = self._portal.wrap_async_context_manager(bus)

@@ -298,3 +298,29 @@ def test_get_with_timeout_zero_polls(root: Path) -> None:
 
         wait_until_blocking(poll)
     assert got[0].payload == b"waiting"
+
+
+def _close_in_child(bus: BlockingBus, results: object) -> None:
+    bus.close()  # the subscription and its event-loop thread are the parent's
+    with BlockingBus(bus.root) as own:
+        own.publish("from.child", b"child")
+    results.put("closed")  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+def test_a_forked_child_closes_its_copy_and_the_parent_keeps_consuming(root: Path) -> None:
+    import multiprocessing
+
+    with BlockingBus(root) as bus, bus.messages("from.*") as it:
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=_close_in_child, args=(bus, results))
+        child.start()
+        child.join(WAIT)
+        if child.exitcode is None:
+            child.kill()  # hung on the parent's loop thread: fail below
+        assert child.exitcode == 0
+        assert results.get(timeout=WAIT) == "closed"
+        msg = it.get(timeout=WAIT)  # the parent's subscription still runs
+        assert msg.topic == "from.child"
+        assert msg.payload == b"child"
