@@ -25,6 +25,11 @@ publishers use mount A, receivers mount B. Per filesystem:
 
     .venv/bin/python bench/bench_dfs.py --pair cephfs=/mnt/ca,/mnt/cb \\
         --pair glusterfs=/mnt/ga,/mnt/gb [--json FILE] [--quick]
+
+or, as root on one machine, on the one-machine clusters the tests start (Debian's
+ceph and glusterfs packages: ``make .venv/.system-packages`` installs them):
+
+    .venv/bin/python -m bench.bench_dfs --start cephfs --start glusterfs [--quick]
 """
 
 from __future__ import annotations
@@ -443,20 +448,47 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+_KINDS = {"cephfs": "ceph", "glusterfs": "gluster"}
+
+
+def _run_started(name: str, quick: bool) -> dict[str, Any]:
+    """Start the test suite's one-machine cluster of ``name``, bench its two mounts, stop it."""
+    import tempfile
+
+    sys.path.insert(0, str(REPO))
+    from tests.dfs import clusters
+
+    base = Path(tempfile.mkdtemp(prefix=f"fsbus-bench-{name}-"))
+    print(f"[{name}] starting a one-machine cluster under {base}", flush=True)
+    cluster = clusters.start(_KINDS[name], base)
+    try:
+        return run_pair(name, str(cluster.a), str(cluster.b), quick)
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--child", nargs=2, metavar=("ROLE", "PARAMS"), help=argparse.SUPPRESS)
     ap.add_argument("--pair", action="append", default=[], help="NAME=MOUNT_A,MOUNT_B")
+    ap.add_argument(
+        "--start",
+        action="append",
+        default=[],
+        choices=sorted(_KINDS),
+        help="start a one-machine cluster of this kind with two client mounts, bench it, stop it",
+    )
     ap.add_argument("--quick", action="store_true", help="fewer messages, shorter idle window")
     ap.add_argument("--json", type=Path, help="write the raw results here")
     args = ap.parse_args()
     if args.child:
         _child(args.child[0], json.loads(args.child[1]))
         return 0
-    if not args.pair:
-        ap.error("give at least one --pair NAME=MOUNT_A,MOUNT_B (two clients of one volume)")
+    if not args.pair and not args.start:
+        ap.error("give --pair NAME=MOUNT_A,MOUNT_B (two clients of one volume) or --start KIND")
     if any(k.startswith("FSBUS_") for k in os.environ):
         ap.error("unset the FSBUS_* variables: this benchmark measures the defaults")
     results: dict[str, dict[str, Any]] = {}
@@ -464,6 +496,8 @@ def main() -> int:
         name, _, mounts = spec.partition("=")
         a, _, b = mounts.partition(",")
         results[name] = run_pair(name, a, b, args.quick)
+    for name in args.start:
+        results[name] = _run_started(name, args.quick)
     print()
     print(table(results))
     if args.json:
