@@ -173,6 +173,11 @@ _HINTS = {
         "this process has too many open files; raise `ulimit -n` or close other files",
     ),
     errno.ENFILE: (StorageError, "the system has too many open files"),
+    errno.EMLINK: (
+        StorageError,
+        "fsbus never hard-links its files, so someone linked another file in here; "
+        "remove this name (the file it links to is left untouched)",
+    ),
     errno.ENOTDIR: (
         StorageError,
         "a file stands where a directory should be; point the bus at a directory",

@@ -65,6 +65,11 @@ _CHUNK = 1 << 20
 log = logging.getLogger("fsbus.fs")
 
 
+def _own_file(st: os.stat_result) -> bool:
+    """A regular file with no other name: one the bus (or a peer) wrote, not a link."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
 def _has_meta_flag(name: str) -> bool:
     """Whether an fsbus name says a headers sidecar exists (foreign names: maybe)."""
     unique = name[name.rfind("+") + 1 :]
@@ -753,8 +758,8 @@ class BusFS:
             raise storage_error("reading a topic spill", exc, path) from exc
         try:
             st = self.ops.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return BAD_SPILL
+            if not _own_file(st):
+                return BAD_SPILL  # not a regular file, or a hard link to another file
             data = self.ops.pread(fd, st.st_size, 0)
         except OSError as exc:
             if exc.errno in _MISSING:
@@ -778,7 +783,7 @@ class BusFS:
             raise storage_error("reading a sidecar file", exc, path) from exc
         try:
             st = self.ops.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+            if not _own_file(st):
                 return None
             return self.ops.pread(fd, st.st_size, 0)
         finally:
@@ -798,6 +803,9 @@ class BusFS:
         try:
             st = self.ops.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+                return ReadResult(None, None)
+            if st.st_nlink != 1 and not self._rename_leftover(bucket, name, st, path):
+                self._refuse_linked(bucket, name, st)
                 return ReadResult(None, None)
             if self._too_large(path, st.st_size - 1):
                 return ReadResult(None, None)
@@ -876,6 +884,11 @@ class BusFS:
             if not stat.S_ISREG(st.st_mode):
                 self._unlock_close(fd)
                 return None
+            # before reading, truncating or removing anything:
+            if st.st_nlink != 1 and not self._rename_leftover(bucket, name, st, path):
+                self._refuse_linked(bucket, name, st)
+                self._unlock_close(fd)
+                return None
             if st.st_size == 0:
                 self._remove_message(bucket, name)
                 self._unlock_close(fd)
@@ -951,9 +964,12 @@ class BusFS:
             raise storage_error("opening a claimed work-queue message", exc, dst) from exc
         try:
             st = self.ops.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+            linked = st.st_nlink != 1 and not self._rename_leftover(bucket, name, st, dst)
+            if not stat.S_ISREG(st.st_mode) or linked:
                 self.ops.close(fd)
                 self._return_claim(bucket, name)
+                if linked:
+                    self._refuse_linked(bucket, name, st)
                 return None
             if st.st_size == 0:
                 self.ops.close(fd)
@@ -1129,6 +1145,50 @@ class BusFS:
         return self.read_multi(bucket, name, has_meta=False).payload
 
     # ------------------------------------------------------------------ housekeeping
+    def _rename_leftover(self, bucket: str, name: str, st: os.stat_result, opened: str) -> bool:
+        """Whether the file's only other name is a rename's source that a crash left.
+
+        A rename into a bucket (or into the claims) changes two directories; a power cut
+        can keep the new entry and lose the removal of the old one (each directory is
+        written back on its own), leaving one file under both names. That old name is
+        debris: it is removed and the message is the bus's own.
+        """
+        if st.st_nlink != 2:
+            return False
+        names = (
+            f"{self._staging}/{name}",
+            self.layout.message_path(bucket, name),
+            self._claim_path(bucket, name),
+        )
+        for other in names:
+            if other == opened:
+                continue
+            try:
+                ost = self.ops.lstat(other)
+            except OSError:
+                continue
+            if ost.st_ino == st.st_ino and ost.st_dev == st.st_dev:
+                return self._unlink_quiet(other)
+        return False
+
+    def _refuse_linked(self, bucket: str, name: str, st: os.stat_result) -> None:
+        """A message file with other hard links is another file, not a message.
+
+        fsbus never links a message (queue copies are copies), so a link count above 1
+        means someone linked a file from elsewhere into the bus: delivering it would
+        leak that file, and acking a single would truncate it. It is moved aside
+        unread (a rename touches neither the file nor its other names), with a warning.
+        """
+        path = self.layout.message_path(bucket, name)
+        moved = self.quarantine(bucket, name, int(time.time() * 1000))
+        log.warning(
+            "%s has %d hard links: it is a link to a file outside the bus, not a message; "
+            "%s (remove it, and find who linked it there)",
+            path,
+            st.st_nlink,
+            f"moved to {self.layout.quarantine}/" if moved else "left in place, not delivered",
+        )
+
     def quarantine(self, bucket: str, name: str, now_ms: int) -> bool:
         """Move a foreign file out of a bucket so it is seen once and kept for a human."""
         src = self.layout.message_path(bucket, name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 import uuid
 from collections.abc import Sequence
@@ -97,21 +98,26 @@ class StreamOps(MountReader):
     # --- files by descriptor --------------------------------------------------------------
 
     def open_rw(self, path: Path, *, create: bool = True, truncate: bool = False) -> int:
-        """Open for reading and writing (not O_APPEND: writers use pwrite at a known end)."""
+        """Open for reading and writing (not O_APPEND: writers use pwrite at a known end).
+
+        ``truncate`` empties the file once it is known to be the stream's own.
+        """
         flags = os.O_RDWR | os.O_CLOEXEC
         if create:
             flags |= os.O_CREAT
+        fd = _own_file(os.open(path, flags, 0o666), path)
         if truncate:
-            flags |= os.O_TRUNC
-        return os.open(path, flags, 0o666)
+            os.ftruncate(fd, 0)
+        return fd
 
     def open_append(self, path: Path) -> int:
         """Open for appending, creating the file if missing."""
-        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        return _own_file(os.open(path, flags, 0o666), path)
 
     def open_ro(self, path: Path) -> int:
         """Open for reading."""
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return _own_file(os.open(path, os.O_RDONLY | os.O_CLOEXEC), path)
 
     def close(self, fd: int) -> None:
         """Close a descriptor, ignoring errors (it is going away anyway)."""
@@ -320,3 +326,20 @@ class StreamOps(MountReader):
 
 
 DEFAULT_OPS = StreamOps()
+
+
+def _own_file(fd: int, path: Path) -> int:
+    """``fd`` if it is a regular file with no other name; else close it and raise.
+
+    Streams never hard-link their files: a segment, index or offset file with more
+    than one link is a link to some other file that someone placed in the stream.
+    Reading it would leak that file and recovering or truncating it would destroy it.
+    """
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+        return fd
+    os.close(fd)
+    if stat.S_ISREG(st.st_mode):
+        reason = f"a hard link with {st.st_nlink} names, not a file of this stream"
+        raise OSError(errno.EMLINK, reason, str(path))
+    raise OSError(errno.EINVAL, "not a regular file", str(path))

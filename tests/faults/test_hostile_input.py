@@ -2,8 +2,8 @@
 
 Topics and header values that look like paths, NUL bytes, huge names, file names in
 bucket directories that are not UTF-8 or whose hex is not UTF-8, spill files that are
-symlinks, hard links or garbage. (Planted symlinked messages, FIFOs and directories are
-covered by the bus tests.)
+symlinks, hard links or garbage, message files that are hard links to files outside the
+bus. (Planted symlinked messages, FIFOs and directories are covered by the bus tests.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsbus import Bus, BusConfig, InvalidHeader, InvalidTopic
+from fsbus import BlockingBus, Bus, BusConfig, InvalidHeader, InvalidTopic
 from fsbus._bus.names import encode_topic, make_name
 
 from .conftest import Inbox, until
@@ -150,15 +150,85 @@ async def test_hostile_spill_files_never_make_a_reader_leave_the_root(tmp_path: 
             (root / "staging" / name).rename(root / "messages" / "0" / name)
             cases[kind] = name
         await bus.publish("real", b"r")
-        # The hard link is just a file in the bus (linking needed write access to the
-        # target): its bytes are read through the bus's own path. A spill that decodes
-        # to invalid UTF-8 is quarantined (its long name once broke the quarantine).
+        # A hard-linked spill is a file from elsewhere (a peer can link any file it
+        # can see where fs.protected_hardlinks is off, or when it is privileged): it is
+        # never read as a topic, and its message is quarantined like one whose spill
+        # decodes to invalid UTF-8 (whose long name once broke the quarantine).
         # A symlinked or non-ASCII spill counts as missing: that message waits,
         # unmatched, until it expires.
-        await inbox.wait(2)
-        await until(lambda: bus.statistics().quarantined >= 1)
+        await inbox.wait(1)
+        await until(lambda: bus.statistics().quarantined >= 2)
         assert (root / "topics" / "0" / cases["symlink"]).is_symlink()
-    outside_topic = "long." + "y" * 95 + "outside"
-    assert sorted(inbox.topics) == sorted(["real", outside_topic])
-    assert {m.topic: m.payload for m in inbox.messages}[outside_topic] == b"hardlink"
+    assert inbox.topics == ["real"]
     assert secret.read_text() == "6f757473696465"
+    assert secret.stat().st_nlink == 2  # the link itself was left alone
+
+
+def _plant_link(root: Path, target: Path, topic: str, kind: str) -> Path:
+    """A hard link to ``target`` under a valid message name in bucket 0."""
+    name, rest = make_name(
+        encode_topic(topic), split_at=200, expires_ms=2**42, kind=kind, unique=os.urandom(16).hex()
+    )
+    assert rest is None
+    link = root / "messages" / "0" / name
+    os.link(target, link)
+    return link
+
+
+@pytest.mark.parametrize(
+    ("kind", "locking"), [("s", "flock"), ("s", "rename"), ("m", "flock")], ids=str
+)
+def test_a_hard_link_to_an_outside_file_is_not_a_message(
+    tmp_path: Path, kind: str, locking: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A peer links a file it can see (but should not leak or destroy) into the bus
+    # under a valid name. Consuming and acking it once delivered the file's bytes and
+    # truncated the outside file to 0 bytes.
+    root = tmp_path / "bus"
+    outside = tmp_path / "precious"
+    outside.write_bytes(b"\x00do not leak or truncate me")
+    config = FAST.model_copy(update={"locking": locking})
+    with BlockingBus(root, config=config) as bus:
+        link = _plant_link(root, outside, "jobs.evil", kind)
+        bus.publish("jobs.real", b"real", single=kind == "s")
+        with (
+            caplog.at_level("WARNING", logger="fsbus"),
+            bus.messages("jobs.#", existing=True) as it,
+        ):
+            msg = it.get(timeout=10)
+            assert (msg.topic, msg.payload) == ("jobs.real", b"real")
+            it.ack(msg)
+            deadline_reached = False
+            try:
+                it.get(timeout=0.5)  # nothing else: the link is never delivered
+            except TimeoutError:
+                deadline_reached = True
+            assert deadline_reached
+        assert not link.exists()  # moved aside for a human
+        quarantined = list((root / "fsbus" / "quarantine").iterdir())
+        assert len(quarantined) == 1
+        assert quarantined[0].stat().st_ino == outside.stat().st_ino
+    assert outside.read_bytes() == b"\x00do not leak or truncate me"
+    assert "hard links" in caplog.text
+    assert "not a message" in caplog.text
+
+
+@pytest.mark.parametrize("locking", ["flock", "rename"])
+def test_a_rename_a_power_cut_left_half_done_is_still_a_message(
+    tmp_path: Path, locking: str
+) -> None:
+    # Each directory is written back on its own: a cut can keep a message's entry in
+    # its bucket and lose the removal of its staging name (one file, two names).
+    root = tmp_path / "bus"
+    with BlockingBus(root, config=FAST.model_copy(update={"locking": locking})) as bus:
+        info = bus.publish("jobs.cut", b"survived", single=True)
+        staged = root / "staging" / info.name
+        os.link(info.path, staged)
+        with bus.messages("jobs.#") as it:
+            msg = it.get(timeout=10)
+            assert (msg.topic, msg.payload) == ("jobs.cut", b"survived")
+            it.ack(msg)
+        assert not staged.exists()  # the leftover name was removed, not quarantined
+        assert not (root / "fsbus" / "quarantine").exists() or not any(
+            (root / "fsbus" / "quarantine").iterdir()
+        )

@@ -13,7 +13,14 @@ import pytest
 from helpers import Worker
 from stream_workers import BIG, big_values
 
-from fsbus import CorruptDataError, DiskFull, LockingUnsupported, Stream, StreamConfig
+from fsbus import (
+    CorruptDataError,
+    DiskFull,
+    LockingUnsupported,
+    StorageError,
+    Stream,
+    StreamConfig,
+)
 from fsbus._stream.ops import StreamOps
 
 FAST = StreamConfig(durability="none", segment_bytes=64 << 10, index_interval_bytes=1024)
@@ -92,6 +99,26 @@ def test_truncated_segment_is_cut(tmp_path: Path) -> None:
         assert info.cut_bytes == size - 7 - info.position
         assert info.reason == "a frame is cut short"
         assert [r.offset for r in s.read()] == list(range(6))
+
+
+def test_a_segment_hard_linked_to_an_outside_file_is_refused_untouched(tmp_path: Path) -> None:
+    # A peer replaces a segment with a link to a file it can see: recovery would cut the
+    # "torn tail" (truncating that file) and reads would hand its bytes out as records.
+    with Stream.open(tmp_path, "s", config=FAST) as s:
+        s.append_batch([b"a" * 10] * 5)
+    seg = _segments(tmp_path)[0]
+    outside = tmp_path / "precious"
+    outside.write_bytes(seg.read_bytes() + b"not a frame, do not cut me")
+    seg.unlink()
+    os.link(outside, seg)
+    before = outside.read_bytes()
+    with pytest.raises(StorageError, match="hard link") as err:
+        with Stream.open(tmp_path, "s", config=FAST) as s:
+            list(s.read())
+            s.append(b"x")
+    assert "remove this name" in str(err.value)
+    assert outside.read_bytes() == before
+    assert outside.stat().st_nlink == 2
 
 
 def test_zeroed_tail_is_cut(tmp_path: Path) -> None:
