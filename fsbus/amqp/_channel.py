@@ -36,6 +36,7 @@ from ._routing import (
     AmqpError,
     amqp_priority_to_bus,
     binding_pattern,
+    bus_queue_name,
     expiration_seconds,
     own_pattern,
     publish_topic,
@@ -63,6 +64,7 @@ class Pending:
 
     msg: Message
     queue: str
+    """The AMQP name of its queue."""
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: str = "requeue"
 
@@ -71,6 +73,7 @@ class Pending:
 class Consumer:
     tag: str
     queue: str
+    """The AMQP name of the queue it consumes."""
     no_ack: bool
     ready: anyio.Event = field(default_factory=anyio.Event)
     sub: Subscription | None = None
@@ -168,9 +171,18 @@ class Channel:
         self.flow.set()
         for c in consumers:
             c.ready.set()
-            if c.sub is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.bus.unsubscribe(c.sub)
+            with anyio.CancelScope(shield=True):
+                await self._leave(c)
+
+    async def _leave(self, consumer: Consumer) -> None:
+        """A consumer is gone (cancelled, or its channel closed): stop its subscription;
+        an auto-delete queue whose last consumer it was is deleted."""
+        self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
+        if consumer.sub is None:
+            return
+        await self.bus.unsubscribe(consumer.sub)
+        self.gateway.untrack(consumer.queue, consumer.sub)
+        await self.gateway.consumer_left(consumer.queue)
 
     # ------------------------------------------------------------------ exchanges
     async def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
@@ -242,24 +254,23 @@ class Channel:
     async def _queue_meta(self, name: str) -> dict[str, Any] | None:
         """The AMQP side of queue ``name``, if the bus has the queue."""
         try:
-            await self.bus.queue_info(name)
+            info = await self.bus.queue_info(bus_queue_name(name))
         except QueueNotFound:
             return None
         except UsageError:
             return None
-        meta = await anyio.to_thread.run_sync(self.state.read, "queues", name)
-        return (
-            meta
-            if meta is not None
-            else {
+        meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue_name(name))
+        if meta is None:  # a queue of the bus that no gateway declared
+            meta = {
                 "name": name,
                 "durable": True,
                 "exclusive": False,
-                "auto_delete": False,
+                "auto_delete": info.options.auto_delete,
                 "arguments": {},
                 "owner": None,
             }
-        )
+        meta["bus_auto_delete"] = info.options.auto_delete
+        return meta
 
     def _check_exclusive(self, name: str, meta: dict[str, Any]) -> None:
         owner = meta.get("owner")
@@ -326,14 +337,17 @@ class Channel:
                     )
             try:
                 await self.bus.declare_queue(
-                    name,
+                    bus_queue_name(name),
                     [own_pattern(name)],
                     message_ttl=args.message_ttl,
                     max_length=args.max_length or None,
                     overflow=args.overflow,
                     dead_letter=dead_letter if args.delivery_limit else None,
                     max_deliveries=args.delivery_limit or None,
-                    auto_delete=bool(m.auto_delete) and not m.exclusive,
+                    # the gateway deletes an auto-delete queue when its last AMQP
+                    # consumer leaves (see Gateway.consumer_left): a basic.get is no
+                    # consumer. A queue the bus already deletes so keeps its option.
+                    auto_delete=bool(meta is not None and meta.get("bus_auto_delete")),
                     expires=args.expires,
                 )
             except QueueMismatch as exc:
@@ -343,17 +357,17 @@ class Channel:
                     PRECONDITION_FAILED,
                     f"PRECONDITION_FAILED - queue name '{name}' cannot name an fsbus queue: {exc}",
                 ) from None
-            if meta is None or meta.get("owner") != wanted["owner"]:
-                await anyio.to_thread.run_sync(self.state.write, "queues", name, wanted)
+            if meta is None or any(meta.get(k) != v for k, v in wanted.items()):
+                await anyio.to_thread.run_sync(
+                    self.state.write, "queues", bus_queue_name(name), wanted
+                )
             if m.exclusive:
                 self.conn.exclusive.add(name)
         self.last_queue = name
-        info = await self.bus.queue_info(name)
+        ready, consumers = await self.gateway.ready_count(name)
         if not m.nowait:
             await self.reply(
-                spec.Queue.DeclareOk(
-                    queue=name, message_count=info.depth, consumer_count=info.consumers
-                )
+                spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)
             )
 
     async def _queue_name(self, name: str) -> str:
@@ -386,9 +400,9 @@ class Channel:
             assert pattern is not None
             try:
                 if bind:
-                    await self.bus.bind_queue(name, pattern)
+                    await self.bus.bind_queue(bus_queue_name(name), pattern)
                 else:
-                    await self.bus.unbind_queue(name, pattern)
+                    await self.bus.unbind_queue(bus_queue_name(name), pattern)
             except UsageError as exc:
                 raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
         if bind and not m.nowait:
@@ -401,7 +415,7 @@ class Channel:
 
     async def _queue_purge(self, m: spec.Queue.Purge) -> None:
         name = await self._queue_name(m.queue)
-        n = await self.bus.purge_queue(name)
+        n = await self.bus.purge_queue(bus_queue_name(name))
         if not m.nowait:
             await self.reply(spec.Queue.PurgeOk(message_count=n))
 
@@ -413,7 +427,7 @@ class Channel:
                 await self.reply(spec.Queue.DeleteOk(message_count=0))
             return
         self._check_exclusive(name, meta)
-        info = await self.bus.queue_info(name)
+        info = await self.bus.queue_info(bus_queue_name(name))
         if m.if_unused and info.consumers:
             raise AmqpError(
                 PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use"
@@ -425,10 +439,10 @@ class Channel:
             )
         await self.gateway.cancel_consumers_of(name)
         try:
-            n = await self.bus.delete_queue(name)
+            n = await self.bus.delete_queue(bus_queue_name(name))
         except QueueNotFound:
             n = 0
-        await anyio.to_thread.run_sync(self.state.remove, "queues", name)
+        await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(name))
         self.conn.exclusive.discard(name)
         if not m.nowait:
             await self.reply(spec.Queue.DeleteOk(message_count=n))
@@ -568,7 +582,7 @@ class Channel:
                 f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                 connection=True,
             )
-        info = await self.bus.queue_info(name)
+        info = await self.bus.queue_info(bus_queue_name(name))
         if m.exclusive and info.consumers:
             raise AmqpError(
                 ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use"
@@ -584,7 +598,10 @@ class Channel:
             await self._deliver(consumer, msg)
 
         prefetch = self.prefetch or UNLIMITED_PREFETCH
-        consumer.sub = await self.bus.subscribe(None, handle, queue=name, prefetch=prefetch)
+        consumer.sub = await self.bus.subscribe(
+            None, handle, queue=bus_queue_name(name), prefetch=prefetch
+        )
+        self.gateway.track(name, consumer.sub)
         self.gateway.consumers.setdefault(name, set()).add((self, tag))
         if not m.nowait:
             await self.reply(spec.Basic.ConsumeOk(consumer_tag=tag))
@@ -627,9 +644,7 @@ class Channel:
         consumer = self.consumers.pop(m.consumer_tag or "", None)
         if consumer is not None:
             self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
-            if consumer.sub is not None:
-                sub = consumer.sub
-                self.conn.tasks.start_soon(self.bus.unsubscribe, sub)
+            self.conn.tasks.start_soon(self._leave, consumer)
         if not m.nowait:
             await self.reply(spec.Basic.CancelOk(consumer_tag=m.consumer_tag))
 
@@ -639,13 +654,19 @@ class Channel:
         if consumer is None:
             return
         if consumer.sub is not None:
-            self.conn.tasks.start_soon(self.bus.unsubscribe, consumer.sub)
+            sub = consumer.sub
+
+            async def stop() -> None:
+                await self.bus.unsubscribe(sub)
+                self.gateway.untrack(consumer.queue, sub)
+
+            self.conn.tasks.start_soon(stop)
         if self.conn.capabilities.get("consumer_cancel_notify"):
             await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
 
     async def _get(self, m: spec.Basic.Get) -> None:
         name = await self._queue_name(m.queue)
-        info = await self.bus.queue_info(name)
+        info = await self.bus.queue_info(bus_queue_name(name))
         if info.depth == 0:
             await self.reply(spec.Basic.GetEmpty())
             return
@@ -663,7 +684,7 @@ class Channel:
             pending = None if m.no_ack else Pending(msg, name)
             if pending is not None:
                 self.unacked[tag] = pending
-            left = max(0, (await self.bus.queue_info(name)).depth - 1)
+            left, _consumers = await self.gateway.ready_count(name)
             await self.conn.send_raw(
                 pframe.marshal(
                     spec.Basic.GetOk(
@@ -680,11 +701,18 @@ class Channel:
             if pending is not None:
                 await self._settled(pending)
 
-        sub = await self.bus.subscribe(None, handle, queue=name, prefetch=1)
+        # a subscription of the bus, but no AMQP consumer: its end never auto-deletes
+        sub = await self.bus.subscribe(None, handle, queue=bus_queue_name(name), prefetch=1)
+        self.gateway.track(name, sub, get=True)
         with anyio.move_on_after(2.0):
             await got.wait()
         state["closed"] = True
-        self.conn.tasks.start_soon(self.bus.unsubscribe, sub)
+
+        async def stop() -> None:
+            await self.bus.unsubscribe(sub)
+            self.gateway.untrack(name, sub)
+
+        self.conn.tasks.start_soon(stop)
         if not state["taken"]:
             await self.reply(spec.Basic.GetEmpty())
 

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import anyio.abc
 
-from .. import Bus, Message
+from .. import Bus, Message, Subscription
 from ._state import AmqpState
 
 
@@ -24,6 +24,14 @@ class GatewayPort(Protocol):
     def new_channel(self, conn: ConnectionPort, number: int) -> Any: ...
 
     async def drop_exclusive(self, queue: str) -> None: ...
+
+    def track(self, queue: str, sub: Subscription, *, get: bool = False) -> None: ...
+
+    def untrack(self, queue: str, sub: Subscription) -> None: ...
+
+    async def ready_count(self, queue: str) -> tuple[int, int]: ...
+
+    async def consumer_left(self, queue: str) -> None: ...
 
     async def cancel_consumers_of(self, queue: str) -> None: ...
 

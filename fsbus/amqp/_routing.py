@@ -16,10 +16,16 @@ splits into words or turns into a wildcard. A binding of queue ``Q`` to an excha
 binding of the durable queue ``Q`` to the matching pattern (a topic exchange's binding
 key keeps its ``*`` and ``#``). Headers exchanges route in the gateway (see
 :func:`headers_match`).
+
+An AMQP queue name is any short string; the durable queue standing for it has an fsbus
+queue name, escaped by :func:`bus_queue_name` with the scheme of the kombu transport
+(``fsbus.kombu``), so a gateway client and a kombu program on ``fsbus://`` that name one
+queue share it.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +101,60 @@ def binding_pattern(exchange: str, kind: str, binding_key: str) -> str | None:
 def own_pattern(queue: str) -> str:
     """The default exchange's binding of ``queue``."""
     return f"amqp-queue.{word(queue)}"
+
+
+MAX_QUEUE_NAME = 200
+"""The longest fsbus queue name."""
+_LONG_HEAD = 150
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def bus_queue_name(name: str) -> str:
+    """The fsbus queue name of AMQP queue ``name`` (the kombu transport's scheme).
+
+    Letters, digits and ``_ . -`` stay, except a leading ``.`` or ``-`` and the second
+    ``.`` of ``..``; any other character becomes ``:`` and the hex of its UTF-8 bytes
+    (``w@host.celery.pidbox`` -> ``w:40host.celery.pidbox``); a result starting with
+    ``:`` gets a leading ``_``. A result over 200 characters keeps its first 150, then
+    ``::`` and 40 hex digits of the SHA-256 of ``name``. See :func:`amqp_queue_name`.
+    """
+    parts: list[str] = []
+    prev = ""
+    for i, ch in enumerate(name):
+        keep = ch in _SAFE and not (
+            (ch == "." and (i == 0 or prev == ".")) or (ch == "-" and i == 0)
+        )
+        parts.append(ch if keep else "".join(f":{b:02x}" for b in ch.encode("utf-8", "replace")))
+        prev = ch
+    text = "".join(parts)
+    if not text or text[0] == ":":
+        text = "_" + text
+    if len(text) > MAX_QUEUE_NAME:
+        digest = hashlib.sha256(name.encode("utf-8", "replace")).hexdigest()[:40]
+        text = f"{text[:_LONG_HEAD]}::{digest}"
+    return text
+
+
+def amqp_queue_name(bus_name: str) -> str | None:
+    """The AMQP queue name :func:`bus_queue_name` turned into ``bus_name``; None for a
+    shortened (hashed) name, or one that no AMQP name gives."""
+    if "::" in bus_name:
+        return None
+    text = bus_name[1:] if bus_name.startswith("_:") else bus_name
+    out = bytearray()
+    i = 0
+    try:
+        while i < len(text):
+            if text[i] == ":":
+                out.append(int(text[i + 1 : i + 3], 16))
+                i += 3
+            else:
+                out += text[i].encode("ascii")
+                i += 1
+        name = out.decode("utf-8")
+    except (ValueError, UnicodeError):
+        return None
+    return name if bus_queue_name(name) == bus_name else None
 
 
 def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bool:

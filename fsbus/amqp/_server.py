@@ -12,10 +12,10 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
-from .. import Bus, BusConfig, Message, QueueNotFound, __version__
+from .. import Bus, BusConfig, FsBusError, Message, QueueNotFound, Subscription, __version__
 from ._channel import Channel
 from ._connection import Connection
-from ._routing import headers_match, publish_topic, word
+from ._routing import bus_queue_name, headers_match, publish_topic, word
 from ._state import AmqpState
 
 log = logging.getLogger("fsbus.amqp")
@@ -52,6 +52,8 @@ class Gateway:
         self.bus: Bus = Bus(self.root, config=self._config)
         self.state: AmqpState
         self.consumers: dict[str, set[tuple[Channel, str]]] = {}
+        # the bus subscriptions of each queue (AMQP name) here: True for a basic.get's
+        self._subs: dict[str, dict[Subscription, bool]] = {}
         self._stack = contextlib.AsyncExitStack()
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -114,7 +116,9 @@ class Gateway:
         """Publish one message; returns how many queues got it (QueueFull if one is full)."""
         if kind == "headers":
             bindings = await anyio.to_thread.run_sync(self.state.headers_bindings, exchange)
-            targets = sorted({q for q, a in bindings if headers_match(a, amqp_headers)})
+            targets = sorted(
+                {bus_queue_name(q) for q, a in bindings if headers_match(a, amqp_headers)}
+            )
             topic = f"amqp-headers.{word(exchange)}"
         else:
             topic = publish_topic(exchange, kind, routing_key) or ""
@@ -138,7 +142,7 @@ class Gateway:
 
     async def dead_letter(self, queue: str, msg: Message) -> None:
         """A message rejected without requeue: to the queue's dead-letter exchange, if any."""
-        meta = await anyio.to_thread.run_sync(self.state.read, "queues", queue)
+        meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue_name(queue))
         args = (meta or {}).get("arguments") or {}
         dlx = args.get("x-dead-letter-exchange")
         if dlx is None:
@@ -166,6 +170,54 @@ class Gateway:
             )
 
     # ------------------------------------------------------------------ consumers
+    def track(self, queue: str, sub: Subscription, *, get: bool = False) -> None:
+        """``sub`` consumes ``queue`` for a client (for a basic.get if ``get``)."""
+        self._subs.setdefault(queue, {})[sub] = get
+
+    def untrack(self, queue: str, sub: Subscription) -> None:
+        """``sub`` has ended (its messages are settled)."""
+        subs = self._subs.get(queue)
+        if subs is not None:
+            subs.pop(sub, None)
+            if not subs:
+                del self._subs[queue]
+
+    async def ready_count(self, queue: str) -> tuple[int, int]:
+        """(messages ready, consumers) of ``queue``, as RabbitMQ counts them: the
+        messages held by a consumer, not yet acknowledged, are left out.
+
+        Those this gateway holds are counted by its subscriptions; when another process
+        consumes the queue too, the messages it holds are told by their locks.
+        """
+        name = bus_queue_name(queue)
+        info = await self.bus.queue_info(name)
+        subs = self._subs.get(queue, {})
+        if info.consumers <= len(subs):
+            return max(0, info.depth - sum(s.in_flight for s in subs)), info.consumers
+        ready = 0
+        async for m in self.bus.browse(queue=name):
+            ready += not m.locked
+        return ready, info.consumers
+
+    async def consumer_left(self, queue: str) -> None:
+        """An AMQP consumer of ``queue`` left: an auto-delete queue with no consumer left
+        (a basic.get is none) is deleted, as RabbitMQ does."""
+        if self.consumers.get(queue):
+            return
+        name = bus_queue_name(queue)
+        try:
+            meta = await anyio.to_thread.run_sync(self.state.read, "queues", name)
+            if not meta or not meta.get("auto_delete") or meta.get("name") != queue:
+                return
+            info = await self.bus.queue_info(name)
+            gets = sum(1 for get in self._subs.get(queue, {}).values() if get)
+            if info.consumers > gets:
+                return
+            await self.bus.delete_queue(name)
+            await anyio.to_thread.run_sync(self.state.remove, "queues", name)
+        except (FsBusError, OSError):
+            return  # gone already, or the bus is closing
+
     async def cancel_consumers_of(self, queue: str) -> None:
         for channel, tag in list(self.consumers.pop(queue, set())):
             with contextlib.suppress(Exception):
@@ -175,8 +227,8 @@ class Gateway:
         """The connection owning exclusive queue ``queue`` ended: delete it."""
         await self.cancel_consumers_of(queue)
         with contextlib.suppress(QueueNotFound):
-            await self.bus.delete_queue(queue)
-        await anyio.to_thread.run_sync(self.state.remove, "queues", queue)
+            await self.bus.delete_queue(bus_queue_name(queue))
+        await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(queue))
 
     async def _collect_orphans(self) -> None:
         """Delete exclusive queues of gateways that died, now and every 30 s."""

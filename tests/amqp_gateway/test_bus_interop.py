@@ -123,6 +123,36 @@ def test_fsbus_and_amqp_consumers_compete_on_one_queue(gateway: Broker) -> None:
         ch.queue_delete("shared")
 
 
+def test_a_queue_name_outside_fsbus_rules_is_escaped(gateway: Broker) -> None:
+    """An AMQP queue named 'w@host/x' is the fsbus queue 'w:40host:2fx' (the kombu
+    transport's name for it too); clients see the name they gave."""
+    assert gateway.root is not None
+    name = "w@host/x.celery.pidbox"
+    with BlockingBus(gateway.root) as bus, connect(gateway.url) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        assert ch.queue_declare(name, auto_delete=True).method.queue == name
+        ch.basic_publish("", name, b"hello")
+        info = bus.queue_info("w:40host:2fx.celery.pidbox")
+        assert info.depth == 1
+        with bus.messages(queue="w:40host:2fx.celery.pidbox") as it:
+            msg = it.get(timeout=WAIT)
+            assert msg.payload == b"hello"
+            it.ack(msg)
+        ch.basic_publish("", name, b"again")
+        assert drain(ch, name, 1) == [b"again"]
+        # its last consumer left: auto-deleted (the fsbus one had left before)
+        deadline = time.monotonic() + WAIT
+        code = None
+        while code is None and time.monotonic() < deadline:
+            try:
+                ch.queue_declare(name, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                code = exc.reply_code
+            time.sleep(0.02)
+        assert code == 404
+
+
 def test_durable_state_survives_a_restart_and_two_gateways_share_it(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     with running(root) as first:

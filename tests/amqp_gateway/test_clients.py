@@ -72,9 +72,8 @@ def gateway_bug(reason: str) -> pytest.MarkDecorator:
 def drained(count: Callable[[], int], name: str) -> None:
     """Wait until ``count()`` (a queue's message_count) is 0; fail after WAIT seconds.
 
-    RabbitMQ says 0 as soon as the last ack is in. The gateway also counts messages
-    whose ack it has not finished writing (and unacknowledged ones: see
-    test_kombu_simple_queue_qsize_leaves_out_unacked), so for a moment it can say more.
+    RabbitMQ says 0 as soon as the last ack is in. The gateway can count a message whose
+    ack it is writing (the file is still there), so for a moment it can say more.
     """
     deadline = time.monotonic() + WAIT
     while (n := count()) != 0:
@@ -172,9 +171,6 @@ def test_kombu_simple_queue(broker: Broker, names: Names) -> None:
             queue.get_nowait()  # basic.get on an empty queue: get-empty
 
 
-@gateway_bug(
-    "queue.declare-ok's message_count counts unacknowledged messages (RabbitMQ: ready only)"
-)
 def test_kombu_simple_queue_qsize_leaves_out_unacked(broker: Broker, names: Names) -> None:
     with simple_queue(broker, names("kombu-qsize")) as queue:
         queue.consumer.qos(prefetch_count=1)
@@ -212,10 +208,6 @@ def test_kombu_simple_queue_get_nowait(broker: Broker, names: Names) -> None:
     assert got == [({"hello": i}, False) for i in range(10)]
 
 
-@gateway_bug(
-    "basic.get on an auto-delete queue deletes the queue (the get's subscription ending "
-    "counts as its last consumer leaving): the next passive declare or get is a 404"
-)
 def test_kombu_queue_get_auto_delete(broker: Broker, names: Names) -> None:
     """kombu.Queue.get (basic.get) on an auto-delete queue: RabbitMQ deletes such a queue
     when its last consumer is cancelled, and basic.get is no consumer."""
@@ -348,11 +340,9 @@ def run_adds(broker: Broker, worker: Worker) -> None:
     assert "ready." in worker.output()
 
 
-@gateway_bug(
-    "queue.declare of a name with '@' (Celery's pidbox queue '<name>@<host>.celery.pidbox') "
-    "fails with 406: AMQP queue names are used as fsbus queue names"
-)
 def test_celery_worker_rpc_result(broker: Broker, celery_worker: Callable[..., Worker]) -> None:
+    """A worker with remote control on: its pidbox queue ('<name>@<host>.celery.pidbox')
+    is not an fsbus queue name as it is; the gateway escapes it."""
     run_adds(broker, celery_worker())
 
 

@@ -55,10 +55,9 @@ async def take(queue: AbstractQueue, n: int) -> list[bytes]:
 async def drained(channel: AbstractChannel, name: str) -> None:
     """Wait until a passive declare of queue ``name`` counts no message (fail after WAIT s).
 
-    RabbitMQ says 0 as soon as the last ack is in. The gateway's message_count also
-    counts messages whose ack it has not finished writing (and unacknowledged ones: see
-    test_clients.py's test_kombu_simple_queue_qsize_leaves_out_unacked), so right after
-    the last ack it can still say 1 or more for a moment.
+    RabbitMQ says 0 as soon as the last ack is in. The gateway can count a message whose
+    ack it is writing (the file is still there), so right after the last ack it can still
+    say 1 or more for a moment.
     """
     count = None
     try:
