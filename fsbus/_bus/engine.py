@@ -3,8 +3,10 @@
 One :class:`Bus` owns a task group. Its scanner wakes on inotify or a poll tick, reads
 UPDATE, lists the buckets whose stamp changed, decides (pure, in :mod:`fsbus._bus.scan`)
 what is new, expired or claimable, then reads or claims messages in one worker-thread
-hop per batch and starts handlers under a concurrency limit. Acks, releases and
-publishes are batched into worker-thread hops the same way.
+hop per batch and starts handlers under a concurrency limit. Acks and releases are
+batched into worker-thread hops the same way. A plain publish runs its file operations
+inline on the loop while the filesystem is fast and in batched worker-thread hops while
+it is slow (:mod:`fsbus._bus.offload`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer
 from .names import FLAG_META
+from .offload import Offload
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
@@ -298,9 +301,8 @@ class Bus:
         self._scanning = False
         self._open = False
         self._closed = False
-        self._publisher: _Batcher[tuple[PublishPlan, bytes], int] = _Batcher(
-            self._fs.publish_many, 256
-        )
+        # Plain publishes: inline on the loop while the mount is fast, else in a thread.
+        self._offload = Offload(self._fs)
         self._finisher: _Batcher[tuple[Claim, str], None] = _Batcher(self._finish_many, 256)
         # Rename claims held by running handlers: their leases are renewed (_renew_loop).
         self._held: dict[tuple[int, str], Claim] = {}
@@ -318,6 +320,8 @@ class Bus:
             raise UsageError("a Bus can be entered once; create a new one")
         await anyio.to_thread.run_sync(self._setup)
         self._follow_platform()
+        # A mount other hosts share can stall for seconds unannounced: never inline there.
+        self._offload.inline_allowed = not self._fs.platform.shared
         # The entering task hosts a single task, the runner, and every task the bus
         # starts runs in the runner's own task group. Stopping the bus is then a signal
         # to the runner, which any task can give (see aclose); only leaving this empty
@@ -382,7 +386,7 @@ class Bus:
                     # loop itself then looks at least once a second.
                     self._waker.start_poller(self._fs.read_update, self._poll_interval)
                     self._scan_every = max(self._poll_interval, _POLLED_SCAN_EVERY)
-                tg.start_soon(self._publisher.run)
+                tg.start_soon(self._offload.run)
                 tg.start_soon(self._finisher.run)
                 tg.start_soon(self._gc_loop)
                 if self._fs.locking == "rename":
@@ -490,9 +494,13 @@ class Bus:
         and its directory so the message survives power loss once this returns;
         ``priority`` (0-255, lower first) orders work-queue messages.
 
-        A message is all or nothing on disk. If the call is cancelled while the write is
-        under way in the worker thread, the message may still appear (published whole);
-        republishing after a cancellation can therefore deliver it twice.
+        A message is all or nothing on disk. Its file operations run on the event loop
+        while the filesystem is fast and in a worker thread while it is slow (durable
+        publishes always in the thread). A call cancelled while its message waits for or
+        is written in the thread is withdrawn, unless its final rename had started: then
+        the message is placed before the cancellation is raised. Nothing appears after
+        the call raised, but a message cancelled during its rename was published, so
+        republishing after a cancellation can deliver it twice.
         """
         self._check_open()
         plan = self.plan(topic, single, ttl, durable, headers, priority)
@@ -510,10 +518,10 @@ class Bus:
             data = bytes(payload)
             self._namer.check_size(len(data))
             try:
-                size = await self._publisher.submit((plan, data))
+                size = await self._offload.publish(plan, data)
             except NameClash:  # astronomically rare: name it again
                 plan = self.plan(topic, single, ttl, durable, headers, priority)
-                size = await self._publisher.submit((plan, data))
+                size = await self._offload.publish(plan, data)
             if targets:
                 await anyio.to_thread.run_sync(
                     functools.partial(

@@ -18,7 +18,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -40,8 +40,10 @@ from .scan import BAD_SPILL
 __all__ = [
     "BusFS",
     "Claim",
+    "Go",
     "PublishPlan",
     "ReadResult",
+    "Withdrawn",
     "decode_meta",
     "encode_meta",
     "filesystem_type",
@@ -88,6 +90,21 @@ class NameClash(Exception):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.path = path
+
+
+class Withdrawn(Exception):
+    """A publish given up just before its rename (its caller was cancelled).
+
+    Nothing of it is visible: the staging file and any sidecars were removed.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+Go = Callable[[], bool]
+"""Asked just before a publish's rename, in the thread that publishes: False withdraws it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,31 +388,41 @@ class BusFS:
             self._lister = None
 
     # ------------------------------------------------------------------ publish
-    def publish(self, plan: PublishPlan, payload: bytes | str | os.PathLike[str]) -> int:
-        """Write a message completely (stage, sidecars, rename, stamp); returns its size."""
+    def publish(
+        self, plan: PublishPlan, payload: bytes | str | os.PathLike[str], go: Go | None = None
+    ) -> int:
+        """Write a message completely (stage, sidecars, rename, stamp); returns its size.
+
+        ``go``, when given, is asked once everything is written and synced, just before
+        the rename that makes the message visible: False removes what was staged and
+        raises :class:`Withdrawn` (nothing of the message is visible then).
+        """
         if isinstance(payload, bytes):
-            return self._publish_bytes(plan, payload)
+            return self._publish_bytes(plan, payload, go)
         staged = self.begin(plan)
         try:
             size = self._copy_file(staged, os.fspath(payload))
         except BaseException:
             self.abort(plan, staged)
             raise
-        self.commit(plan, staged)
+        self.commit(plan, staged, go)
         return size
 
-    def _publish_bytes(self, plan: PublishPlan, payload: bytes) -> int:
+    def _publish_bytes(self, plan: PublishPlan, payload: bytes, go: Go | None = None) -> int:
         if plan.durable or plan.spill is not None or plan.meta is not None:
             fd = self._stage(f"{self._staging}/{plan.name}", payload)
-            self.commit(plan, fd)
+            self.commit(plan, fd, go)
         else:
-            self.publish_plain(plan.name, plan.bucket_index, payload)
+            self.publish_plain(plan.name, plan.bucket_index, payload, go)
         return len(payload)
 
-    def publish_plain(self, name: str, bucket_index: int, payload: bytes) -> str:
+    def publish_plain(
+        self, name: str, bucket_index: int, payload: bytes, go: Go | None = None
+    ) -> str:
         """Publish a plain message (no sync, spill or sidecar); returns its path.
 
-        The hot path: open, one writev, close, rename into the bucket, stamp.
+        The hot path: open, one writev, close, rename into the bucket, stamp. ``go`` as
+        in :meth:`publish`.
         """
         path = f"{self._staging}/{name}"
         fd = self._stage(path, payload)
@@ -404,6 +431,9 @@ class BusFS:
         except OSError as exc:
             self._unlink_quiet(path)
             raise storage_error("writing a message", exc, path) from exc
+        if go is not None and not go():
+            self._unlink_quiet(path)
+            raise Withdrawn(path)
         final = self._bucket_dirs[bucket_index] + name
         try:
             self._place(path, final)
@@ -475,8 +505,11 @@ class BusFS:
                 "writing a message", exc, f"{self.layout.staging}/{plan.name}"
             ) from exc
 
-    def commit(self, plan: PublishPlan, fd: int) -> None:
-        """Finish a staged message: sync, sidecars, rename into its bucket, stamp."""
+    def commit(self, plan: PublishPlan, fd: int, go: Go | None = None) -> None:
+        """Finish a staged message: sync, sidecars, rename into its bucket, stamp.
+
+        ``go`` as in :meth:`publish`: asked after the syncs, before the rename.
+        """
         lay = self.layout
         staging = f"{lay.staging}/{plan.name}"
         written: list[str] = []
@@ -501,6 +534,10 @@ class BusFS:
                     self._fsync_dir(f"{lay.topics}/{plan.bucket}")
                 if plan.meta is not None:
                     self._fsync_dir(f"{lay.private}/meta/{plan.bucket}")
+            if go is not None and not go():
+                for p in (staging, *written):
+                    self._unlink_quiet(p)
+                raise Withdrawn(staging)
             self._place(staging, lay.message_path(plan.bucket, plan.name))
         except FileExistsError:
             for p in (staging, *written):

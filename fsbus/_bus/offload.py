@@ -1,0 +1,320 @@
+"""Where a publish's file operations run: inline on the event loop, or in a worker thread.
+
+A plain publish on a local filesystem is five system calls (create, write, close, rename,
+stamp) and takes 15-60 µs; handing it to a worker thread costs more than that (the hop
+alone, there and back, is 50-100 µs on asyncio). So :class:`Offload` runs a publish's
+file operations **inline**, on the event loop, while they are fast, and moves them to a
+worker thread when the mount turns slow, in batches (everything queued meanwhile goes in
+one hop):
+
+* Inline, each publish is timed. Two that took more than :data:`SLOW` (the loop was
+  blocked that long) within :data:`STRIKE_WINDOW` inline publishes send the following
+  publishes to the thread. One alone is taken for a hiccup (the process was preempted,
+  a journal commit): on a busy machine one publish in a few hundred is, and each false
+  alarm would cost a run of thread hops. A mount that turned slow makes every publish
+  slow, so the second comes at once. Inline work also counts
+  towards a budget (:data:`YIELD_AFTER`): once it is spent, the next publish first yields
+  to the loop and waits in line for its next turn, so a tight ``await publish`` loop
+  cannot starve the other tasks, and a cancellation reaches it there. The line (one
+  event per waiting task, woken one per turn of the loop) keeps many publishing tasks
+  from filling the loop's ready queue: a timer waits for about one turn of file work,
+  not one per publishing task.
+* In the thread, each publish is timed again, in the thread, without the hop. After
+  :data:`FAST_RUN` of them in a row each took less than :data:`FAST`, publishing goes back
+  inline. A bus starts on the thread path: the first publishes measure the mount before
+  any of them runs on the loop.
+* Some work is never inline: ``durable=True`` publishes (fdatasync and a directory fsync
+  take milliseconds by nature; their times are not used for the choice), publishes on a
+  filesystem that other hosts share (a network mount can stall for seconds with no
+  warning), payloads that are files or async iterables, and everything that locks
+  (``flock`` may block): those keep their worker-thread hops in the engine.
+
+What the loop pays when a fast mount turns slow is two publishes: the first two to meet
+the slowness run inline to their end (with a 10 ms filesystem, five operations each:
+100 ms in all), and every later one goes to the thread until the mount is fast again.
+
+Why it is safe:
+
+* **All or nothing.** Inline or in the thread, a message is written under a staging name
+  and made visible by one rename; a reader never sees half of one.
+* **Cancellation.** Inline, nothing can interrupt the five calls; the cancellation is
+  delivered at the next checkpoint. A publish cancelled while it waits for, or runs in,
+  the thread is withdrawn if its rename has not started: the thread asks (under a lock)
+  just before the rename, removes what it staged and raises :class:`~.fs.Withdrawn`,
+  which nobody waits for. If the rename has started, the cancelled caller waits
+  (shielded) until that message is placed and stamped, then raises. Either way, when a
+  cancelled publish raises, its message is whole on the bus or not there at all, and it
+  does not appear later.
+* **Ordering.** A task's publish returns only once the message is in its bucket, on
+  either path, so the publishes of one task land in the order it made them, across
+  switches between the paths. Publishes of different tasks in flight at the same time
+  have no order (as before).
+* **One writer of the state.** The path choice and the counters live on the event loop;
+  the thread only fills in each item's result and time, and the loop reads them after
+  the hop.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from time import perf_counter
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+
+from .._errors import ClosedError
+from .fs import BusFS, Withdrawn
+from .plan import PublishPlan
+
+__all__ = ["FAST", "FAST_RUN", "SLOW", "STRIKE_WINDOW", "YIELD_AFTER", "Offload"]
+
+SLOW = 0.002
+"""Seconds: an inline publish that blocked the loop longer is a strike against inline."""
+STRIKE_WINDOW = 8
+"""A second strike within this many inline publishes of the first sends publishing to the
+thread."""
+FAST = 0.0005
+"""Seconds: a publish in the thread faster than this counts towards going back inline."""
+FAST_RUN = 16
+"""Fast publishes in a row, in the thread, after which publishing goes back inline."""
+YIELD_AFTER = 0.0005
+"""Seconds of inline file work after which the next inline publish yields to the loop first."""
+_BATCH = 256
+"""Publishes handed to the thread in one hop, at most."""
+
+
+class _Item:
+    """One publish on the thread path."""
+
+    __slots__ = (
+        "cancelled",
+        "committing",
+        "data",
+        "done",
+        "event",
+        "lock",
+        "plan",
+        "result",
+        "took",
+    )
+
+    def __init__(self, plan: PublishPlan, data: bytes, lock: threading.Lock) -> None:
+        self.plan = plan
+        self.data = data
+        self.lock = lock
+        self.event = anyio.Event()
+        self.result: int | BaseException = ClosedError(
+            "the bus closed before this publish ran; nothing was written"
+        )
+        self.took = -1.0  # seconds its file operations took in the thread; -1: never ran
+        self.cancelled = False  # the caller gave up (set on the loop, read by the thread)
+        self.committing = False  # the thread passed the point of no return (the rename)
+        self.done = False  # the thread finished it
+
+    def go(self) -> bool:
+        """In the thread, just before the rename: proceed unless the caller gave up."""
+        with self.lock:
+            if self.cancelled:
+                return False
+            self.committing = True
+            return True
+
+
+class Offload:
+    """Runs publishes inline while the mount is fast, in a worker thread while it is slow.
+
+    :meth:`run` must run in a task for as long as publishes may come (the bus's task
+    group); :meth:`publish` from any task on the same loop.
+    """
+
+    def __init__(self, fs: BusFS) -> None:
+        self._fs = fs
+        self.inline_allowed = True
+        """False: every publish goes to the thread (a shared filesystem; set after setup)."""
+        self.inline = False
+        """The path plain publishes take now (True: inline). A bus starts measuring in
+        the thread."""
+        self.inline_runs = 0
+        """Publishes whose file operations ran on the event loop."""
+        self.thread_runs = 0
+        """Publishes whose file operations ran in a worker thread."""
+        self.switches = 0
+        """Changes of path, either way."""
+        self._fast_run = 0  # fast publishes in a row, in the thread
+        self._strike = -STRIKE_WINDOW - 1  # inline_runs at the last slow inline publish
+        self._debt = 0.0  # seconds of inline work since this last yielded to the loop
+        self._lock = threading.Lock()
+        self._queue: list[_Item] = []
+        self._wake = anyio.Event()
+        self._closed = False
+        self._line: collections.deque[anyio.Event] = collections.deque()  # waiting turns
+        self._line_wake = anyio.Event()
+        self._ushering = False
+
+    # ------------------------------------------------------------------ publishing
+    async def publish(self, plan: PublishPlan, data: bytes) -> int:
+        """Write one message (inline or in the thread); returns its payload size."""
+        if self.inline and not plan.durable:
+            if self._debt > YIELD_AFTER:
+                self._debt = 0.0
+                await self._take_turn()
+                if not self.inline:  # another task met a slow mount meanwhile
+                    return await self._offload(plan, data)
+            t0 = perf_counter()
+            try:
+                return self._fs.publish(plan, data)
+            finally:
+                took = perf_counter() - t0
+                self._debt += took
+                self.inline_runs += 1
+                if took > SLOW:
+                    self._struck()
+        return await self._offload(plan, data)
+
+    async def _take_turn(self) -> None:
+        """Yield to the loop, then wait in line for a turn to publish inline again.
+
+        Publishing tasks wait here on an event each, outside the loop's queue of ready
+        tasks, and the usher (:meth:`_usher`) wakes one per turn of the loop. With a bare
+        checkpoint instead, 50 tasks publishing flat out would all be ready at once, and
+        a timer or a socket would wait behind every one of their turns.
+        """
+        if not self._ushering:
+            await anyio.lowlevel.checkpoint()
+            return
+        turn = anyio.Event()
+        self._line.append(turn)
+        self._line_wake.set()
+        try:
+            await turn.wait()
+        except BaseException:
+            if not turn.is_set():
+                self._line.remove(turn)
+            raise
+        if self._closed:
+            raise ClosedError("the bus is closed; open a new Bus to publish")
+
+    def _struck(self) -> None:
+        """An inline publish was slow: the second within the window moves to the thread."""
+        n = self.inline_runs
+        if n - self._strike <= STRIKE_WINDOW and self.inline:
+            self.inline = False
+            self.switches += 1
+            self._fast_run = 0
+        self._strike = n
+
+    async def _offload(self, plan: PublishPlan, data: bytes) -> int:
+        if self._closed:
+            raise ClosedError("the bus is closed; open a new Bus to publish")
+        item = _Item(plan, data, self._lock)
+        self._queue.append(item)
+        self._wake.set()
+        try:
+            await item.event.wait()
+        except BaseException:
+            with self._lock:
+                item.cancelled = True
+                wait = item.committing and not item.done
+            if wait:
+                # Its rename is under way: let it land before this raises, so that the
+                # message never appears after the caller saw the cancellation.
+                with anyio.CancelScope(shield=True):
+                    await item.event.wait()
+            raise
+        result = item.result
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    # ------------------------------------------------------------------ the thread side
+    async def run(self) -> None:
+        """Hand publishes to the thread and usher inline ones, until cancelled."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._usher)
+            await self._hand_off()
+
+    async def _usher(self) -> None:
+        """Wake the publishing task first in line, one per turn of the loop."""
+        self._ushering = True
+        try:
+            while True:
+                if not self._line:
+                    self._line_wake = anyio.Event()
+                    await self._line_wake.wait()
+                    continue
+                self._line.popleft().set()
+                await anyio.lowlevel.checkpoint()
+        finally:
+            self._ushering = False
+            self._closed = True
+            line, self._line = self._line, collections.deque()
+            for turn in line:
+                turn.set()
+
+    async def _hand_off(self) -> None:
+        """Hand queued publishes to a worker thread, a batch per hop, until cancelled."""
+        try:
+            while True:
+                if not self._queue:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    continue
+                batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
+                try:
+                    await anyio.to_thread.run_sync(self._run_batch, batch, abandon_on_cancel=False)
+                except BaseException:
+                    if any(item.done for item in batch):
+                        self._settle(batch)
+                    else:
+                        # Cancelled before the batch ran (run_sync checkpoints first):
+                        # put it back, so that the finally below answers its callers.
+                        self._queue[:0] = batch
+                    raise
+                self._settle(batch)
+        finally:
+            self._closed = True
+            queued, self._queue = self._queue, []
+            for item in queued:  # never ran: their result says the bus closed
+                item.event.set()
+
+    def _run_batch(self, batch: list[_Item]) -> None:
+        """In the worker thread: publish each item not withdrawn, timing each."""
+        publish = self._fs.publish
+        for item in batch:
+            if item.cancelled:  # given up while queued: nothing was written
+                item.result = Withdrawn(item.plan.name)
+            else:
+                t0 = perf_counter()
+                try:
+                    item.result = publish(item.plan, item.data, item.go)
+                except BaseException as exc:
+                    item.result = exc
+                item.took = perf_counter() - t0
+            with self._lock:
+                item.done = True
+                waiting = item.cancelled and item.committing
+            if waiting:
+                # Its caller was cancelled during the rename and waits for it alone.
+                anyio.from_thread.run_sync(item.event.set)
+
+    def _settle(self, batch: list[_Item]) -> None:
+        """On the loop, after a hop: answer the callers, choose the path from the times."""
+        for item in batch:
+            item.event.set()
+            if item.took < 0 or isinstance(item.result, Withdrawn):
+                continue
+            self.thread_runs += 1
+            if item.plan.durable:
+                continue  # syncs are slow by nature: they say nothing about the mount
+            if item.took < FAST:
+                self._fast_run += 1
+            else:
+                self._fast_run = 0
+        if self._fast_run >= FAST_RUN and self.inline_allowed and not self.inline:
+            self.inline = True
+            self.switches += 1
+            self._debt = 0.0
+            self._strike = -STRIKE_WINDOW - 1

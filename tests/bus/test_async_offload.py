@@ -1,0 +1,343 @@
+"""Where ``await Bus.publish`` runs its file operations (``fsbus._bus.offload``).
+
+Inline on the event loop while the mount is fast, in a worker thread while it is slow,
+and back. Which path a publish took is read from the I/O seam: the thread each call ran
+on. The slow mount is a seam that sleeps 10 ms in every call; where a test needs to
+know that something happened *during* a call, the seam waits for it on an event (with a
+deadline), never on a timer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from fsbus import Bus
+from fsbus._bus import offload
+from fsbus._bus.offload import FAST_RUN
+from fsbus._bus.ops import Ops
+
+from .conftest import WAIT, files_under, message_files
+
+PAYLOAD = b"x" * 100
+
+
+@pytest.fixture(autouse=True)
+def thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thresholds for a busy test machine: a fast seam call takes microseconds but a
+    loaded machine can stretch a publish to a few milliseconds; the slow seam takes
+    30 ms per plain publish for certain (open, writev and rename: 10 ms or more each)."""
+    monkeypatch.setattr(offload, "SLOW", 0.02)
+    monkeypatch.setattr(offload, "FAST", 0.005)
+
+
+TRIES = 5000
+"""Publishes a test may make waiting for the path to change (each a few µs on a fast
+mount); only a bus that never changes path gets near it."""
+
+
+class Seam(Ops):
+    """Records the thread of the calls of a publish (open, writev, fdatasync, rename) and
+    sleeps ``delay`` seconds in each while it is set.
+
+    ``gate``: a call named ``gate_op`` on the staging area or into a bucket waits there
+    for ``release`` (at most :data:`WAIT` seconds) after setting ``entered``.
+    """
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.threads: list[tuple[str, int]] = []  # (call, thread id) of every publish call
+        self.gate_op: str | None = None
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.during: list[object] = []  # what ``inside`` returned, per gated call
+        self.inside: object = None  # called in a gated call, before it waits
+        self.paths: dict[int, str] = {}
+        self.placed: list[str] = []  # names renamed into a bucket, in order
+
+    def _call(self, op: str, path: str) -> None:
+        if "/staging/" not in path and "/messages/" not in path:
+            return
+        self.threads.append((op, threading.get_ident()))
+        if self.delay:
+            time.sleep(self.delay)
+        if op == self.gate_op:
+            self.gate_op = None  # once
+            self.entered.set()
+            if callable(self.inside):
+                self.during.append(self.inside())
+            assert self.release.wait(WAIT), "the test never released the gated call"
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        self._call("open", path)
+        fd = super().open(path, flags, mode)
+        self.paths[fd] = path
+        return fd
+
+    def writev(self, fd: int, buffers: object) -> int:  # type: ignore[override]
+        self._call("writev", self.paths.get(fd, ""))
+        return super().writev(fd, buffers)  # type: ignore[arg-type]
+
+    def fdatasync(self, fd: int) -> None:
+        self._call("fdatasync", self.paths.get(fd, ""))
+        super().fdatasync(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._call("rename", dst)
+        super().rename(src, dst)
+        if "/messages/" in dst:
+            self.placed.append(os.path.basename(dst))
+
+    def renames(self) -> list[int]:
+        """Thread of each rename into a bucket, in order."""
+        return [t for op, t in self.threads if op == "rename"]
+
+
+async def publish_until_inline(bus: Bus, seam: Seam) -> None:
+    """Publish until one rename runs on this (the loop's) thread."""
+    me = threading.get_ident()
+    for _ in range(TRIES):
+        await bus.publish("t.fast", PAYLOAD)
+        if seam.renames()[-1] == me:
+            return
+    pytest.fail(f"{TRIES} publishes on a fast seam and none ran inline")
+
+
+@pytest.mark.asyncio
+async def test_a_new_bus_measures_in_the_thread_then_publishes_inline(root: Path) -> None:
+    seam = Seam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        await bus.publish("t.first", PAYLOAD)
+        assert seam.renames() == [seam.renames()[0]]
+        assert seam.renames()[0] != me  # the first publish knows nothing of the mount yet
+        await publish_until_inline(bus, seam)
+        assert len(seam.renames()) > FAST_RUN  # after a run of fast ones in the thread
+        stats = bus._offload
+        assert stats.inline_runs >= 1
+        assert stats.thread_runs >= FAST_RUN
+        count = len(seam.renames())
+    assert len(message_files(root)) == count
+    assert files_under(root / "staging") == []
+
+
+@pytest.mark.asyncio
+async def test_a_slow_mount_moves_publishes_to_a_thread_and_back(root: Path) -> None:
+    seam = Seam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        await publish_until_inline(bus, seam)
+        seam.delay = 0.01  # every call now takes 10 ms: a publish 30 ms or more
+        before = len(seam.renames())
+        for _ in range(5):
+            await bus.publish("t.slow", PAYLOAD)
+        slow = seam.renames()[before:]
+        # Two met the slow mount inline (one could be a hiccup); the others ran in a
+        # worker thread.
+        assert slow[:2] == [me, me]
+        assert all(t != me for t in slow[2:])
+        assert not bus._offload.inline
+        seam.delay = 0.0
+        before = len(seam.renames())
+        await publish_until_inline(bus, seam)
+        back = seam.renames()[before:]
+        assert back[0] != me  # the first fast one still went to the thread
+        assert back[-1] == me
+        total = len(seam.renames())
+    assert len(message_files(root)) == total
+    assert files_under(root / "staging") == []
+
+
+@pytest.mark.asyncio
+async def test_concurrent_publishes_on_a_slow_mount_share_thread_hops(root: Path) -> None:
+    seam = Seam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        seam.delay = 0.005
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(bus.publish, f"t.c{i}", PAYLOAD)
+        assert all(t != me for _, t in seam.threads)
+        assert bus._offload.thread_runs == 20
+    assert len(message_files(root)) == 20
+
+
+@pytest.mark.asyncio
+async def test_the_loop_keeps_running_while_a_publish_waits_on_a_slow_mount(root: Path) -> None:
+    """A ticker task counts loop turns; the slow call itself checks that it counted on."""
+    seam = Seam()
+    ticks = [0]
+    goal = threading.Event()
+
+    async def ticker() -> None:
+        while True:
+            ticks[0] += 1
+            if ticks[0] >= want[0]:
+                goal.set()
+            await anyio.lowlevel.checkpoint()
+
+    want = [1 << 62]
+
+    def inside() -> int:
+        # In the slow call: wait (with a deadline) until the loop ticked 3 more times.
+        # Were this call on the loop's thread, the ticker could not tick and this would
+        # time out.
+        start = ticks[0]
+        want[0] = start + 3
+        goal.clear()
+        reached = goal.wait(WAIT)
+        return ticks[0] - start if reached else -1
+
+    async with Bus(root, ops=seam) as bus:
+        await publish_until_inline(bus, seam)
+        seam.delay = 0.01
+        for _ in range(2):  # meet the slow mount (inline: two strikes)
+            await bus.publish("t.slow", PAYLOAD)
+        assert not bus._offload.inline
+        seam.inside = inside
+        seam.gate_op = "rename"
+        seam.release.set()  # the gated call does not wait for the test, only for ticks
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            for _ in range(3):
+                await bus.publish("t.slow", PAYLOAD)
+            tg.cancel_scope.cancel()
+    assert seam.during
+    assert seam.during[0] >= 3
+
+
+@pytest.mark.asyncio
+async def test_durable_publishes_never_run_inline(root: Path) -> None:
+    seam = Seam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        await publish_until_inline(bus, seam)
+        before = len(seam.threads)
+        await bus.publish("t.durable", PAYLOAD, durable=True)
+        calls = seam.threads[before:]
+        assert ("fdatasync", calls[0][1]) in calls
+        assert all(t != me for _, t in calls)
+        assert bus._offload.inline  # a sync says nothing about the mount: still inline
+
+
+async def cancel_during(bus: Bus, seam: Seam, op: str) -> tuple[bool, list[str]]:
+    """Publish on the thread path, cancel it while its call ``op`` is held in the seam.
+
+    Returns whether the publish raised a cancellation, and the bucket files seen at the
+    moment it did.
+    """
+    seam.gate_op = op
+    raised = anyio.Event()
+    seen: list[str] = []
+    scope = anyio.CancelScope()
+
+    async def publish() -> None:
+        with scope:
+            try:
+                await bus.publish("t.cancel", PAYLOAD)
+            except anyio.get_cancelled_exc_class():
+                seen.extend(message_files(Path(bus.root)))
+                raised.set()
+                raise
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(publish)
+        assert await anyio.to_thread.run_sync(seam.entered.wait, WAIT)
+        scope.cancel()
+        if op != "rename":
+            # Withdrawn: the cancelled caller does not wait for the held call.
+            with anyio.fail_after(WAIT):
+                await raised.wait()
+            assert not seam.release.is_set()
+        seam.release.set()
+    return raised.is_set(), seen
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("op", ["open", "writev"])
+async def test_a_publish_cancelled_before_its_rename_is_withdrawn_whole(
+    root: Path, op: str
+) -> None:
+    seam = Seam()
+    async with Bus(root, ops=seam) as bus:
+        assert not bus._offload.inline  # a new bus: this one goes to the thread
+        raised, seen = await cancel_during(bus, seam, op)
+        assert raised
+        assert seen == []
+        # Queued behind the withdrawn one, on the same thread path: it runs after the
+        # thread has given that one up (and removed what it staged).
+        assert not bus._offload.inline
+        await bus.publish("t.after", PAYLOAD)
+    assert files_under(root / "staging") == []
+    (only,) = message_files(root)
+    assert "@" in only
+    assert bytes.fromhex(os.path.basename(only).split("@")[0]).decode() == "t.after"
+
+
+@pytest.mark.asyncio
+async def test_a_publish_cancelled_during_its_rename_lands_whole_before_it_raises(
+    root: Path,
+) -> None:
+    seam = Seam()
+    async with Bus(root, ops=seam) as bus:
+        raised, seen = await cancel_during(bus, seam, "rename")
+        assert raised
+        assert len(seen) == 1  # placed before the cancellation was raised
+        (path,) = (root / "messages" / seen[0],)
+        assert path.read_bytes() == b"\x00" + PAYLOAD
+    assert files_under(root / "staging") == []
+    assert message_files(root) == seen
+
+
+@pytest.mark.asyncio
+async def test_a_publish_cancelled_while_queued_writes_nothing(root: Path) -> None:
+    """Queued behind a held publish, a cancelled one never reaches the filesystem."""
+    seam = Seam()
+    async with Bus(root, ops=seam) as bus:
+        seam.gate_op = "open"
+        cancelled = anyio.CancelScope()
+
+        async def second() -> None:
+            with cancelled:
+                await bus.publish("t.second", PAYLOAD)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bus.publish, "t.first", PAYLOAD)
+            assert await anyio.to_thread.run_sync(seam.entered.wait, WAIT)
+            tg.start_soon(second)
+            with anyio.fail_after(WAIT):
+                while not bus._offload._queue:
+                    await anyio.lowlevel.checkpoint()
+            cancelled.cancel()
+            seam.release.set()
+        opens = [op for op, _ in seam.threads if op == "open"]
+        assert len(opens) == 1  # the first publish's only
+    (only,) = message_files(root)
+    assert bytes.fromhex(os.path.basename(only).split("@")[0]).decode() == "t.first"
+    assert files_under(root / "staging") == []
+
+
+@pytest.mark.asyncio
+async def test_a_task_publishes_in_order_across_path_changes(root: Path) -> None:
+    seam = Seam()
+    got: list[str] = []
+    async with Bus(root, ops=seam) as bus:
+        me = threading.get_ident()
+        i = 0
+        while seam.renames()[-1:] != [me]:  # until one ran inline
+            assert i < TRIES
+            got.append((await bus.publish("t.order", f"{i}")).name)
+            i += 1
+        seam.delay = 0.01
+        for j in range(i, i + 4):
+            got.append((await bus.publish("t.order", f"{j}")).name)
+    # Each returned only once its file was in place: renames happened in call order.
+    assert seam.placed == got
+    assert bus._offload.switches >= 2  # to inline, then back to the thread
+    assert len(message_files(root)) == len(got)
