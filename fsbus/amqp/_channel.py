@@ -14,7 +14,6 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 
 from .. import (
-    InvalidTopic,
     Message,
     QueueFull,
     QueueMismatch,
@@ -22,7 +21,14 @@ from .. import (
     Subscription,
     UsageError,
 )
-from ._frames import FRAME_HEADER, RawFrame, content_frames, content_header
+from ._frames import (
+    FRAME_HEADER,
+    RawFrame,
+    confirm_frame,
+    content_frames,
+    content_header,
+    deliver_frame,
+)
 from ._routing import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -34,6 +40,7 @@ from ._routing import (
     RESOURCE_LOCKED,
     UNEXPECTED_FRAME,
     AmqpError,
+    RouteJob,
     amqp_priority_to_bus,
     binding_pattern,
     bus_queue_name,
@@ -143,7 +150,10 @@ class Channel:
                 f"COMMAND_INVALID - {m.name} is not valid on a channel",
                 connection=True,
             )
-        await handler(self, m)
+        try:
+            await handler(self, m)
+        except QueueNotFound as exc:  # deleted meanwhile (auto-delete, another client)
+            raise AmqpError(NOT_FOUND, f"NOT_FOUND - {exc}") from None
 
     async def reply(self, *frames: Any) -> None:
         await self.conn.send(self.number, *frames)
@@ -492,59 +502,61 @@ class Channel:
                 )
         if pub.size >= 0 and len(pub.body) == pub.size:
             self._pub = None
-            await self._route(pub)
+            self.published += 1
+            # routed with the other publishes of this read, in one worker-thread hop
+            self.conn.publishes.append((self, self.published, pub, self._job(pub)))
 
-    async def _route(self, pub: _Publish) -> None:
+    def _job(self, pub: _Publish) -> RouteJob:
+        """What the gateway needs to route a complete publish (a bad expiration is kept
+        as the job's error, raised in its turn)."""
         m = pub.method
-        self.published += 1
-        seq = self.published
         props = pub.properties or spec.Basic.Properties()
         exchange, rk = m.exchange or "", m.routing_key or ""
-        ex = await anyio.to_thread.run_sync(self.state.exchange, exchange)
-        if ex is None:
-            raise _not_found_exchange(exchange)
-        ttl = expiration_seconds(props.expiration)
-        durable = props.delivery_mode == 2
-        priority = amqp_priority_to_bus(props.priority)
-        headers = {
-            PROPS: base64.b64encode(pub.props).decode("ascii"),
-            EXCHANGE: exchange,
-            ROUTING_KEY: rk,
-        }
-        body = bytes(pub.body)
-        ok = True
+        job = RouteJob(
+            exchange,
+            rk,
+            props.headers,
+            bytes(pub.body),
+            ttl=None,
+            durable=props.delivery_mode == 2,
+            headers={
+                PROPS: base64.b64encode(pub.props).decode("ascii"),
+                EXCHANGE: exchange,
+                ROUTING_KEY: rk,
+            },
+            priority=amqp_priority_to_bus(props.priority),
+        )
         try:
-            routed = await self.gateway.route(
-                exchange,
-                ex["type"],
-                rk,
-                props.headers,
-                body,
-                ttl=ttl,
-                durable=durable,
-                headers=headers,
-                priority=priority,
-            )
-        except QueueFull:
+            job.ttl = expiration_seconds(props.expiration)
+        except AmqpError as exc:
+            job.error = exc
+        return job
+
+    def routed(self, seq: int, pub: _Publish, job: RouteJob, outcome: int | BaseException) -> bytes:
+        """The frames answering a publish once routed: basic.return if it was mandatory
+        and reached no queue, the confirm. AmqpError if the publish was a channel error."""
+        if isinstance(outcome, AmqpError):
+            raise outcome
+        if isinstance(outcome, QueueFull):
             routed, ok = 1, False
-        except (OSError, UsageError, InvalidTopic):
+        elif isinstance(outcome, BaseException):  # a storage failure (full disk...): nack
             routed, ok = 0, False
-        except Exception:  # a storage failure (full disk...): nack, keep serving
-            routed, ok = 0, False
-        if not routed and m.mandatory:
-            await self.conn.send_raw(
-                pframe.marshal(
-                    spec.Basic.Return(
-                        reply_code=312, reply_text="NO_ROUTE", exchange=exchange, routing_key=rk
-                    ),
-                    self.number,
-                )
-                + content_frames(self.number, pub.props, body, self.conn.frame_max)
-            )
+        else:
+            routed, ok = outcome, True
+        out = b""
+        if not routed and pub.method.mandatory:
+            out += pframe.marshal(
+                spec.Basic.Return(
+                    reply_code=312,
+                    reply_text="NO_ROUTE",
+                    exchange=job.exchange,
+                    routing_key=job.routing_key,
+                ),
+                self.number,
+            ) + content_frames(self.number, pub.props, job.body, self.conn.frame_max)
         if self.confirm:
-            await self.reply(
-                spec.Basic.Ack(delivery_tag=seq) if ok else spec.Basic.Nack(delivery_tag=seq)
-            )
+            out += confirm_frame(self.number, seq, ok)
+        return out
 
     async def _confirm_select(self, m: spec.Confirm.Select) -> None:
         self.confirm = True
@@ -591,8 +603,11 @@ class Channel:
         self.consumers[tag] = consumer
 
         async def handle(msg: Message) -> None:
-            await consumer.ready.wait()
-            await self.flow.wait()
+            # (waiting on a set event would still yield to the loop once per message)
+            if not consumer.ready.is_set():
+                await consumer.ready.wait()
+            if not self.flow.is_set():
+                await self.flow.wait()
             if self.consumers.get(tag) is not consumer:
                 raise _Requeue
             await self._deliver(consumer, msg)
@@ -615,18 +630,20 @@ class Channel:
         if not consumer.no_ack:
             pending = Pending(msg, consumer.queue)
             self.unacked[tag] = pending
+        method = deliver_frame(
+            self.number, consumer.tag, tag, msg.delivery_count > 1, exchange, rk
+        ) or pframe.marshal(
+            spec.Basic.Deliver(
+                consumer_tag=consumer.tag,
+                delivery_tag=tag,
+                redelivered=msg.delivery_count > 1,
+                exchange=exchange,
+                routing_key=rk,
+            ),
+            self.number,
+        )
         await self.conn.send_raw(
-            pframe.marshal(
-                spec.Basic.Deliver(
-                    consumer_tag=consumer.tag,
-                    delivery_tag=tag,
-                    redelivered=msg.delivery_count > 1,
-                    exchange=exchange,
-                    routing_key=rk,
-                ),
-                self.number,
-            )
-            + content_frames(self.number, props, msg.payload, self.conn.frame_max)
+            method + content_frames(self.number, props, msg.payload, self.conn.frame_max)
         )
         if pending is not None:
             await self._settled(pending)

@@ -36,6 +36,7 @@ from ._routing import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
     AmqpError,
+    RouteJob,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ FRAME_MAX = 131072
 CHANNEL_MAX = 2047
 HEARTBEAT_SECONDS = 60
 HANDSHAKE_TIMEOUT = 10.0
+OUT_HIGH_WATER = 1 << 20
+"""Bytes waiting to be written beyond which senders wait for the socket."""
 
 
 class _Closed(Exception):
@@ -74,16 +77,50 @@ class Connection:
         self.heartbeat = 0
         self.user = ""
         self.client_properties: dict[str, Any] = {}
-        self._send_lock = anyio.Lock()
+        self._out: list[bytes] = []  # frames waiting for the task that writes
+        self._out_size = 0
+        self._writing = False
+        self._drained = anyio.Event()
         self._last_recv = time.monotonic()
         self._closing = False
         self.exclusive: set[str] = set()
         self.capabilities: dict[str, Any] = {}
+        # complete publishes not routed yet: (channel, confirm sequence, publish, job)
+        self.publishes: list[tuple[Any, int, Any, RouteJob]] = []
 
     # ------------------------------------------------------------------ sending
     async def send_raw(self, data: bytes) -> None:
-        async with self._send_lock:
-            await self.stream.send(data)
+        """Send ``data`` after everything sent before it.
+
+        Frames sent while another task writes are joined into its next write (one
+        system call for a burst of deliveries or confirms); that caller returns at once,
+        unless more than :data:`OUT_HIGH_WATER` bytes wait (a client that does not read):
+        then it waits until they are written.
+        """
+        self._out.append(data)
+        self._out_size += len(data)
+        if self._writing:
+            if self._out_size > OUT_HIGH_WATER:
+                await self.flush()
+            return
+        self._writing = True
+        try:
+            while self._out:
+                chunk = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+                self._out.clear()
+                self._out_size = 0
+                await self.stream.send(chunk)
+        finally:
+            self._writing = False
+            self._drained.set()
+            self._drained = anyio.Event()
+
+    async def flush(self) -> None:
+        """Wait until everything sent so far is written to the socket."""
+        while self._writing:
+            await self._drained.wait()
+        if self._out:  # its writer was cancelled before it wrote these
+            await self.send_raw(b"")
 
     async def send(self, channel: int, *frames: Frame) -> None:
         await self.send_raw(b"".join(pframe.marshal(f, channel) for f in frames))
@@ -157,18 +194,54 @@ class Connection:
             for raw in frames:
                 if raw.kind == FRAME_HEARTBEAT:
                     continue
+                if self.publishes and not _publishing(raw):
+                    # what came before this frame is done first (confirms, counts)
+                    await self.route_publishes()
+                    if self._closing:
+                        return
                 try:
                     if not opened:
                         opened = await self._handshake(raw, reader, tg)
                     else:
                         await self._dispatch(raw)
                 except AmqpError as exc:
+                    await self.route_publishes()
+                    if self._closing:
+                        return
                     if exc.connection or raw.channel == 0:
                         await self.close_connection(exc, _method_id(raw))
                         return
                     await self._channel_error(raw.channel, exc, _method_id(raw))
                 if self._closing:
                     return
+            await self.route_publishes()
+            if self._closing:
+                return
+
+    async def route_publishes(self) -> None:
+        """Route the publishes received so far, in one worker-thread hop, and answer each
+        in order (returns, confirms); a publish that is a channel error closes its
+        channel, and what followed it there is dropped."""
+        batch, self.publishes = self.publishes, []
+        if not batch:
+            return
+        outcomes = await self.gateway.route_many([job for _ch, _seq, _pub, job in batch])
+        out: list[bytes] = []
+        for (ch, seq, pub, job), outcome in zip(batch, outcomes, strict=True):
+            if ch.closing or ch.number not in self.channels:
+                continue  # its channel closed (by an earlier publish of the batch)
+            try:
+                out.append(ch.routed(seq, pub, job, outcome))
+            except AmqpError as exc:
+                if out:
+                    await self.send_raw(b"".join(out))
+                    out = []
+                if exc.connection:
+                    await self.close_connection(exc, _PUBLISH_ID)
+                    return
+                await self._channel_error(ch.number, exc, _PUBLISH_ID)
+        if out:
+            await self.send_raw(b"".join(out))
 
     async def _handshake(self, raw: Any, reader: FrameReader, tg: anyio.abc.TaskGroup) -> bool:
         method = self._decode(raw)
@@ -239,6 +312,7 @@ class Connection:
             method = self._decode(raw)
             if isinstance(method, spec.Connection.Close):
                 await self.send(0, spec.Connection.CloseOk())
+                await self.flush()
                 raise _Closed
             if isinstance(method, spec.Connection.CloseOk):
                 raise _Closed
@@ -313,6 +387,7 @@ class Connection:
             )
             with anyio.move_on_after(1.0):
                 # wait for close-ok (or anything) before dropping the socket
+                await self.flush()
                 await self.stream.receive(65536)
         except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
@@ -353,6 +428,15 @@ class Connection:
                 await self.stream.aclose()
             except (OSError, anyio.BrokenResourceError):
                 pass
+
+
+_PUBLISH_ID = (60, 40)
+_PUBLISH = _PUBLISH_ID[0].to_bytes(2, "big") + _PUBLISH_ID[1].to_bytes(2, "big")
+
+
+def _publishing(raw: Any) -> bool:
+    """Is this frame part of a publish (basic.publish, a content header or body)?"""
+    return bool(raw.kind != FRAME_METHOD or raw.payload[:4] == _PUBLISH)
 
 
 def _method_id(raw: Any) -> tuple[int, int]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 import anyio.abc
 
 from .. import Bus, Message, Subscription
+from ._routing import RouteJob
 from ._state import AmqpState
 
 
@@ -37,19 +37,7 @@ class GatewayPort(Protocol):
 
     async def dead_letter(self, queue: str, msg: Message) -> None: ...
 
-    async def route(
-        self,
-        exchange: str,
-        kind: str,
-        routing_key: str,
-        amqp_headers: Mapping[str, Any] | None,
-        body: bytes,
-        *,
-        ttl: float | None,
-        durable: bool,
-        headers: dict[str, str],
-        priority: int | None,
-    ) -> int: ...
+    async def route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]: ...
 
 
 class ConnectionPort(Protocol):
@@ -62,6 +50,7 @@ class ConnectionPort(Protocol):
     capabilities: dict[str, Any]
     exclusive: set[str]
     tasks: anyio.abc.TaskGroup
+    publishes: list[tuple[Any, int, Any, RouteJob]]
 
     async def send_raw(self, data: bytes) -> None: ...
 

@@ -80,3 +80,35 @@ def content_frames(channel: int, props: bytes, body: bytes, frame_max: int) -> b
 
 
 HEARTBEAT = _HEAD.pack(FRAME_HEARTBEAT, 0, 0) + b"\xce"
+
+_DELIVER = struct.Struct(">HH")
+_TAG = struct.Struct(">QB")
+_ACK = struct.Struct(">HHQB")
+
+
+def _short(text: str) -> bytes | None:
+    data = text.encode("utf-8")
+    return None if len(data) > 255 else bytes((len(data),)) + data
+
+
+def deliver_frame(
+    channel: int, consumer_tag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
+) -> bytes | None:
+    """The method frame of basic.deliver, encoded here (the hot path of consuming);
+    None when a name is too long for a short string (the caller lets pamqp say so)."""
+    ctag, ex, rk = _short(consumer_tag), _short(exchange), _short(routing_key)
+    if ctag is None or ex is None or rk is None:
+        return None
+    payload = b"".join(
+        (_DELIVER.pack(BASIC_CLASS, 60), ctag, _TAG.pack(tag, 1 if redelivered else 0), ex, rk)
+    )
+    return _HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+
+
+def confirm_frame(channel: int, tag: int, ok: bool) -> bytes:
+    """The method frame of basic.ack (``ok``) or basic.nack confirming publish ``tag``."""
+    if ok:
+        payload = _ACK.pack(BASIC_CLASS, 80, tag, 0)
+    else:
+        payload = _ACK.pack(BASIC_CLASS, 120, tag, 2)  # the requeue bit set, as pamqp sets it
+    return _HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"

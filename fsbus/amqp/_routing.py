@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
@@ -167,6 +167,30 @@ def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any] | Non
         return mode in ("all", "all-with-x")
     tests = [(k in have and (v is None or have[k] == v)) for k, v in wanted.items()]
     return any(tests) if mode.startswith("any") else all(tests)
+
+
+@dataclass
+class RouteJob:
+    """One AMQP publish, as the gateway routes it onto the bus."""
+
+    exchange: str
+    """The exchange it was published to."""
+    routing_key: str
+    """Its routing key."""
+    amqp_headers: Mapping[str, Any] | None
+    """Its headers property (what a headers exchange matches)."""
+    body: bytes
+    """Its body."""
+    ttl: float | None = None
+    """Seconds it may wait (its ``expiration``)."""
+    durable: bool = False
+    """``delivery_mode=2``: written durably."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """The bus headers it is stored with."""
+    priority: int | None = None
+    """Its bus priority."""
+    error: AmqpError | None = None
+    """Why it cannot be routed (a bad property): a channel error in its turn."""
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,38 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
-from .. import Bus, BusConfig, FsBusError, Message, QueueNotFound, Subscription, __version__
+from .. import (
+    BlockingBus,
+    Bus,
+    BusConfig,
+    FsBusError,
+    Message,
+    QueueNotFound,
+    Subscription,
+    __version__,
+)
 from ._channel import Channel
 from ._connection import Connection
-from ._routing import bus_queue_name, headers_match, publish_topic, word
+from ._routing import (
+    NOT_FOUND,
+    AmqpError,
+    RouteJob,
+    bus_queue_name,
+    headers_match,
+    publish_topic,
+    word,
+)
 from ._state import AmqpState
 
 log = logging.getLogger("fsbus.amqp")
 
 DEFAULT_USERS = {"guest": "guest"}
-HANDLERS = 1000
-"""Handlers the gateway's bus runs at once: each unacknowledged delivery holds one."""
+HANDLERS = 256
+"""Handlers each queue's bus runs at once in a gateway: every message delivered and not
+yet acknowledged holds one, so a gateway holds at most this many of a queue across its
+consumers. Not more: while the consumers are full, each freed slot makes the bus look
+through up to four times its free slots of waiting messages (1000 made consuming a deep
+queue several times slower)."""
 
 
 class Gateway:
@@ -50,6 +71,8 @@ class Gateway:
         self._config = base.model_copy(update={"handler_concurrency": HANDLERS})
         self.version = __version__
         self.bus: Bus = Bus(self.root, config=self._config)
+        # publishes are routed with it, a batch per worker-thread hop (see route_many)
+        self.blocking = BlockingBus(self.root, config=self._config)
         self.state: AmqpState
         self.consumers: dict[str, set[tuple[Channel, str]]] = {}
         # the bus subscriptions of each queue (AMQP name) here: True for a basic.get's
@@ -66,6 +89,8 @@ class Gateway:
     async def __aenter__(self) -> Self:
         stack = self._stack
         await stack.enter_async_context(self.bus)
+        await anyio.to_thread.run_sync(self.blocking.__enter__)
+        stack.callback(self.blocking.close)
         self.state = await anyio.to_thread.run_sync(AmqpState, self.root)
         stack.callback(self.state.close)
         listener = await anyio.create_tcp_listener(
@@ -100,40 +125,74 @@ class Gateway:
         return not (user == "guest" and not loopback)
 
     # ------------------------------------------------------------------ routing
-    async def route(
-        self,
-        exchange: str,
-        kind: str,
-        routing_key: str,
-        amqp_headers: Mapping[str, Any] | None,
-        body: bytes,
-        *,
-        ttl: float | None,
-        durable: bool,
-        headers: dict[str, str],
-        priority: int | None,
+    async def route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]:
+        """Route publishes onto the bus in one worker-thread hop; for each, how many
+        queues got it, or why not (AmqpError: a channel error; QueueFull: a full
+        reject-publish queue; another error: a storage failure, to nack)."""
+        return await anyio.to_thread.run_sync(self._route_many, jobs)
+
+    def _route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]:
+        exchanges: dict[str, dict[str, Any] | None] = {}
+        headers_bindings: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        out: list[int | BaseException] = []
+        for job in jobs:
+            if job.error is not None:
+                out.append(job.error)
+                continue
+            try:
+                if job.exchange not in exchanges:
+                    exchanges[job.exchange] = self.state.exchange(job.exchange)
+                ex = exchanges[job.exchange]
+                if ex is None:
+                    out.append(
+                        AmqpError(
+                            NOT_FOUND, f"NOT_FOUND - no exchange '{job.exchange}' in vhost '/'"
+                        )
+                    )
+                    continue
+                kind = str(ex["type"])
+                if kind == "headers" and job.exchange not in headers_bindings:
+                    headers_bindings[job.exchange] = self.state.headers_bindings(job.exchange)
+                out.append(self._route_one(job, kind, headers_bindings.get(job.exchange, [])))
+            except Exception as exc:  # a full queue, a storage failure: nacked
+                out.append(exc)
+        return out
+
+    def _route_one(
+        self, job: RouteJob, kind: str, bindings: list[tuple[str, dict[str, Any]]]
     ) -> int:
-        """Publish one message; returns how many queues got it (QueueFull if one is full)."""
+        """Blocking: publish one message; how many queues got it (QueueFull if one is full)."""
+        bus = self.blocking
         if kind == "headers":
-            bindings = await anyio.to_thread.run_sync(self.state.headers_bindings, exchange)
             targets = sorted(
-                {bus_queue_name(q) for q, a in bindings if headers_match(a, amqp_headers)}
+                {bus_queue_name(q) for q, a in bindings if headers_match(a, job.amqp_headers)}
             )
-            topic = f"amqp-headers.{word(exchange)}"
+            topic = f"amqp-headers.{word(job.exchange)}"
         else:
-            topic = publish_topic(exchange, kind, routing_key) or ""
-            targets = self.bus.routes(topic)
-            if exchange == "amq.topic":
+            topic = publish_topic(job.exchange, kind, job.routing_key) or ""
+            targets = bus.routes(topic)
+            if job.exchange == "amq.topic":
                 # on the bus itself too: fsbus subscribers of the routing key see it
-                await self.bus.publish(
-                    topic, body, ttl=ttl, durable=durable, headers=headers, priority=priority
+                bus.publish(
+                    topic,
+                    job.body,
+                    ttl=job.ttl,
+                    durable=job.durable,
+                    headers=job.headers,
+                    priority=job.priority,
                 )
                 return len(targets)
         made = 0
         for q in targets:
             try:
-                await self.bus.enqueue(
-                    q, topic, body, ttl=ttl, durable=durable, headers=headers, priority=priority
+                bus.enqueue(
+                    q,
+                    topic,
+                    job.body,
+                    ttl=job.ttl,
+                    durable=job.durable,
+                    headers=job.headers,
+                    priority=job.priority,
                 )
                 made += 1
             except QueueNotFound:
@@ -147,27 +206,13 @@ class Gateway:
         dlx = args.get("x-dead-letter-exchange")
         if dlx is None:
             return
-        ex = await anyio.to_thread.run_sync(self.state.exchange, str(dlx))
-        if ex is None:
-            return
         rk = str(
             args.get("x-dead-letter-routing-key", msg.headers.get("x-amqp-routing-key", msg.topic))
         )
         headers = dict(msg.headers)
         headers["x-amqp-exchange"] = str(dlx)
         headers["x-amqp-routing-key"] = rk
-        with contextlib.suppress(Exception):
-            await self.route(
-                str(dlx),
-                ex["type"],
-                rk,
-                None,
-                msg.payload,
-                ttl=None,
-                durable=False,
-                headers=headers,
-                priority=None,
-            )
+        await self.route_many([RouteJob(str(dlx), rk, None, msg.payload, headers=headers)])
 
     # ------------------------------------------------------------------ consumers
     def track(self, queue: str, sub: Subscription, *, get: bool = False) -> None:
