@@ -28,10 +28,10 @@ $(NODE_PEER): tests/interop/package.json
 demo: $(STAMP)
 	$(PY) -m fsbus.demo
 
-## spark-demo: services publish events, a Spark streaming job aggregates them into Parquet and publishes alerts a subscriber receives (needs Java 17)
+## spark-demo: service processes publish events, a Spark streaming job counts them per window, is stopped and restarted midway, and every event is counted exactly once (needs Java 17; about 1-2 minutes)
 spark-demo: $(STAMP)
 	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed: apt-get install -y openjdk-17-jre-headless"; exit 1; }
-	$(PY) docs/examples/spark_pipeline.py
+	$(PY) docs/examples/spark_pipeline.py $(ARGS)
 
 ## test: lint, type-check, then the whole suite (unit, multi-process, interop, stress smoke, Spark)
 test: $(STAMP) $(NODE_PEER) $(SYS_STAMP)
