@@ -61,6 +61,7 @@ TARGETS: list[tuple[str, str, str, str, float, str]] = [
     ("Bus fan-out end to end ≥ 2x qlobber-fsq", "*", "fanout-1-100B", QLOBBER, 2.0, FSBUS),
     ("Bus fan-out end to end ≥ 3x qlobber-fsq", "*", "fanout-1-100B", QLOBBER, 3.0, FSBUS),
     ("Bus work queue ≥ 3x qlobber-fsq", "*", "workqueue-4-100B", QLOBBER, 3.0, FSBUS),
+    ("Topic matching ≥ qlobber-fsq's matcher", "*", "match-10k", QLOBBER, 1.0, FSBUS),
     ("tmpfs: Bus fan-out ≥ Redis pub/sub", "tmpfs", "fanout-1-100B", "redis", 1.0, FSBUS),
     (
         "tmpfs: Streams append ≥ Redis pipelined",
