@@ -13,7 +13,9 @@ at a time, as an exactly-once step:
 
 A recorder killed after 2 and before 3 leaves the file: the next drain reads the records
 appended since its offset and acknowledges, without appending again, every redelivered
-message already there. Killed before 2, its messages come back and are appended then.
+message already there; its own pending files keep naming those until they are
+acknowledged, so a drain killed while recovering does not append them again either.
+Killed before 2, its messages come back and are appended then.
 Each record keeps what the Bus knew of its message (topic, kind, expiry, priority,
 publish time, host, headers) in headers, so a reader can rebuild the message.
 """
@@ -85,20 +87,22 @@ def _write_pending(path: str, start: int, names: list[str]) -> None:
         os.close(dfd)
 
 
-def _already_appended(path: str, stream: Stream) -> set[str]:
-    """Names of the pending batch's messages that reached the Stream before a crash."""
+def _already_appended(path: str, stream: Stream) -> tuple[int, set[str]]:
+    """Names of the pending batch's messages that reached the Stream before a crash, and
+    the offset from which they were appended."""
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read())
         start = int(doc["start"])
         names = set(doc["names"])
     except FileNotFoundError:
-        return set()
+        return stream.end_offset, set()
     except (OSError, ValueError, KeyError, TypeError):
-        return set()  # a torn pending file: its batch was never appended (step 2 is after)
+        # a torn pending file: its batch was never appended (step 2 is after)
+        return stream.end_offset, set()
     start = max(start, stream.start_offset)
     found = {r.headers.get(MESSAGE, "") for r in stream.read(start)}
-    return names & found
+    return start, names & found
 
 
 def _record(msg: Message) -> RecordIn:
@@ -156,7 +160,8 @@ def drain(
             bus = stack.enter_context(recorder_bus(root))
         bus.declare_queue(queue, [pattern], expires=QUEUE_EXPIRES)
         stream = stack.enter_context(Stream.open(root, into))
-        already = _already_appended(pending, stream)
+        since, already = _already_appended(pending, stream)
+        unacked = set(already)  # appended before a crash, not acknowledged since
         appended = skipped = 0
         depth = bus.queue_info(queue).depth
         if depth == 0:
@@ -173,11 +178,16 @@ def drain(
                 fresh = [m for m in batch if m.name not in already]
                 skipped += len(batch) - len(fresh)
                 if fresh:
-                    _write_pending(pending, stream.end_offset, [m.name for m in fresh])
+                    # The new pending file still names what a crash left unacknowledged
+                    # (from its offset on): killed again before those acks, the next
+                    # drain must skip them too.
+                    start = since if unacked else stream.end_offset
+                    _write_pending(pending, start, [*sorted(unacked), *(m.name for m in fresh)])
                     stream.append_batch([_record(m) for m in fresh])
                     appended += len(fresh)
                 for m in batch:
                     it.ack(m)
+                unacked.difference_update(m.name for m in batch)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(pending)
         return Recording(appended, skipped, stream.end_offset)
