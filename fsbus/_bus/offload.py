@@ -12,17 +12,19 @@ one hop):
   publishes to the thread. One alone is taken for a hiccup (the process was preempted,
   a journal commit): on a busy machine one publish in a few hundred is, and each false
   alarm would cost a run of thread hops. A mount that turned slow makes every publish
-  slow, so the second comes at once. Inline work also counts
-  towards a budget (:data:`YIELD_AFTER`): once it is spent, the next publish first yields
-  to the loop and waits in line for its next turn, so a tight ``await publish`` loop
-  cannot starve the other tasks, and a cancellation reaches it there. The line (one
-  event per waiting task, woken one per turn of the loop) keeps many publishing tasks
-  from filling the loop's ready queue: a timer waits for about one turn of file work,
-  not one per publishing task.
+  slow, so the second comes at once.
+* Inline work counts towards a budget (:data:`YIELD_AFTER`): once it is spent, the next
+  publish first yields to the loop and waits in line for its turn, so a tight
+  ``await publish`` loop cannot starve the other tasks, and a cancellation reaches it
+  there. The line (one event per waiting task, woken one per turn of the loop by the
+  usher task) keeps many publishing tasks from filling the loop's ready queue: a timer
+  waits for about one turn of file work, not one per publishing task.
 * In the thread, each publish is timed again, in the thread, without the hop. After
   :data:`FAST_RUN` of them in a row each took less than :data:`FAST`, publishing goes back
   inline. A bus starts on the thread path: the first publishes measure the mount before
   any of them runs on the loop.
+* The engine's common call (a plain message while publishing is inline) takes
+  :meth:`Offload.publish_plain`: the same inline step, without a plan.
 * Some work is never inline: ``durable=True`` publishes (fdatasync and a directory fsync
   take milliseconds by nature; their times are not used for the choice), publishes on a
   filesystem that other hosts share (a network mount can stall for seconds with no
@@ -173,6 +175,28 @@ class Offload:
                 if took > SLOW:
                     self._struck()
         return await self._offload(plan, data)
+
+    async def publish_plain(self, name: str, bucket_index: int, data: bytes) -> str | None:
+        """A plain message (``BusFS.publish_plain``), inline; its path.
+
+        None when publishing is not inline (now, or after this task's turn came): the
+        caller then plans it and calls :meth:`publish`. The inline part of
+        :meth:`publish`, repeated for the hot path.
+        """
+        if self._debt > YIELD_AFTER:
+            self._debt = 0.0
+            await self._take_turn()
+        if not self.inline:
+            return None
+        t0 = perf_counter()
+        try:
+            return self._fs.publish_plain(name, bucket_index, data)
+        finally:
+            took = perf_counter() - t0
+            self._debt += took
+            self.inline_runs += 1
+            if took > SLOW:
+                self._struck()
 
     async def _take_turn(self) -> None:
         """Yield to the loop, then wait in line for a turn to publish inline again.

@@ -99,6 +99,11 @@ class Seam(Ops):
         return [t for op, t in self.threads if op == "rename"]
 
 
+def read(path: str) -> bytes:
+    """A message file's bytes."""
+    return Path(path).read_bytes()
+
+
 async def publish_until_inline(bus: Bus, seam: Seam) -> None:
     """Publish until one rename runs on this (the loop's) thread."""
     me = threading.get_ident()
@@ -289,8 +294,7 @@ async def test_a_publish_cancelled_during_its_rename_lands_whole_before_it_raise
         raised, seen = await cancel_during(bus, seam, "rename")
         assert raised
         assert len(seen) == 1  # placed before the cancellation was raised
-        (path,) = (root / "messages" / seen[0],)
-        assert path.read_bytes() == b"\x00" + PAYLOAD
+        assert read(str(root / "messages" / seen[0])) == b"\x00" + PAYLOAD
     assert files_under(root / "staging") == []
     assert message_files(root) == seen
 
@@ -341,3 +345,23 @@ async def test_a_task_publishes_in_order_across_path_changes(root: Path) -> None
     assert seam.placed == got
     assert bus._offload.switches >= 2  # to inline, then back to the thread
     assert len(message_files(root)) == len(got)
+
+
+@pytest.mark.asyncio
+async def test_an_inline_plain_publish_writes_what_the_general_path_writes(root: Path) -> None:
+    seam = Seam()
+    async with Bus(root, ops=seam) as bus:
+        await publish_until_inline(bus, seam)
+        before = len(seam.renames())
+        text = await bus.publish("t.fast", "héllo")  # str: UTF-8
+        work = await bus.publish("t.fast", PAYLOAD, single=True)
+        assert seam.renames()[before:] == [threading.get_ident()] * 2  # both inline
+        general = await bus.publish("t.fast", PAYLOAD, headers={"h": "v"})  # planned
+        for info, payload in ((text, "héllo".encode()), (work, PAYLOAD), (general, PAYLOAD)):
+            assert read(info.path) == b"\x00" + payload
+            assert info.topic == "t.fast"
+            assert info.size == len(payload)
+            assert Path(info.path).parent.name == info.bucket
+        assert work.single
+        assert not text.single
+        assert bus.statistics().published == len(seam.renames())
