@@ -190,8 +190,10 @@ class Channel:
         self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
         if consumer.sub is None:
             return
-        await self.bus.unsubscribe(consumer.sub)
-        self.gateway.untrack(consumer.queue, consumer.sub)
+        try:
+            await self.bus.unsubscribe(consumer.sub)
+        finally:
+            self.gateway.untrack(consumer.queue, consumer.sub)
         await self.gateway.consumer_left(consumer.queue)
 
     # ------------------------------------------------------------------ exchanges
@@ -674,8 +676,10 @@ class Channel:
             sub = consumer.sub
 
             async def stop() -> None:
-                await self.bus.unsubscribe(sub)
-                self.gateway.untrack(consumer.queue, sub)
+                try:
+                    await self.bus.unsubscribe(sub)
+                finally:
+                    self.gateway.untrack(consumer.queue, sub)
 
             self.conn.tasks.start_soon(stop)
         if self.conn.capabilities.get("consumer_cancel_notify"):
@@ -726,8 +730,10 @@ class Channel:
         state["closed"] = True
 
         async def stop() -> None:
-            await self.bus.unsubscribe(sub)
-            self.gateway.untrack(name, sub)
+            try:
+                await self.bus.unsubscribe(sub)
+            finally:
+                self.gateway.untrack(name, sub)
 
         self.conn.tasks.start_soon(stop)
         if not state["taken"]:
