@@ -110,7 +110,8 @@ def _sink_options(options: Any, overwrite: bool, *, streaming: bool) -> SinkOpti
     if overwrite:
         raise InvalidConfig(
             "fsbus streams and the Bus are append-only: use mode('append') (batch) or "
-            "outputMode('append'/'update') (streaming), not overwrite/complete"
+            "outputMode('append') (streaming; aggregate over windows with a watermark), "
+            "not overwrite/complete (Spark refuses 'update' for Python data source sinks)"
         )
     opts = parse_sink_options(options, streaming=streaming)
     return replace(opts, root=absolute(opts.root))
