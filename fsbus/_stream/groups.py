@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, TracebackType
@@ -180,16 +180,24 @@ class _GroupFiles:
         got = decode_generations(raw) if raw else None
         return got if got is not None else ((0, 0), (0, 0))
 
-    def _read_latest(self, path: Path, latest: tuple[int, int]) -> tuple[bytes | None, bool]:
-        """The file's bytes, and whether they have the latest write's length.
+    def _read_latest(
+        self, path: Path, latest: tuple[int, int], generation: Callable[[bytes], int | None]
+    ) -> tuple[bytes | None, bool]:
+        """The file's bytes, and whether they are the latest write's.
 
-        Reads again for up to ``cache_wait`` seconds while they do not (a caching mount
+        They are if they have its length, or are whole and of a later write
+        (``generation`` reads a copy's own count, None if it is cut short): the
+        `generation` file is not synced, so after a power cut it may describe an older
+        write than the synced file it points to, and that file is no stale copy.
+        Reads again for up to ``cache_wait`` seconds while they are not (a caching mount
         still serving the old copy); then returns what it has for the caller to judge.
         """
         started = self.ops.monotonic()
         while True:
             raw = self.ops.read_file(path)
             if latest[0] == 0 or (raw is not None and len(raw) == latest[1]):
+                return raw, True
+            if raw and (own := generation(raw)) is not None and own > latest[0]:
                 return raw, True
             if self.ops.monotonic() - started >= self.cache_wait:
                 return raw, False
@@ -207,7 +215,7 @@ class _GroupFiles:
     def read_offsets(self) -> dict[int, int]:
         """The committed offsets (the latest copy)."""
         latest = self.generations()[1]
-        raw, fresh = self._read_latest(self.offsets_path, latest)
+        raw, fresh = self._read_latest(self.offsets_path, latest, _offsets_generation)
         if raw is None:
             why = "it is missing"
         else:
@@ -241,7 +249,7 @@ class _GroupFiles:
     def read_owners(self) -> dict[int, str]:
         """Who holds each partition (the latest copy)."""
         latest = self.generations()[0]
-        raw, fresh = self._read_latest(self.owners_path, latest)
+        raw, fresh = self._read_latest(self.owners_path, latest, _owners_generation)
         if not raw:
             if not fresh:
                 raise self._stale(self.owners_path)
@@ -396,6 +404,22 @@ class _GroupFiles:
             self.ops.write_atomic(path, data, durable=durable, sync_file=sync_file)
         except OSError as exc:
             raise storage_error(f"write consumer group {self.name!r}", exc, path) from exc
+
+
+def _offsets_generation(raw: bytes) -> int | None:
+    """The write count an offsets file records, or None if it is not whole."""
+    try:
+        return decode_offsets_file_generation(raw)[1]
+    except ValueError:
+        return None
+
+
+def _owners_generation(raw: bytes) -> int | None:
+    """The write count an owners file records, or None if it is not whole."""
+    try:
+        return int(json.loads(raw)["generation"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class ConsumerGroup:

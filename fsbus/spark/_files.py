@@ -30,6 +30,7 @@ __all__ = [
     "absolute",
     "atomic_write_json",
     "commits_dir",
+    "durable_dirs",
     "read_json",
     "read_staged",
     "remove_empty_dir",
@@ -60,19 +61,54 @@ def _fail(what: str, exc: OSError, path: Path) -> StorageError:
     return StorageError(f"{what} failed at {path}: {exc.strerror or exc}", path)
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def durable_dirs(path: Path) -> None:
+    """Create directory ``path`` and its missing parents so that they survive a power cut.
+
+    Each directory created is synced into its parent (``mkdir -p`` alone leaves the new
+    names in memory: a file synced into them would still be gone after a cut).
+    """
+    missing: list[Path] = []
+    p = path
+    while not p.is_dir():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it: sync anyway
+            d.mkdir()
+        _fsync_dir(d.parent)
+
+
 def write_staged(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> int:
-    """Write batches to an Arrow IPC file that appears complete or not at all; row count."""
+    """Write batches to an Arrow IPC file that appears complete or not at all, durably
+    (a pending commit names the file, and its replay after a power cut reads it back);
+    the row count."""
     import pyarrow as pa  # here: the processes that only plan reads never load it
 
     rows = 0
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        durable_dirs(path.parent)
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             for batch in batches:
                 writer.write_batch(batch)
                 rows += batch.num_rows
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except OSError as exc:
         remove_file(tmp)
         raise _fail("staging rows for Spark", exc, path) from exc
@@ -97,17 +133,13 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     """Replace ``path`` with ``obj`` as JSON, durably: readers see the old or the new file."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        durable_dirs(path.parent)
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir(path.parent)
     except OSError as exc:
         remove_file(tmp)
         raise _fail("writing a Spark commit marker", exc, path) from exc
@@ -205,10 +237,10 @@ class Ledger:
         self._file.flush()
 
     def close(self) -> None:
-        """Close the ledger file."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the ledger file (closed even if its last flush fails)."""
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
 
     def _open(self) -> None:
         try:

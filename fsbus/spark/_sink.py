@@ -16,10 +16,13 @@ Protocol (one *batch key* per Spark micro-batch, or per batch job):
      appends only the rest (recording the new attempt in the pending marker first).
    * Bus: a ``<batch>.ledger`` lists the staged files, then the index of each message once
      it is published. Each message carries the header ``fsbus-spark-id`` =
-     ``<sink>/<batch>:<index>``. After a crash, the one message that may have been
-     published without its ledger line is looked up by that header (``browse``).
+     ``<sink>/<batch>:<index>``, and is published durably. The ledger's lines are not
+     synced, so after a crash the messages missing from it are looked up by that header
+     (one ``browse``).
 
-   Then ``<batch>.done`` is written atomically and the staging is removed.
+   Then ``<batch>.done`` is written atomically and the staging is removed. Markers,
+   staged files and the directories holding them are synced: a replay after a power cut
+   finds what the first attempt left.
 3. ``abort()`` removes the staged files of the failed attempt.
 
 The replay always republishes the *first* attempt's staged rows, so the result does not
@@ -438,6 +441,13 @@ def _count_appended(
 
 def _publish_on_bus(opts: SinkOptions, ledger_path: Path, files: list[str], tag: str) -> int:
     ledger = Ledger(ledger_path)
+    try:  # the ledger is closed whatever fails (a dead disk fails its flush, too)
+        return _publish_ledgered(opts, ledger, files, tag)
+    finally:
+        ledger.close()
+
+
+def _publish_ledgered(opts: SinkOptions, ledger: Ledger, files: list[str], tag: str) -> int:
     header, published = ledger.load()
     if header is None:
         ledger.start({"files": files})
@@ -446,7 +456,6 @@ def _publish_on_bus(opts: SinkOptions, ledger_path: Path, files: list[str], tag:
         ledger.resume()
     table = _load(files)
     if table is None:
-        ledger.close()
         return 0
     payloads = table.column("value").to_pylist()
     n = len(payloads)
@@ -457,34 +466,42 @@ def _publish_on_bus(opts: SinkOptions, ledger_path: Path, files: list[str], tag:
         headers = [{}] * n
     from fsbus import BlockingBus  # here: appends to a Stream never load the Bus's engine
 
-    try:
-        with BlockingBus(opts.root) as bus:
-            if header is not None:
-                maybe = len(published)  # publishes are in order: only this one is in doubt
-                if maybe < n and maybe not in published:
-                    topic = topics[maybe] if topics else opts.topic
-                    assert topic is not None
-                    if _on_bus(bus, topic, f"{tag}:{maybe}"):
-                        ledger.record(maybe)
-                        published.add(maybe)
-            for i in range(n):
-                if i in published:
-                    continue
-                topic = topics[i] if topics else opts.topic
-                assert topic is not None
-                kwargs: dict[str, Any] = {"single": opts.single, "ttl": opts.ttl}
-                if opts.priority is not None:
-                    kwargs["priority"] = opts.priority
-                bus.publish(
-                    topic, payloads[i], headers={**headers[i], ID_HEADER: f"{tag}:{i}"}, **kwargs
-                )
-                ledger.record(i)
-    finally:
-        ledger.close()
+    with BlockingBus(opts.root) as bus:
+        if header is not None and len(published) < n:
+            # The ledger's lines are not synced (a power cut loses the last ones), so any
+            # message not in it may be on the bus: look them all up, with one listing.
+            wanted = {topics[i] if topics else opts.topic for i in range(n)}
+            for i in _on_bus(bus, wanted, tag) - published:
+                if i < n:
+                    ledger.record(i)
+                    published.add(i)
+        for i in range(n):
+            if i in published:
+                continue
+            topic = topics[i] if topics else opts.topic
+            assert topic is not None
+            # durable: the done marker that follows is synced, and must not outlive the
+            # messages it vouches for
+            kwargs: dict[str, Any] = {"single": opts.single, "ttl": opts.ttl, "durable": True}
+            if opts.priority is not None:
+                kwargs["priority"] = opts.priority
+            bus.publish(
+                topic, payloads[i], headers={**headers[i], ID_HEADER: f"{tag}:{i}"}, **kwargs
+            )
+            ledger.record(i)
     return n
 
 
-def _on_bus(bus: BlockingBus, topic: str, ident: str) -> bool:
-    words = topic.split(".")
-    pattern = "#" if ("*" in words or "#" in words) else topic
-    return any((info.headers or {}).get(ID_HEADER) == ident for info in bus.browse(pattern=pattern))
+def _on_bus(bus: BlockingBus, topics: set[str | None], tag: str) -> set[int]:
+    """Indexes of this batch's messages on the bus (by their header ``<tag>:<index>``)."""
+    (only,) = topics if len(topics) == 1 else (None,)
+    words = only.split(".") if only is not None else ["#"]
+    pattern = "#" if ("*" in words or "#" in words) else only
+    assert pattern is not None
+    found: set[int] = set()
+    prefix = f"{tag}:"
+    for info in bus.browse(pattern=pattern):
+        ident = (info.headers or {}).get(ID_HEADER, "")
+        if ident.startswith(prefix) and ident[len(prefix) :].isdigit():
+            found.add(int(ident[len(prefix) :]))
+    return found

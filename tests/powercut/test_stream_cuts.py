@@ -21,12 +21,10 @@ def value(offset: int) -> bytes:
 
 def config(level: str) -> StreamConfig:
     # Small segments and frames: runs cross segment rolls and frame boundaries.
-    # cache_wait: the group's generation file is rewritten in place without a sync, so
-    # after a cut it may be older than the (synced) offsets file; a reader then waits
-    # cache_wait for a newer copy before trusting the offsets it has. Correct, but
-    # 1 s a read here.
+    # The default cache_wait (1 s): the group's generation file, not synced, may be
+    # older than the offsets file after a cut; a reader must not wait for it then.
     return StreamConfig(  # type: ignore[arg-type]
-        durability=level, segment_bytes=4096, max_frame_bytes=256, cache_wait=0.05
+        durability=level, segment_bytes=4096, max_frame_bytes=256
     )
 
 
