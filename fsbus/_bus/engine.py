@@ -541,7 +541,12 @@ class Bus:
         plan = self.plan(topic, single, ttl, durable, headers, priority)
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
-        targets = self._queues.targets(topic)
+        if self._offload.inline:
+            targets = self._queues.targets(topic)
+        else:
+            # The routing table looks at its VERSION file every few milliseconds: on a
+            # slow mount, not from the loop.
+            targets = await anyio.to_thread.run_sync(self._queues.targets, topic)
         if targets:
             # Durable queues are bound to it: a copy goes into each before this returns.
             if not isinstance(payload, bytes | bytearray | memoryview):
