@@ -16,8 +16,8 @@ test suite gets these fixtures without any ``conftest.py``:
 ``fsbus_bus``
     An open :class:`~fsbus.Bus` on ``fsbus_root``, closed after the test. It is an
     async fixture run by pytest-asyncio (mark the test ``@pytest.mark.asyncio`` in
-    strict mode); without pytest-asyncio it is a plain async fixture, which the
-    anyio pytest plugin runs for tests marked ``@pytest.mark.anyio``.
+    strict mode) or by the anyio pytest plugin for tests marked ``@pytest.mark.anyio``,
+    on asyncio or trio.
 
 The helpers to await messages live in :mod:`fsbus.testing`.
 
@@ -73,7 +73,13 @@ async def _open_bus(root: Path, config: BusConfig | None) -> AsyncIterator[Bus]:
     """
     from fsbus import Bus
 
-    loop = asyncio.get_running_loop()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # not asyncio: trio, whose test runners (the anyio plugin,
+        # pytest-trio) run a fixture's set-up and tear-down in one task
+        async with Bus(root, config=config) as bus:
+            yield bus
+        return
     opened: asyncio.Future[Bus] = loop.create_future()
     done = asyncio.Event()
 

@@ -393,7 +393,9 @@ class BlockingBus:
                 self._loop = LoopThread("fsbus-blocking-loop")
                 self._portal = self._loop.portal
             if self._bus is None:
-                bus = Bus(self.root, config=self.config, ops=self._ops)
+                # Built on the loop thread: a Bus makes its anyio events where it is
+                # constructed, and a caller's thread may run another loop (trio).
+                bus = self._portal.call(lambda: Bus(self.root, config=self.config, ops=self._ops))
                 self._bus_cm = self._portal.wrap_async_context_manager(bus)
                 self._bus = self._bus_cm.__enter__()
             return self._portal, self._bus

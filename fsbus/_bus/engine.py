@@ -649,15 +649,19 @@ class Bus:
         fd = await anyio.to_thread.run_sync(self._fs.begin, plan)
         total = 0
         try:
-            async for chunk in chunks:
-                if not isinstance(chunk, bytes | bytearray | memoryview):
-                    raise UsageError(
-                        f"payload chunks must be bytes, not {type(chunk).__name__}; "
-                        "encode text chunks first (chunk.encode())"
-                    )
-                total += len(chunk)
-                self._namer.check_size(total)
-                await anyio.to_thread.run_sync(self._fs.write_chunk, fd, bytes(chunk), plan)
+            iterator = aiter(chunks)
+            try:
+                async for chunk in iterator:
+                    if not isinstance(chunk, bytes | bytearray | memoryview):
+                        raise UsageError(
+                            f"payload chunks must be bytes, not {type(chunk).__name__}; "
+                            "encode text chunks first (chunk.encode())"
+                        )
+                    total += len(chunk)
+                    self._namer.check_size(total)
+                    await anyio.to_thread.run_sync(self._fs.write_chunk, fd, bytes(chunk), plan)
+            finally:
+                await _close_iterator(iterator)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._fs.abort, plan, fd)
@@ -1776,18 +1780,30 @@ async def _gather_payload(payload: object) -> bytes:
         return await anyio.Path(payload).read_bytes()
     if isinstance(payload, AsyncIterable):
         parts = []
-        async for chunk in payload:
-            if not isinstance(chunk, bytes | bytearray | memoryview):
-                raise UsageError(
-                    f"payload chunks must be bytes, not {type(chunk).__name__}; "
-                    "encode text chunks first (chunk.encode())"
-                )
-            parts.append(bytes(chunk))
+        iterator = aiter(payload)
+        try:
+            async for chunk in iterator:
+                if not isinstance(chunk, bytes | bytearray | memoryview):
+                    raise UsageError(
+                        f"payload chunks must be bytes, not {type(chunk).__name__}; "
+                        "encode text chunks first (chunk.encode())"
+                    )
+                parts.append(bytes(chunk))
+        finally:
+            await _close_iterator(iterator)
         return b"".join(parts)
     raise UsageError(
         "payload must be bytes, str, a path or an async iterable of bytes, not "
         f"{type(payload).__name__}"
     )
+
+
+async def _close_iterator(iterator: object) -> None:
+    """Close a payload's async generator, even one left unfinished (a refused chunk, a
+    payload over the limit): trio warns of one left to the garbage collector."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def _is_async_callable(obj: object) -> bool:

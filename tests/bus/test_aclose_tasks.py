@@ -66,7 +66,7 @@ class Holder:
                 await self._changed.wait()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 @pytest.mark.parametrize("locking", LOCKINGS)
 async def test_aclose_from_another_task_releases_what_handlers_hold(
     root: Path, locking: str
@@ -99,7 +99,7 @@ async def test_aclose_from_another_task_releases_what_handlers_hold(
     assert bus.statistics().failed == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_aclose_from_a_handler_does_not_wait_for_itself(root: Path) -> None:
     holder = Holder()
     returned = anyio.Event()
@@ -127,7 +127,7 @@ async def test_aclose_from_a_handler_does_not_wait_for_itself(root: Path) -> Non
     assert bus.statistics().released == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_handler_cancelled_after_closing_releases_its_message(root: Path) -> None:
     cancelled = anyio.Event()
 
@@ -148,7 +148,7 @@ async def test_a_handler_cancelled_after_closing_releases_its_message(root: Path
     assert bus.statistics().failed == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_task_started_by_a_handler_may_close_the_bus(root: Path) -> None:
     done = anyio.Event()
 
@@ -168,7 +168,7 @@ async def test_a_task_started_by_a_handler_may_close_the_bus(root: Path) -> None
     assert waiting(root, info)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_two_tasks_closing_at_once_both_return_when_it_is_closed(root: Path) -> None:
     holder = Holder()
     returned: list[bool] = []
@@ -192,7 +192,7 @@ async def test_two_tasks_closing_at_once_both_return_when_it_is_closed(root: Pat
     assert message_files(root) == [f"{info.bucket}/{info.name}"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_cancelled_aclose_still_closes_the_bus(root: Path) -> None:
     holder = Holder()
     async with Bus(root) as bus:
@@ -216,7 +216,7 @@ async def test_a_cancelled_aclose_still_closes_the_bus(root: Path) -> None:
         assert waiting(root, info)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_aclose_after_the_block_was_cancelled_is_a_no_op(root: Path) -> None:
     holder = Holder()
     with anyio.CancelScope() as scope:
@@ -236,7 +236,7 @@ async def test_aclose_after_the_block_was_cancelled_is_a_no_op(root: Path) -> No
     assert waiting(root, info)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_aclose_from_another_task_ends_the_iterator_of_the_entering_task(
     root: Path,
 ) -> None:
@@ -260,7 +260,7 @@ async def test_aclose_from_another_task_ends_the_iterator_of_the_entering_task(
     assert waiting(root, info)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_aclose_of_a_bus_never_entered(root: Path) -> None:
     bus = Bus(root)
     await bus.aclose()

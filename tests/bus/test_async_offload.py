@@ -114,7 +114,7 @@ async def publish_until_inline(bus: Bus, seam: Seam) -> None:
     pytest.fail(f"{TRIES} publishes on a fast seam and none ran inline")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_new_bus_measures_in_the_thread_then_publishes_inline(root: Path) -> None:
     seam = Seam()
     me = threading.get_ident()
@@ -132,7 +132,7 @@ async def test_a_new_bus_measures_in_the_thread_then_publishes_inline(root: Path
     assert files_under(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_slow_mount_moves_publishes_to_a_thread_and_back(root: Path) -> None:
     seam = Seam()
     me = threading.get_ident()
@@ -159,7 +159,7 @@ async def test_a_slow_mount_moves_publishes_to_a_thread_and_back(root: Path) -> 
     assert files_under(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_concurrent_publishes_on_a_slow_mount_share_thread_hops(root: Path) -> None:
     seam = Seam()
     me = threading.get_ident()
@@ -173,7 +173,7 @@ async def test_concurrent_publishes_on_a_slow_mount_share_thread_hops(root: Path
     assert len(message_files(root)) == 20
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_the_loop_keeps_running_while_a_publish_waits_on_a_slow_mount(root: Path) -> None:
     """A ticker task counts loop turns; the slow call itself checks that it counted on."""
     seam = Seam()
@@ -217,7 +217,7 @@ async def test_the_loop_keeps_running_while_a_publish_waits_on_a_slow_mount(root
     assert seam.during[0] >= 3
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_durable_publishes_never_run_inline(root: Path) -> None:
     seam = Seam()
     me = threading.get_ident()
@@ -264,7 +264,7 @@ async def cancel_during(bus: Bus, seam: Seam, op: str) -> tuple[bool, list[str]]
     return raised.is_set(), seen
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 @pytest.mark.parametrize("op", ["open", "writev"])
 async def test_a_publish_cancelled_before_its_rename_is_withdrawn_whole(
     root: Path, op: str
@@ -285,7 +285,7 @@ async def test_a_publish_cancelled_before_its_rename_is_withdrawn_whole(
     assert bytes.fromhex(os.path.basename(only).split("@")[0]).decode() == "t.after"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_publish_cancelled_during_its_rename_lands_whole_before_it_raises(
     root: Path,
 ) -> None:
@@ -299,7 +299,7 @@ async def test_a_publish_cancelled_during_its_rename_lands_whole_before_it_raise
     assert message_files(root) == seen
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_publish_cancelled_while_queued_writes_nothing(root: Path) -> None:
     """Queued behind a held publish, a cancelled one never reaches the filesystem."""
     seam = Seam()
@@ -327,7 +327,7 @@ async def test_a_publish_cancelled_while_queued_writes_nothing(root: Path) -> No
     assert files_under(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_task_publishes_in_order_across_path_changes(root: Path) -> None:
     seam = Seam()
     got: list[str] = []
@@ -347,7 +347,7 @@ async def test_a_task_publishes_in_order_across_path_changes(root: Path) -> None
     assert len(message_files(root)) == len(got)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_inline_plain_publish_writes_what_the_general_path_writes(root: Path) -> None:
     seam = Seam()
     async with Bus(root, ops=seam) as bus:

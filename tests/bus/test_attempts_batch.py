@@ -13,7 +13,7 @@ from fsbus import Bus, BusConfig, Message
 from .conftest import WAIT, files_under, message_files, wait_until
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_every_claim_in_a_batch_gets_its_own_failure_count(
     root: Path, fast: BusConfig
 ) -> None:

@@ -45,7 +45,7 @@ def assert_nothing_written(root: Path) -> None:
     ],
     ids=["bytes", "none", "tab", "nul", "too-long", "too-many-words", "surrogate"],
 )
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_invalid_topic(root: Path, topic: object, rule: str) -> None:
     async with Bus(root) as bus:
         with pytest.raises(InvalidTopic, match=rule) as caught:
@@ -66,7 +66,7 @@ async def test_invalid_topic(root: Path, topic: object, rule: str) -> None:
     ],
     ids=["int", "newline", "too-many-words"],
 )
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_invalid_pattern(root: Path, pattern: object, rule: str) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -96,7 +96,7 @@ async def test_invalid_pattern(root: Path, pattern: object, rule: str) -> None:
     ],
     ids=["list", "int-value", "int-name", "empty", "newline", "long-name", "nul", "too-big"],
 )
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bad_headers(root: Path, headers: object, rule: str) -> None:
     async with Bus(root) as bus:
         with pytest.raises(InvalidHeader, match=rule):
@@ -105,7 +105,7 @@ async def test_bad_headers(root: Path, headers: object, rule: str) -> None:
 
 
 @pytest.mark.parametrize("ttl", [0, -1, math.nan, "10", True, -math.inf])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bad_ttl(root: Path, ttl: object) -> None:
     async with Bus(root) as bus:
         with pytest.raises(UsageError, match="ttl must be a positive number of seconds"):
@@ -114,7 +114,7 @@ async def test_bad_ttl(root: Path, ttl: object) -> None:
 
 
 @pytest.mark.parametrize("ttl", [math.inf, 1e300])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_unbounded_ttl_means_the_latest_expiry_a_name_holds(root: Path, ttl: float) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -126,7 +126,7 @@ async def test_unbounded_ttl_means_the_latest_expiry_a_name_holds(root: Path, tt
 
 
 @pytest.mark.parametrize("priority", [-1, 256, 1.5, True, "1"])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bad_priority(root: Path, priority: object) -> None:
     async with Bus(root) as bus:
         with pytest.raises(UsageError, match="priority must be an int from 0"):
@@ -134,7 +134,7 @@ async def test_bad_priority(root: Path, priority: object) -> None:
     assert_nothing_written(root)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_payload_too_large(root: Path) -> None:
     async with Bus(root, config=BusConfig(max_payload_size=1000)) as bus:
         await bus.publish("t", b"x" * 1000)  # the limit itself is fine
@@ -145,7 +145,7 @@ async def test_payload_too_large(root: Path) -> None:
     assert len(message_files(root)) == 1  # publish_many checked everything first
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_handler_must_be_callable(root: Path) -> None:
     async with Bus(root) as bus:
         with pytest.raises(UsageError, match="handler must be an async function"):
@@ -153,7 +153,7 @@ async def test_handler_must_be_callable(root: Path) -> None:
         assert bus.statistics().subscriptions == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_plain_function_handler_is_refused_before_any_delivery(root: Path) -> None:
     def blocking(msg: object) -> None:  # would run, then fail when awaited
         raise AssertionError("never called")
@@ -164,7 +164,7 @@ async def test_a_plain_function_handler_is_refused_before_any_delivery(root: Pat
         assert bus.statistics().subscriptions == 0
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_use_before_entering(root: Path) -> None:
     bus = Bus(root)
     with pytest.raises(UsageError, match="async with Bus"):
@@ -172,7 +172,7 @@ async def test_use_before_entering(root: Path) -> None:
     assert not await anyio.Path(root).exists()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_closed_bus_refuses_everything(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -212,7 +212,7 @@ def test_bad_config(options: dict[str, object]) -> None:
         BusConfig(**options)  # type: ignore[arg-type]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_async_iterator_of_text_chunks(root: Path) -> None:
     async def chunks() -> AsyncIterator[str]:
         yield "text, not bytes"

@@ -124,7 +124,7 @@ def test_missing_queue_bad_name_and_bad_pattern(root: Path) -> None:
     assert not (root / "fsbus" / "queues" / "here").exists()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_async_face(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("billing", ["orders.*"])

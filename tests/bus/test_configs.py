@@ -26,7 +26,7 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("cfg", CONFIGS.values(), ids=CONFIGS.keys())
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_round_trip(root: Path, cfg: BusConfig) -> None:
     multi, work = Inbox(), Inbox()
     long_topic = "long." + "segment." * 30 + "end"

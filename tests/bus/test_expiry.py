@@ -20,7 +20,7 @@ async def wait_past(expires: float) -> None:
 
 
 @pytest.mark.parametrize("single", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_expired_message_is_not_delivered_and_the_scan_removes_it(
     root: Path, single: bool
 ) -> None:
@@ -38,7 +38,7 @@ async def test_expired_message_is_not_delivered_and_the_scan_removes_it(
     assert not (root / "fsbus" / "meta" / info.bucket / info.name).exists()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_gc_removes_expired_messages_without_a_subscriber(root: Path) -> None:
     async with Bus(root) as bus:
         long_topic = "ttl." + "q" * 200
@@ -53,7 +53,7 @@ async def test_gc_removes_expired_messages_without_a_subscriber(root: Path) -> N
     assert files_under(root / "topics") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_expiry_is_publish_time_plus_ttl(root: Path) -> None:
     cfg = BusConfig(multi_ttl=30, single_ttl=90)
     async with Bus(root, config=cfg) as bus:
@@ -67,7 +67,7 @@ async def test_expiry_is_publish_time_plus_ttl(root: Path) -> None:
     assert before + 5.5 - 0.002 <= custom.expires <= after + 5.5 + 0.002
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_gc_loop_runs_on_its_own(root: Path) -> None:
     cfg = BusConfig(gc_interval=0.05)
     async with Bus(root, config=cfg) as bus:
@@ -76,7 +76,7 @@ async def test_gc_loop_runs_on_its_own(root: Path) -> None:
         assert not await anyio.Path(info.path).exists()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_expired_work_item_is_logged_as_a_warning(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -35,7 +35,7 @@ def prepare(root: Path) -> None:
         pass
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_foreign_files_are_quarantined_and_counted(root: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     (root / "messages" / "00" / "README").write_text("not a message")
@@ -59,7 +59,7 @@ async def test_foreign_files_are_quarantined_and_counted(root: Path) -> None:
     }
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_foreign_file_dropped_while_running_is_quarantined(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root, config=BusConfig(refresh_ttl=0.1, poll_interval=0.05)) as bus:
@@ -71,7 +71,7 @@ async def test_foreign_file_dropped_while_running_is_quarantined(root: Path) -> 
     assert message_files(root) != []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_gc_quarantines_foreign_files_too(root: Path) -> None:
     async with Bus(root) as bus:
         await anyio.Path(root / "messages" / "11" / "stray.txt").write_text("x")
@@ -81,7 +81,7 @@ async def test_gc_quarantines_foreign_files_too(root: Path) -> None:
 
 
 @pytest.mark.parametrize("single", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_planted_symlink_is_never_followed(
     root: Path, tmp_path: Path, single: bool
 ) -> None:
@@ -103,7 +103,7 @@ async def test_a_planted_symlink_is_never_followed(
     assert link.is_symlink()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_expired_symlink_is_removed_not_its_target(root: Path, tmp_path: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     secret = tmp_path / "secret"
@@ -116,7 +116,7 @@ async def test_an_expired_symlink_is_removed_not_its_target(root: Path, tmp_path
     assert secret.read_bytes() == b"\x00keep"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_symlinked_bucket_directory_is_refused(root: Path, tmp_path: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     elsewhere = tmp_path / "elsewhere"
@@ -131,7 +131,7 @@ async def test_a_symlinked_bucket_directory_is_refused(root: Path, tmp_path: Pat
 
 
 @pytest.mark.parametrize("single", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_directory_named_like_a_message_does_not_stop_delivery(
     root: Path, single: bool
 ) -> None:
@@ -145,7 +145,7 @@ async def test_a_directory_named_like_a_message_does_not_stop_delivery(
     assert inbox.topics == ["real"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_empty_single_leftover_is_removed(root: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     leftover = root / "messages" / "10" / peer_name("job", single=True)
@@ -159,7 +159,7 @@ async def test_an_empty_single_leftover_is_removed(root: Path) -> None:
     assert inbox.payloads == [b"real"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_empty_multi_file_is_not_delivered(root: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     (root / "messages" / "10" / peer_name("m", single=False)).write_bytes(b"")
@@ -171,7 +171,7 @@ async def test_an_empty_multi_file_is_not_delivered(root: Path) -> None:
     assert inbox.payloads == [b"real"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_corrupt_headers_sidecar_gives_no_headers(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -183,7 +183,7 @@ async def test_a_corrupt_headers_sidecar_gives_no_headers(root: Path) -> None:
     assert msg.headers == {}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_garbage_attempts_file_counts_as_none(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -194,7 +194,7 @@ async def test_a_garbage_attempts_file_counts_as_none(root: Path) -> None:
     assert msg.delivery_count == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_short_update_file_while_running(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -207,7 +207,7 @@ async def test_a_short_update_file_while_running(root: Path) -> None:
     assert sorted(inbox.topics) == [f"u.{i}" for i in range(5)]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_short_update_file_is_rewritten_on_open(root: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     update = anyio.Path(root / "update" / "UPDATE")
@@ -220,7 +220,7 @@ async def test_a_short_update_file_is_rewritten_on_open(root: Path) -> None:
         await inbox.wait_for(1)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_missing_update_file_while_running(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root, config=BusConfig(poll_interval=0.05)) as bus:
@@ -231,7 +231,7 @@ async def test_a_missing_update_file_while_running(root: Path) -> None:
 
 
 @pytest.mark.parametrize("single", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_fifo_named_like_a_message_does_not_hang_the_bus(root: Path, single: bool) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     os.mkfifo(root / "messages" / "00" / peer_name("a.fifo", single=single))
@@ -256,7 +256,7 @@ class SpillOpens(Ops):
 
 
 @pytest.mark.parametrize("bad", ["non-ascii", "symlink", "directory"])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_bad_topic_spill_is_quarantined_once_not_read_at_every_listing(
     root: Path, tmp_path: Path, bad: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -12,7 +12,7 @@ from fsbus import Bus, BusConfig
 from .conftest import WAIT, is_flocked, message_files, wait_until
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_multi_messages_arrive_in_async_for(root: Path) -> None:
     got: list[bytes] = []
     async with Bus(root) as bus, bus.messages("feed.*") as it:
@@ -26,7 +26,7 @@ async def test_multi_messages_arrive_in_async_for(root: Path) -> None:
     assert sorted(got) == [b"0", b"1", b"2"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_ack_consumes_a_single(root: Path) -> None:
     async with Bus(root) as bus, bus.messages("jobs") as it:
         info = await bus.publish("jobs", b"j", single=True)
@@ -38,7 +38,7 @@ async def test_ack_consumes_a_single(root: Path) -> None:
         await wait_until(lambda: message_files(root) == [] and bus.statistics().acked == 1)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_release_gives_it_back_and_counts_a_failed_delivery(root: Path) -> None:
     cfg = BusConfig(poll_interval=0.05, retry_interval=0.05)
     async with Bus(root, config=cfg) as bus, bus.messages("jobs") as it:
@@ -55,7 +55,7 @@ async def test_release_gives_it_back_and_counts_a_failed_delivery(root: Path) ->
     assert stats.acked == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_asking_for_the_next_message_acks_the_previous_single(root: Path) -> None:
     async with Bus(root) as bus, bus.messages("q") as it:
         a = await bus.publish("q", b"a", single=True)
@@ -69,7 +69,7 @@ async def test_asking_for_the_next_message_acks_the_previous_single(root: Path) 
         await wait_until(lambda: message_files(root) == [])
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_leaving_the_block_releases_what_was_not_acked(root: Path) -> None:
     async with Bus(root) as bus:
         infos = [await bus.publish("w", str(i), single=True) for i in range(3)]
@@ -92,14 +92,14 @@ async def test_leaving_the_block_releases_what_was_not_acked(root: Path) -> None
     assert all(m.delivery_count == 1 for m in again)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_receive_times_out(root: Path) -> None:
     async with Bus(root) as bus, bus.messages("nothing.here") as it:
         with pytest.raises(TimeoutError):
             await it.receive(timeout=0.2)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_iterator_existing(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.publish("old", b"1")
@@ -108,7 +108,7 @@ async def test_iterator_existing(root: Path) -> None:
     assert msg.payload == b"1"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_ack_of_a_multi_is_harmless(root: Path) -> None:
     async with Bus(root) as bus, bus.messages("m") as it:
         await bus.publish("m", b"x")
@@ -118,7 +118,7 @@ async def test_ack_of_a_multi_is_harmless(root: Path) -> None:
     assert len(message_files(root)) == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_closing_the_bus_ends_a_waiting_consumer(root: Path) -> None:
     # Regression: a consumer task waiting on an iterator kept waiting after aclose.
     got: list[str] = []
@@ -140,7 +140,7 @@ async def test_closing_the_bus_ends_a_waiting_consumer(root: Path) -> None:
     assert got == ["ended"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_receive_with_timeout_zero_polls(root: Path) -> None:
     async with Bus(root) as bus, bus.messages("p") as it:
         with pytest.raises(TimeoutError):
@@ -157,7 +157,7 @@ async def test_receive_with_timeout_zero_polls(root: Path) -> None:
     assert got.payload == b"waiting"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_iterator_claims_one_work_item_at_a_time_by_default(root: Path) -> None:
     async with Bus(root) as bus:
         infos = [await bus.publish("jobs", f"j{i}".encode(), single=True) for i in range(5)]
@@ -170,7 +170,7 @@ async def test_an_iterator_claims_one_work_item_at_a_time_by_default(root: Path)
             assert second.name != first.name
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_prefetch_lets_an_iterator_hold_more(root: Path) -> None:
     async with Bus(root) as bus:
         infos = [await bus.publish("jobs", f"j{i}".encode(), single=True) for i in range(5)]

@@ -15,7 +15,7 @@ from fsbus import BlockingBus, Bus, BusConfig, Message
 from .conftest import WAIT, Inbox, files_under, message_files, wait_until
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_root_and_its_missing_parents_are_created(tmp_path: Path) -> None:
     root = tmp_path / "a" / "b" / "bus"
     async with Bus(os.fspath(root)) as bus:
@@ -25,7 +25,7 @@ async def test_root_and_its_missing_parents_are_created(tmp_path: Path) -> None:
         assert (root / sub).exists(), sub
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_reopening_an_existing_bus_keeps_its_messages(root: Path) -> None:
     async with Bus(root) as bus:
         info = await bus.publish("keep", b"x", single=True)
@@ -36,7 +36,7 @@ async def test_reopening_an_existing_bus_keeps_its_messages(root: Path) -> None:
     assert msg.name == info.name
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_handler_concurrency_is_a_ceiling(root: Path) -> None:
     limit = 3
     active = 0
@@ -66,7 +66,7 @@ async def test_handler_concurrency_is_a_ceiling(root: Path) -> None:
     assert peak == limit
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_resubscribing_after_every_subscription_closed(root: Path) -> None:
     first, second = Inbox(), Inbox()
     async with Bus(root) as bus:
@@ -81,7 +81,7 @@ async def test_resubscribing_after_every_subscription_closed(root: Path) -> None
     assert second.payloads == [b"2"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_cancelled_streaming_publish_leaves_nothing(root: Path) -> None:
     started = anyio.Event()
 
@@ -101,7 +101,7 @@ async def test_a_cancelled_streaming_publish_leaves_nothing(root: Path) -> None:
     assert message_files(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_cancelled_publish_is_all_or_nothing(root: Path) -> None:
     payload = os.urandom(1 << 20)
     async with Bus(root) as bus:
@@ -117,7 +117,7 @@ async def test_a_cancelled_publish_is_all_or_nothing(root: Path) -> None:
         assert data in (b"\x00" + payload, b"\x00after")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bytearray_and_memoryview_payloads(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -128,7 +128,7 @@ async def test_bytearray_and_memoryview_payloads(root: Path) -> None:
     assert sorted(inbox.payloads) == [b"array", b"view"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_gc_spares_an_expired_single_that_is_being_handled(root: Path) -> None:
     started = anyio.Event()
     gate = anyio.Event()
@@ -150,7 +150,7 @@ async def test_gc_spares_an_expired_single_that_is_being_handled(root: Path) -> 
     assert message_files(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_close_with_many_handlers_running_releases_every_single(root: Path) -> None:
     started = 0
 
@@ -183,7 +183,7 @@ def open_fds() -> set[str]:
     return out
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_open_and_close_leave_no_descriptor_behind(root: Path) -> None:
     async def cycle() -> None:
         inbox = Inbox()

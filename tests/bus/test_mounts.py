@@ -154,7 +154,7 @@ def test_streams_open_where_flock_crosses_hosts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fstype", ["fuse.ceph-fuse", "fuse.glusterfs", "nfs4"])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_network_mount_is_polled_with_coherent_reads(tmp_path: Path, fstype: str) -> None:
     """Polling only, every 20 ms, UPDATE read with O_DIRECT; stamps by pwrite or reopen."""
     root = tmp_path / "bus"
@@ -183,7 +183,7 @@ async def test_a_network_mount_is_polled_with_coherent_reads(tmp_path: Path, fst
     assert pub._fs.platform.stamp_write == ("reopen" if fstype == "nfs4" else "keep_open")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_explicit_poll_interval_wins(tmp_path: Path) -> None:
     async with Bus(
         tmp_path / "bus",
@@ -193,7 +193,7 @@ async def test_an_explicit_poll_interval_wins(tmp_path: Path) -> None:
         assert bus._poll_interval == 0.5
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_local_disk_keeps_inotify(tmp_path: Path) -> None:
     async with Bus(tmp_path / "bus") as bus:
         assert bus._fs.platform.family == "local"
@@ -226,7 +226,7 @@ def test_a_planted_link_among_the_buckets_is_still_refused(tmp_path: Path) -> No
         pass
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_listing_on_a_network_mount_uses_several_threads(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     async with Bus(root, ops=FakeOps(tmp_path, "fuse.glusterfs")) as bus:
@@ -282,7 +282,7 @@ def test_doctor_on_a_polled_mount_does_not_ask_for_the_environment(tmp_path: Pat
     assert "FSBUS_FORCE_POLLING" not in inotify.fix
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_single_is_taken_once_across_two_rename_hosts(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     got = Inbox()  # both hosts' handlers

@@ -16,7 +16,7 @@ from fsbus._bus.ops import Ops
 from .conftest import WAIT, Inbox, message_files, wait_until
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_publish_reaches_every_matching_subscription_once(root: Path) -> None:
     a, b, other = Inbox(), Inbox(), Inbox()
     async with Bus(root) as bus:
@@ -37,7 +37,7 @@ async def test_publish_reaches_every_matching_subscription_once(root: Path) -> N
     assert other.topics == ["invoices.paid"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_many_messages_none_lost_none_twice(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -54,7 +54,7 @@ async def test_many_messages_none_lost_none_twice(root: Path) -> None:
     assert set(got) == sent
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_one_handler_on_two_matching_patterns_is_called_once(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -68,7 +68,7 @@ async def test_one_handler_on_two_matching_patterns_is_called_once(root: Path) -
     assert inbox.topics == ["a.b", "a.c"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_without_dedup_each_subscription_gets_its_copy(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root, config=BusConfig(dedup=False)) as bus:
@@ -79,7 +79,7 @@ async def test_without_dedup_each_subscription_gets_its_copy(root: Path) -> None
     assert inbox.topics == ["a.b", "a.b"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_unsubscribe_stops_delivery(root: Path) -> None:
     gone, stays = Inbox(), Inbox()
     async with Bus(root) as bus:
@@ -99,7 +99,7 @@ async def test_unsubscribe_stops_delivery(root: Path) -> None:
     assert stays.topics == ["t.1", "t.2"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_existing_true_gets_present_messages_default_does_not(root: Path) -> None:
     async with Bus(root) as publisher:
         await publisher.publish("old.one", b"before")
@@ -116,7 +116,7 @@ async def test_existing_true_gets_present_messages_default_does_not(root: Path) 
     assert sorted(everything.topics) == ["old.one", "old.three", "old.two"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_existing_on_a_running_bus_gets_what_is_present(root: Path) -> None:
     first, late = Inbox(), Inbox()
     async with Bus(root) as bus:
@@ -132,7 +132,7 @@ async def test_existing_on_a_running_bus_gets_what_is_present(root: Path) -> Non
     assert first.topics == ["x.1", "x.2"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_two_buses_on_one_directory_both_see_a_multi(root: Path) -> None:
     a, b = Inbox(), Inbox()
     async with Bus(root) as one, Bus(root) as two:
@@ -146,7 +146,7 @@ async def test_two_buses_on_one_directory_both_see_a_multi(root: Path) -> None:
     assert len(message_files(root)) == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_headers_priority_time_and_host_reach_the_subscriber(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -171,7 +171,7 @@ async def test_headers_priority_time_and_host_reach_the_subscriber(root: Path) -
     assert (root / "fsbus" / "meta" / info.bucket / info.name).exists()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_message_text_and_json(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -182,7 +182,7 @@ async def test_message_text_and_json(root: Path) -> None:
     assert msg.json() == {"a": [1, "é"]}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_failing_multi_handler_does_not_stop_others(root: Path) -> None:
     inbox = Inbox()
 
@@ -200,7 +200,7 @@ async def test_a_failing_multi_handler_does_not_stop_others(root: Path) -> None:
     assert stats.delivered >= 3
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_publish_many(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -211,7 +211,7 @@ async def test_publish_many(root: Path) -> None:
     assert sorted(inbox.payloads) == [b"1", b"2", b"3"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_polling_only_still_delivers(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root, config=BusConfig(force_polling=True, poll_interval=0.05)) as bus:
@@ -222,7 +222,7 @@ async def test_polling_only_still_delivers(root: Path) -> None:
     assert inbox.payloads == [b"polled"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_order_by_expiry_single_bucket(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root, config=BusConfig(order_by_expiry=True)) as bus:
@@ -233,7 +233,7 @@ async def test_order_by_expiry_single_bucket(root: Path) -> None:
     assert (root / "messages" / "0" / info.name).exists()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_no_update_file_scans_every_bucket(root: Path) -> None:
     inbox = Inbox()
     cfg = BusConfig(bucket_stamp_size=0, poll_interval=0.05)
@@ -260,7 +260,7 @@ class GatedListing(Ops):
         return super().listdir(path)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_existing_subscription_added_while_a_scan_is_listing(root: Path) -> None:
     # Regression: a scan whose (partial) listing began before subscribe(existing=True)
     # took the new subscription as served, so it never got what was present.
@@ -281,7 +281,7 @@ async def test_existing_subscription_added_while_a_scan_is_listing(root: Path) -
     assert msg.name == present.name
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_one_subscriber_cannot_change_anothers_headers(root: Path) -> None:
     seen: list[dict[str, str]] = []
 

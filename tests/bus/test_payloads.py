@@ -17,7 +17,7 @@ MB = 1 << 20
 
 
 @pytest.mark.parametrize("single", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_empty_payload(root: Path, single: bool) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -30,7 +30,7 @@ async def test_empty_payload(root: Path, single: bool) -> None:
 
 
 @pytest.mark.parametrize("single", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_ten_megabytes_arrive_exactly(root: Path, single: bool) -> None:
     data = os.urandom(10 * MB)
     inbox = Inbox()
@@ -47,7 +47,7 @@ async def test_ten_megabytes_arrive_exactly(root: Path, single: bool) -> None:
     assert msg.payload == data
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_str_payload_is_utf8(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -58,7 +58,7 @@ async def test_str_payload_is_utf8(root: Path) -> None:
     assert info.size == len("naïve ✓".encode())
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_payload_from_a_file_is_streamed_not_loaded(root: Path, tmp_path: Path) -> None:
     data = os.urandom(3 * MB + 123)
     src = tmp_path / "payload.bin"
@@ -78,7 +78,7 @@ async def test_payload_from_a_file_is_streamed_not_loaded(root: Path, tmp_path: 
     assert src.read_bytes() == data  # the source is left alone
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_payload_file_larger_than_the_limit_leaves_nothing(
     root: Path, tmp_path: Path
 ) -> None:
@@ -91,7 +91,7 @@ async def test_payload_file_larger_than_the_limit_leaves_nothing(
     assert files_under(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_payload_from_an_async_iterator_goes_to_disk_as_it_comes(root: Path) -> None:
     chunks = [os.urandom(256 * 1024) for _ in range(8)]
     staged_sizes: list[int] = []
@@ -116,7 +116,7 @@ async def test_payload_from_an_async_iterator_goes_to_disk_as_it_comes(root: Pat
     assert files_under(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_async_iterator_over_the_limit_is_aborted(root: Path) -> None:
     async def produce() -> AsyncIterator[bytes]:
         for _ in range(10):
@@ -129,7 +129,7 @@ async def test_async_iterator_over_the_limit_is_aborted(root: Path) -> None:
     assert files_under(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_failing_async_iterator_leaves_nothing(root: Path) -> None:
     async def produce() -> AsyncIterator[bytes]:
         yield b"part"
@@ -142,7 +142,7 @@ async def test_failing_async_iterator_leaves_nothing(root: Path) -> None:
     assert files_under(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bad_payload_type(root: Path) -> None:
     async with Bus(root) as bus:
         with pytest.raises(ValueError, match="payload must be"):
@@ -151,7 +151,7 @@ async def test_bad_payload_type(root: Path) -> None:
 
 
 @pytest.mark.parametrize("single", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_long_topics_spill_and_arrive_whole(root: Path, single: bool) -> None:
     topic = "region." + ".".join(f"word{i:03d}" for i in range(40))  # ~320 bytes
     inbox = Inbox()
@@ -170,7 +170,7 @@ async def test_long_topics_spill_and_arrive_whole(root: Path, single: bool) -> N
     assert msg.payload == b"long"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_long_topic_matching_uses_the_whole_topic(root: Path) -> None:
     prefix = "p" * 120  # the name holds only the first 100 bytes of the topic
     wanted, other = Inbox(), Inbox()
@@ -185,7 +185,7 @@ async def test_long_topic_matching_uses_the_whole_topic(root: Path) -> None:
     assert other.payloads == [b"2"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_payload_over_the_subscribers_limit_is_not_read(root: Path) -> None:
     small = BusConfig(max_payload_size=10)
     inbox = Inbox()

@@ -45,7 +45,7 @@ def prepare(root: Path) -> None:
         pass
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_peer_files_reach_subscribers_with_their_topics(root: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     singles = [v for v in VECTORS if v["single"]]
@@ -73,7 +73,7 @@ async def test_peer_files_reach_subscribers_with_their_topics(root: Path) -> Non
     )
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_peer_long_single_is_consumed_with_its_spill(root: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     (vec,) = [v for v in VECTORS if v["single"] and v["spill"]]

@@ -58,7 +58,7 @@ class Gate:
                 await self._changed.wait()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_default_kind_purges_work_queue_messages_only(root: Path) -> None:
     async with Bus(root) as bus:
         jobs = [await bus.publish(f"jobs.{n}", b"j", single=True) for n in ("a", "b")]
@@ -71,7 +71,7 @@ async def test_default_kind_purges_work_queue_messages_only(root: Path) -> None:
     assert not set(names(*jobs)) & set(message_files(root))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_multi_messages_go_with_their_sidecars(root: Path) -> None:
     async with Bus(root) as bus:
         gone = [
@@ -90,7 +90,7 @@ async def test_multi_messages_go_with_their_sidecars(root: Path) -> None:
     assert gone[0].name not in str(files_under(root))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_kind_all_and_long_topics_with_spill_files(root: Path) -> None:
     async with Bus(root) as bus:
         long_multi = await bus.publish(LONG, b"m")
@@ -105,7 +105,7 @@ async def test_kind_all_and_long_topics_with_spill_files(root: Path) -> None:
     assert long_single.name not in str(files_under(root))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_held_work_queue_message_survives_and_is_counted(root: Path) -> None:
     gate = Gate()
     config = BusConfig(handler_concurrency=1)
@@ -130,7 +130,7 @@ async def test_a_held_work_queue_message_survives_and_is_counted(root: Path) -> 
     assert message_files(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_message_claimed_by_rename_is_not_seen(root: Path) -> None:
     gate = Gate()
     config = BusConfig(locking="rename", handler_concurrency=1)
@@ -149,7 +149,7 @@ async def test_a_message_claimed_by_rename_is_not_seen(root: Path) -> None:
     assert files_under(root / "fsbus" / "claims") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_failure_counters_go_with_the_message(root: Path) -> None:
     with BlockingBus(root) as bus:
         info = bus.publish("jobs.retry", b"r", single=True)
@@ -163,7 +163,7 @@ async def test_failure_counters_go_with_the_message(root: Path) -> None:
     assert files_under(root / "fsbus" / "attempts") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_files_that_are_not_messages_are_never_touched(root: Path) -> None:
     async with Bus(root) as bus:
         real = await bus.publish("t", b"x", single=True)
@@ -186,7 +186,7 @@ async def test_files_that_are_not_messages_are_never_touched(root: Path) -> None
         assert p.read_bytes() == b"\x00keep"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_purge_concurrent_with_consumers_loses_nothing(root: Path) -> None:
     total = 400
     consumed: list[str] = []
@@ -244,7 +244,7 @@ class CountingOps(Ops):
         return super().lstat(path)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 @pytest.mark.parametrize("pattern", ["a\x00b", "x" * 1100, 7])
 async def test_a_bad_pattern_raises_before_any_io(root: Path, pattern: object) -> None:
     ops = CountingOps()
@@ -260,7 +260,7 @@ async def test_a_bad_pattern_raises_before_any_io(root: Path, pattern: object) -
         assert ops.calls == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_bad_kind_names_the_value_and_the_choices(root: Path) -> None:
     ops = CountingOps()
     async with Bus(root, ops=ops) as bus:
@@ -270,7 +270,7 @@ async def test_a_bad_kind_names_the_value_and_the_choices(root: Path) -> None:
         assert ops.calls == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_purge_on_a_closed_bus(root: Path) -> None:
     async with Bus(root) as bus:
         pass

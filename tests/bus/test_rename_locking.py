@@ -29,7 +29,7 @@ def prepare(root: Path) -> None:
         pass
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_each_single_is_handled_once_across_two_buses(root: Path) -> None:
     a, b = Inbox(), Inbox()
     async with Bus(root, config=RENAME) as one, Bus(root, config=RENAME) as two:
@@ -45,7 +45,7 @@ async def test_each_single_is_handled_once_across_two_buses(root: Path) -> None:
     assert claims(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_failure_returns_it_to_its_bucket_and_counts(root: Path) -> None:
     seen: list[int] = []
 
@@ -63,7 +63,7 @@ async def test_failure_returns_it_to_its_bucket_and_counts(root: Path) -> None:
     assert claims(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_shutdown_puts_a_claimed_message_back(root: Path) -> None:
     started = anyio.Event()
 
@@ -87,7 +87,7 @@ async def test_shutdown_puts_a_claimed_message_back(root: Path) -> None:
     assert msg.delivery_count == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_planted_symlink_is_not_followed(root: Path, tmp_path: Path) -> None:
     await anyio.to_thread.run_sync(prepare, root)
     secret = tmp_path / "secret"

@@ -23,7 +23,7 @@ def sidecars(root: Path) -> list[str]:
     ]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_each_single_reaches_exactly_one_handler(root: Path, fast: BusConfig) -> None:
     a, b, c = Inbox(), Inbox(), Inbox()
     async with Bus(root, config=fast) as one, Bus(root, config=fast) as two:
@@ -45,7 +45,7 @@ async def test_each_single_reaches_exactly_one_handler(root: Path, fast: BusConf
     assert sidecars(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_ack_removes_the_file_and_its_sidecars(root: Path, fast: BusConfig) -> None:
     inbox = Inbox()
     topic = "work." + "long" * 40  # spills into topics/
@@ -66,7 +66,7 @@ async def test_ack_removes_the_file_and_its_sidecars(root: Path, fast: BusConfig
     assert sidecars(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_failing_handler_releases_and_the_message_comes_back(
     root: Path, fast: BusConfig
 ) -> None:
@@ -95,7 +95,7 @@ async def test_a_failing_handler_releases_and_the_message_comes_back(
     assert sidecars(root) == []  # the attempts counter went with the message
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_failures_are_counted_on_disk(root: Path, fast: BusConfig) -> None:
     first_failed = anyio.Event()
     hold = anyio.Event()
@@ -122,7 +122,7 @@ async def test_failures_are_counted_on_disk(root: Path, fast: BusConfig) -> None
     assert calls == [1, 2]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_dead_letter_after_max_deliveries(root: Path) -> None:
     cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=3)
     counts: list[int] = []
@@ -155,7 +155,7 @@ async def test_dead_letter_after_max_deliveries(root: Path) -> None:
     assert sidecars(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_dead_letter_prefix_is_configurable(root: Path) -> None:
     cfg = BusConfig(
         poll_interval=0.05, retry_interval=0.05, max_deliveries=1, dead_letter_prefix="dlq"
@@ -174,7 +174,7 @@ async def test_dead_letter_prefix_is_configurable(root: Path) -> None:
     assert msg.headers["x-original-topic"] == "a.b"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_shutdown_releases_without_counting_and_leaves_no_lock(
     root: Path, fast: BusConfig
 ) -> None:
@@ -211,7 +211,7 @@ async def test_shutdown_releases_without_counting_and_leaves_no_lock(
 
 
 @pytest.mark.parametrize("order_by_expiry", [False, True])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_backlog_is_taken_lowest_priority_first(root: Path, order_by_expiry: bool) -> None:
     cfg = BusConfig(handler_concurrency=1, order_by_expiry=order_by_expiry, poll_interval=0.05)
     priorities = [200, 10, 100, 50, 0, 255, 10, 77]
@@ -228,7 +228,7 @@ async def test_a_backlog_is_taken_lowest_priority_first(root: Path, order_by_exp
     assert tens == [b"10:1", b"10:6"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_default_priority_comes_from_the_config(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root, config=BusConfig(default_priority=42)) as bus:
@@ -238,7 +238,7 @@ async def test_default_priority_comes_from_the_config(root: Path) -> None:
     assert msg.priority == 42
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_singles_without_a_subscriber_are_left_alone(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -251,7 +251,7 @@ async def test_singles_without_a_subscriber_are_left_alone(root: Path) -> None:
     assert not is_flocked(theirs.path)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_singles_published_while_subscribed_are_taken(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -268,7 +268,7 @@ async def test_singles_published_while_subscribed_are_taken(root: Path) -> None:
     ["t" * 1020, ".".join(["w"] * 100)],
     ids=["1020-bytes", "100-words"],
 )
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_dead_letter_of_a_topic_at_the_limits(root: Path, topic: str) -> None:
     # "dead-letter." + topic breaks the topic limits: it goes to the bare prefix.
     cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=1)
@@ -286,7 +286,7 @@ async def test_dead_letter_of_a_topic_at_the_limits(root: Path, topic: str) -> N
     assert msg.payload == b"limit"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_dead_letter_with_headers_at_the_size_limit(root: Path) -> None:
     cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=1)
     dead = Inbox()
@@ -306,7 +306,7 @@ async def test_dead_letter_with_headers_at_the_size_limit(root: Path) -> None:
     assert msg.headers["x-original-topic"] == "jobs"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_failing_catch_all_does_not_dead_letter_a_dead_letter(root: Path) -> None:
     # A "#" handler that always fails also gets the dead-letter copy: that copy is
     # retried (until it expires), never moved to "dead-letter.dead-letter....".
@@ -328,7 +328,7 @@ async def test_a_failing_catch_all_does_not_dead_letter_a_dead_letter(root: Path
     assert {t for t, _ in seen} == {"jobs.poison", "dead-letter.jobs.poison"}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_dead_letter_that_cannot_be_written_is_retried_not_lost(root: Path) -> None:
     cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=1)
     ops = FailingOps("open", errno.ENOSPC)
@@ -352,7 +352,7 @@ async def test_a_dead_letter_that_cannot_be_written_is_retried_not_lost(root: Pa
     assert msg.payload == b"keep me"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_subscription_kinds(root: Path) -> None:
     observer, worker, anything = Inbox(), Inbox(), Inbox()
     async with Bus(root) as bus:

@@ -15,7 +15,7 @@ from fsbus import Bus, BusConfig, BusStatistics, Message
 from .conftest import Inbox, message_files, wait_until
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_counters_follow_a_session(root: Path) -> None:
     cfg = BusConfig(poll_interval=0.05, retry_interval=0.05, max_deliveries=2)
     multi, dead = Inbox(), Inbox()
@@ -79,7 +79,7 @@ def test_statistics_are_frozen() -> None:
     ]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_claim_lost_to_another_holder_is_counted_and_tried_again(root: Path) -> None:
     cfg = BusConfig(poll_interval=0.05, retry_interval=0.05)
     inbox = Inbox()
@@ -102,7 +102,7 @@ async def test_a_claim_lost_to_another_holder_is_counted_and_tried_again(root: P
     assert message_files(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_inotify_is_reported(root: Path) -> None:
     async with Bus(root, config=BusConfig(force_polling=False)) as bus:
         assert bus.statistics().inotify

@@ -39,7 +39,7 @@ def sync_calls(ops: RecordingOps, root: Path) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("kind", ["bytes", "path"])
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_durable_publish_syncs_file_sidecars_then_directories_in_order(
     root: Path, tmp_path: Path, kind: str
 ) -> None:
@@ -66,7 +66,7 @@ async def test_durable_publish_syncs_file_sidecars_then_directories_in_order(
         ]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_durable_short_topic_syncs_file_then_bucket(root: Path) -> None:
     ops = RecordingOps()
     async with Bus(root, ops=ops) as bus:
@@ -80,7 +80,7 @@ async def test_durable_short_topic_syncs_file_then_bucket(root: Path) -> None:
     ]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_durable_async_iterator_payload_is_synced(root: Path) -> None:
     ops = RecordingOps()
 
@@ -96,7 +96,7 @@ async def test_durable_async_iterator_payload_is_synced(root: Path) -> None:
     assert await anyio.Path(info.path).read_bytes() == b"\x00ab"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_plain_publish_does_not_sync(root: Path) -> None:
     ops = RecordingOps()
     async with Bus(root, ops=ops) as bus:
@@ -126,7 +126,7 @@ def assert_nothing_partial(root: Path) -> None:
     ],
     ids=lambda v: ERRNO_NAMES.get(v, str(v)) if isinstance(v, int) else None,
 )
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_storage_faults_raise_clear_errors_and_leave_nothing_partial(
     root: Path, op: str, err: int, cls: type[StorageError], hint: str
 ) -> None:
@@ -151,7 +151,7 @@ async def test_storage_faults_raise_clear_errors_and_leave_nothing_partial(
 
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EACCES], ids=ERRNO_NAMES.get)
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_storage_fault_while_streaming_a_file_payload(
     root: Path, tmp_path: Path, err: int
 ) -> None:
@@ -167,7 +167,7 @@ async def test_storage_fault_while_streaming_a_file_payload(
     assert_nothing_partial(root)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_storage_fault_while_streaming_an_async_iterator(root: Path) -> None:
     ops = FailingOps("write", errno.ENOSPC)
 
@@ -200,7 +200,7 @@ def test_blocking_publish_faults_are_the_same_errors(root: Path) -> None:
     [(errno.EACCES, StoragePermissionError), (errno.EROFS, StoragePermissionError)],
     ids=["EACCES", "EROFS"],
 )
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_unwritable_root_fails_at_open_with_the_path(
     root: Path, err: int, cls: type[StorageError]
 ) -> None:
@@ -214,7 +214,7 @@ async def test_unwritable_root_fails_at_open_with_the_path(
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory modes")
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_unwritable_root_by_mode(root: Path) -> None:
     async with Bus(root):
         pass
@@ -228,7 +228,7 @@ async def test_unwritable_root_by_mode(root: Path) -> None:
     assert message_files(root) == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_file_as_the_root_is_refused_clearly(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     await anyio.Path(not_a_dir).write_text("x")

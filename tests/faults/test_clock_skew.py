@@ -44,7 +44,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_peer_clock_behind_makes_already_expired_messages(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     inbox = Inbox()
@@ -64,7 +64,7 @@ async def test_a_peer_clock_behind_makes_already_expired_messages(tmp_path: Path
         assert bus.statistics().expired >= 3
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_peer_clock_far_ahead_is_delivered_and_kept(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     inbox = Inbox()
@@ -83,7 +83,7 @@ async def test_a_peer_clock_far_ahead_is_delivered_and_kept(tmp_path: Path) -> N
         assert multi.exists()  # not expired for anyone: kept until its time
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_an_unbounded_ttl_is_capped_at_the_largest_expiry_a_name_holds(
     tmp_path: Path,
 ) -> None:

@@ -119,7 +119,7 @@ def test_probe_locking_refuses_two_different_directories(tmp_path: Path) -> None
         probe_locking(tmp_path / "x", tmp_path / "y")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_publish_on_one_mount_is_delivered_on_the_other_by_polling(
     forwarding: Hosts,
 ) -> None:
@@ -161,7 +161,7 @@ async def _compete(a: Path, b: Path, cfg: BusConfig, count: int) -> Counter[str]
     return runs
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_flock_excludes_across_mounts_that_forward_locks(forwarding: Hosts) -> None:
     cfg = BusConfig(bucket_num_chars=1, handler_concurrency=4, **POLL)
     runs = await _compete(forwarding.a, forwarding.b, cfg, 150)
@@ -169,7 +169,7 @@ async def test_flock_excludes_across_mounts_that_forward_locks(forwarding: Hosts
     assert max(runs.values()) == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_claim_by_rename_is_exact_where_locks_stay_local(local_locks: Hosts) -> None:
     cfg = BusConfig(bucket_num_chars=1, handler_concurrency=4, locking="rename", **POLL)
     runs = await _compete(local_locks.a, local_locks.b, cfg, 150)

@@ -71,7 +71,7 @@ def test_publisher_killed_mid_write_leaves_staging_debris_that_gc_removes(
     assert os.listdir(root / "staging") == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_orphan_sidecars_are_swept_and_never_delivered(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     inbox = Inbox()
@@ -97,7 +97,7 @@ async def test_orphan_sidecars_are_swept_and_never_delivered(tmp_path: Path) -> 
         assert inbox.topics == [long_topic]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_zero_byte_messages_are_never_delivered_and_gc_removes_them(
     tmp_path: Path,
 ) -> None:

@@ -42,7 +42,7 @@ def _contents(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.root
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_out_of_bytes_publish_fails_clearly_nothing_lost_then_recovers(
     small_fs: Path,
 ) -> None:
@@ -68,7 +68,7 @@ async def test_out_of_bytes_publish_fails_clearly_nothing_lost_then_recovers(
 
 
 @pytest.mark.root
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_out_of_inodes_publish_fails_clearly_and_recovers(small_fs: Path) -> None:
     root = small_fs / "bus"
     async with Bus(root, config=SMALL) as bus:
@@ -90,7 +90,7 @@ async def test_out_of_inodes_publish_fails_clearly_and_recovers(small_fs: Path) 
 
 
 @pytest.mark.root
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bus_that_cannot_create_its_layout_says_disk_full(small_fs: Path) -> None:
     # The default layout needs 1 000+ directories; 200 inodes cannot hold it.
     with pytest.raises(DiskFull, match="creating the bus directory"):
@@ -118,7 +118,7 @@ class FullDisk(Ops):
         return super().writev(fd, buffers)  # type: ignore[arg-type]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_injected_full_disk_recovers_and_subscribers_keep_going(tmp_path: Path) -> None:
     ops = FullDisk()
     inbox = Inbox()

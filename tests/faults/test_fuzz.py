@@ -133,7 +133,7 @@ def test_changed_buckets_on_any_update_bytes(old: bytes | None, new: bytes, stam
         assert out == expected
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 @pytest.mark.parametrize("content", [b"", b"\x00", os.urandom(7), os.urandom(5000)])
 async def test_a_running_bus_survives_any_update_file(tmp_path: Path, content: bytes) -> None:
     """UPDATE truncated, garbage or oversized by a stranger: delivery goes on."""

@@ -37,7 +37,7 @@ def _tree(path: Path) -> set[str]:
     return {str(p.relative_to(path)) for p in path.rglob("*")}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_path_like_topics_and_headers_stay_inside_the_root(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     outside_before = _tree(tmp_path)
@@ -62,7 +62,7 @@ async def test_path_like_topics_and_headers_stay_inside_the_root(tmp_path: Path)
         assert p.resolve().is_relative_to(root.resolve())
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     ("topic", "headers", "error", "words"),
     [
@@ -94,7 +94,7 @@ def _peer_name(topic_hex: str, *, single: bool = False) -> str:
     return name
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_names_that_are_not_utf8_are_quarantined_and_delivery_goes_on(
     tmp_path: Path,
 ) -> None:
@@ -122,7 +122,7 @@ async def test_names_that_are_not_utf8_are_quarantined_and_delivery_goes_on(
         assert len(os.listdir(root / "fsbus" / "quarantine")) == len(planted)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_hostile_spill_files_never_make_a_reader_leave_the_root(tmp_path: Path) -> None:
     root = tmp_path / "bus"
     secret = tmp_path / "secret"

@@ -60,7 +60,7 @@ def test_too_many_open_files_is_a_clear_error_and_passes(tmp_path: Path) -> None
 
 
 @pytest.mark.root
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_read_only_filesystem_is_refused_clearly_and_nothing_is_lost(
     tmp_path: Path,
 ) -> None:

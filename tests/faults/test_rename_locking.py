@@ -19,7 +19,7 @@ from .conftest import Inbox, until
 RENAME = BusConfig(bucket_num_chars=1, locking="rename", poll_interval=0.05, retry_interval=0.05)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_failed_handler_releases_by_renaming_back(tmp_path: Path) -> None:
     calls: list[int] = []
     inbox = Inbox()

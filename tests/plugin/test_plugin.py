@@ -1,7 +1,8 @@
 """The plugin as a user's test suite meets it: loaded by the pytest11 entry point alone.
 
 Each test writes a small project (no conftest importing fsbus, pytest-asyncio in its
-default strict mode) into a temporary directory and runs pytest on it in a new process.
+default strict mode beside the anyio plugin) into a temporary directory and runs pytest
+on it in a new process.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ async def test_async_bus_was_closed_and_this_one_is_fresh(fsbus_bus):
     with pytest.raises(ClosedError):
         await kept["async"].publish("orders.created", "2")
     assert [i async for i in fsbus_bus.browse()] == []
+
+
+@pytest.mark.anyio  # the anyio plugin runs it once per installed backend: asyncio, trio
+async def test_async_bus_under_anyio(fsbus_bus):
+    await fsbus_bus.publish("orders.created", "1")
+    [msg] = await wait_for_messages(fsbus_bus, "orders.*", 1)
+    assert msg.text() == "1"
 
 
 def test_blocking_bus(fsbus_blocking_bus):
@@ -128,6 +136,8 @@ def test_fixtures_and_helpers_in_a_users_suite(tmp_path: Path) -> None:
     assert outcomes == {
         "test_async_bus": "passed",
         "test_async_bus_was_closed_and_this_one_is_fresh": "passed",
+        "test_async_bus_under_anyio[asyncio]": "passed",
+        "test_async_bus_under_anyio[trio]": "passed",
         "test_blocking_bus": "passed",
         "test_blocking_bus_was_closed": "passed",
         "test_config_is_overridden": "passed",

@@ -35,7 +35,7 @@ def fsbus_config() -> BusConfig:
     return BusConfig(retry_interval=0.05)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_wait_for_messages_returns_them(fsbus_bus: Bus) -> None:
     await fsbus_bus.publish("orders.created", "1")  # already on disk: counted (existing=True)
     await fsbus_bus.publish("orders.paid", "2")
@@ -47,7 +47,7 @@ async def test_wait_for_messages_returns_them(fsbus_bus: Bus) -> None:
     ]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_timeout_names_what_arrived(fsbus_bus: Bus) -> None:
     await fsbus_bus.publish("a.b", b"x")
     with pytest.raises(WaitTimeout) as caught:
@@ -60,7 +60,7 @@ async def test_timeout_names_what_arrived(fsbus_bus: Bus) -> None:
     assert [m.topic for m in caught.value.received] == ["a.b"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_long_payloads_and_many_messages_are_shortened(fsbus_bus: Bus) -> None:
     for i in range(12):
         await fsbus_bus.publish(f"many.t{i:02}", b"y" * 100)
@@ -72,7 +72,7 @@ async def test_long_payloads_and_many_messages_are_shortened(fsbus_bus: Bus) -> 
     assert text.endswith(", ... (2 more)]")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_existing_false_waits_for_new_messages_only(fsbus_bus: Bus) -> None:
     await fsbus_bus.publish("old.one", "before")
     async with collect(fsbus_bus, "old.*", existing=False) as got:
@@ -81,7 +81,7 @@ async def test_existing_false_waits_for_new_messages_only(fsbus_bus: Bus) -> Non
     assert msg.text() == "after"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_collect_records_until_the_block_ends(fsbus_bus: Bus) -> None:
     async with collect(fsbus_bus, "audit.#") as audit:
         assert len(audit) == 0
@@ -95,7 +95,7 @@ async def test_collect_records_until_the_block_ends(fsbus_bus: Bus) -> None:
     assert {m.topic for m in audit.messages} == {"audit.login", "audit.logout"}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_single_messages_are_consumed(fsbus_bus: Bus) -> None:
     for i in range(3):
         await fsbus_bus.publish("jobs.run", str(i), single=True)
@@ -108,7 +108,7 @@ async def test_single_messages_are_consumed(fsbus_bus: Bus) -> None:
             await anyio.sleep(0.01)
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_zero_and_negative_counts(fsbus_bus: Bus) -> None:
     assert await wait_for_messages(fsbus_bus, "#", 0) == []
     with pytest.raises(ValueError, match="count must be 0 or more"):

@@ -26,7 +26,7 @@ from fsbus import (
 from .conftest import Inbox, wait_until
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_messages_wait_for_a_consumer_that_was_not_running(root: Path) -> None:
     async with Bus(root) as bus:
         info = await bus.declare_queue("billing", ["orders.*"])
@@ -58,7 +58,7 @@ async def test_messages_wait_for_a_consumer_that_was_not_running(root: Path) -> 
     assert {m.topic for m in inbox.messages} == {"orders.new", "orders.before"}
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_each_queue_gets_its_copy_and_plain_delivery_is_unchanged(root: Path) -> None:
     a, b, plain, worker = Inbox(), Inbox(), Inbox(), Inbox()
     async with Bus(root) as bus:
@@ -82,7 +82,7 @@ async def test_each_queue_gets_its_copy_and_plain_delivery_is_unchanged(root: Pa
     assert worker.payloads == [b"single"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_consumers_of_one_queue_compete(root: Path) -> None:
     inboxes = [Inbox() for _ in range(3)]
     async with Bus(root) as one, Bus(root) as two:
@@ -100,7 +100,7 @@ async def test_consumers_of_one_queue_compete(root: Path) -> None:
     assert got == Counter(str(i).encode() for i in range(300))
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bindings_change_while_messages_flow(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
@@ -122,7 +122,7 @@ async def test_bindings_change_while_messages_flow(root: Path) -> None:
     assert sorted(inbox.payloads) == [b"a1", b"b1", b"b2", b"c"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_binding_made_in_another_process_routes_the_next_publish(root: Path) -> None:
     async with Bus(root) as publisher, Bus(root) as admin:
         await publisher.publish("x.1", b"warm the routing cache")
@@ -132,7 +132,7 @@ async def test_a_binding_made_in_another_process_routes_the_next_publish(root: P
             assert (await admin.queue_info(f"q{i}")).depth == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_message_ttl_expires_waiting_messages(root: Path, fast: BusConfig) -> None:
     async with Bus(root, config=fast) as bus:
         await bus.declare_queue("short", ["t.#"], message_ttl=0.3)
@@ -153,7 +153,7 @@ async def test_message_ttl_expires_waiting_messages(root: Path, fast: BusConfig)
     assert late.payloads == [b"fresh"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_max_length_drop_head_keeps_the_newest(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("recent", ["m.#"], max_length=5)
@@ -166,7 +166,7 @@ async def test_max_length_drop_head_keeps_the_newest(root: Path) -> None:
     assert sorted(int(p) for p in inbox.payloads) == [195, 196, 197, 198, 199]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_max_length_reject_publish_refuses_and_publishes_nothing(root: Path) -> None:
     plain = Inbox()
     async with Bus(root) as bus:
@@ -189,7 +189,7 @@ async def test_max_length_reject_publish_refuses_and_publishes_nothing(root: Pat
     assert inbox.payloads[-1] == b"room again"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_dead_letter_after_max_deliveries(root: Path, fast: BusConfig) -> None:
     dead = Inbox()
     failing = Inbox(fail=lambda m: m.payload == b"poison")
@@ -213,7 +213,7 @@ async def test_dead_letter_after_max_deliveries(root: Path, fast: BusConfig) -> 
     assert msg.headers["x-fsbus-topic"] == "jobs.a"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_auto_delete_when_the_last_consumer_leaves(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("temp", ["t.#"], auto_delete=True)
@@ -228,7 +228,7 @@ async def test_auto_delete_when_the_last_consumer_leaves(root: Path) -> None:
         await bus.publish("t.x", b"no queue any more")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_expires_deletes_an_unused_queue(root: Path, fast: BusConfig) -> None:
     async with Bus(root, config=fast) as bus:
         await bus.declare_queue("idle", ["i.#"], expires=0.5)
@@ -241,7 +241,7 @@ async def test_expires_deletes_an_unused_queue(root: Path, fast: BusConfig) -> N
         assert not (root / "fsbus" / "queues" / "idle").exists()
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_purge_and_delete_count_messages(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("q", ["p.#"])
@@ -258,7 +258,7 @@ async def test_purge_and_delete_count_messages(root: Path) -> None:
             await bus.queue_info("q")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_priority_and_messages_iterator(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("prio", ["j.#"])
@@ -296,7 +296,7 @@ def test_the_blocking_face(root: Path) -> None:
 
 
 # ------------------------------------------------------------------ bad input
-@pytest.mark.asyncio
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     ("name", "why"),
     [
@@ -316,7 +316,7 @@ async def test_an_invalid_queue_name_is_refused(root: Path, name: object, why: s
             await bus.subscribe(None, Inbox(), queue=name)  # type: ignore[arg-type]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_bad_options_and_patterns_are_refused(root: Path) -> None:
     async with Bus(root) as bus:
         with pytest.raises(UsageError, match="max_length must be a positive int"):
@@ -332,7 +332,7 @@ async def test_bad_options_and_patterns_are_refused(root: Path) -> None:
         assert await bus.queues() == []
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_declaring_again_with_other_options_is_refused(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("q", ["a"], max_length=10)
@@ -343,7 +343,7 @@ async def test_declaring_again_with_other_options_is_refused(root: Path) -> None
         assert (await bus.queue_info("q")).options.max_length == 10
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_consuming_a_missing_queue_says_how_to_declare_it(root: Path) -> None:
     async with Bus(root) as bus:
         with pytest.raises(QueueNotFound, match=r"no queue named 'nope'.*declare_queue"):
@@ -357,7 +357,7 @@ async def test_consuming_a_missing_queue_says_how_to_declare_it(root: Path) -> N
             await bus.enqueue("nope", "a.b", b"x")
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_a_corrupt_definition_is_quarantined_and_the_bus_runs_on(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -387,7 +387,7 @@ async def test_a_corrupt_definition_is_quarantined_and_the_bus_runs_on(
     assert "declare the queue again" in warnings[0]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_foreign_files_in_the_queues_folder_are_ignored(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("q", ["x"])
@@ -403,7 +403,7 @@ async def test_foreign_files_in_the_queues_folder_are_ignored(root: Path) -> Non
     assert (queues / "stray.txt").read_text() == "not a queue"
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_unsubscribing_while_a_handler_runs_lets_it_finish(root: Path) -> None:
     """The queue's bus closes with its last consumer: not before the running handler's
     message is settled (else it would be given back and delivered again)."""

@@ -9,7 +9,7 @@ import pytest
 
 from fsbus import AsyncStream, Stream, StreamConfig
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.anyio
 
 
 async def test_append_and_read(tmp_path: Path) -> None:

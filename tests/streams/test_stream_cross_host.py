@@ -90,7 +90,7 @@ def test_appenders_on_two_mounts(mounts: tuple[Path, Path, Path]) -> None:
     assert max(counts.values()) == 1
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio
 async def test_follow_on_one_mount_sees_appends_made_on_the_other(
     mounts: tuple[Path, Path, Path],
 ) -> None:
