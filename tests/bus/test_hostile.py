@@ -243,6 +243,53 @@ async def test_a_fifo_named_like_a_message_does_not_hang_the_bus(root: Path, sin
     assert inbox.topics == ["real"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.anyio
+async def test_a_device_node_named_like_a_message_is_never_read(root: Path, single: bool) -> None:
+    import stat
+
+    await anyio.to_thread.run_sync(prepare, root)
+    node = root / "messages" / "00" / peer_name("a.device", single=single)
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # what /dev/zero is
+    inbox = Inbox()
+    async with Bus(root, config=BusConfig(retry_interval=0.05)) as bus:
+        await bus.subscribe("#", inbox, existing=True)
+        await bus.publish("real", b"r", single=single)
+        await inbox.wait_topic("real")
+    assert inbox.topics == ["real"]
+
+
+def _make_sparse(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)  # a hole: no blocks, but all of it to anyone who reads it
+
+
+def _sizes_of(root: Path, name: str) -> list[int]:
+    """Sizes of the file named ``name`` wherever it is now (its bucket or the quarantine)."""
+    here = [p for p in root.rglob(name) if p.is_file()]
+    moved = list((root / "fsbus" / "quarantine").glob(f"*{name[-20:]}"))
+    return [p.stat().st_size for p in here + moved]
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.anyio
+async def test_a_one_terabyte_sparse_file_named_like_a_message_is_not_read(
+    root: Path, single: bool
+) -> None:
+    await anyio.to_thread.run_sync(prepare, root)
+    name = peer_name("a.huge", single=single)
+    await anyio.to_thread.run_sync(_make_sparse, root / "messages" / "00" / name, 1 << 40)
+    inbox = Inbox()
+    async with Bus(root, config=BusConfig(retry_interval=0.05)) as bus:
+        await bus.subscribe("#", inbox, existing=True)
+        await bus.publish("real", b"r", single=single)
+        await inbox.wait_topic("real")
+    assert inbox.topics == ["real"]  # over max_payload_size: never read into memory
+    sizes = await anyio.to_thread.run_sync(_sizes_of, root, name)
+    assert sizes == [1 << 40]  # kept once, nothing truncated
+
+
 class SpillOpens(Ops):
     """Counts the opens of files under ``topics/`` (topic spills)."""
 
