@@ -28,12 +28,22 @@ def running(
     port: int = 0,
     users: Mapping[str, str] | None = None,
     config: BusConfig | None = None,
+    disk_free_limit: int | None = None,
+    inode_free_limit: int | None = None,
 ) -> Iterator[Gateway]:
     """A gateway on ``root`` served by an event loop in a thread of its own, for blocking
     code and tests: ``with running(root) as gw: pika.URLParameters(gw.url)``."""
     import anyio.from_thread
 
     with anyio.from_thread.start_blocking_portal() as portal:
-        gateway = Gateway(root, host=host, port=port, users=users, config=config)
+        gateway = Gateway(
+            root,
+            host=host,
+            port=port,
+            users=users,
+            config=config,
+            disk_free_limit=disk_free_limit,
+            inode_free_limit=inode_free_limit,
+        )
         with portal.wrap_async_context_manager(gateway):
             yield gateway

@@ -596,8 +596,7 @@ class Channel:
                 f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                 connection=True,
             )
-        info = await self.bus.queue_info(bus_queue_name(name))
-        if m.exclusive and info.consumers:
+        if m.exclusive and (await self.bus.queue_info(bus_queue_name(name))).consumers:
             raise AmqpError(
                 ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use"
             )
@@ -644,7 +643,7 @@ class Channel:
             ),
             self.number,
         )
-        await self.conn.send_raw(
+        await self.conn.send_soon(
             method + content_frames(self.number, props, msg.payload, self.conn.frame_max)
         )
         if pending is not None:

@@ -81,6 +81,10 @@ class Connection:
         self._out_size = 0
         self._writing = False
         self._drained = anyio.Event()
+        self._flush_due = False  # a task will write what send_soon queued
+        self.has_published = False
+        self.held = False  # publishes wait for the gateway's disk alarm to clear
+        self._told_blocked = False
         self._last_recv = time.monotonic()
         self._closing = False
         self.exclusive: set[str] = set()
@@ -115,6 +119,25 @@ class Connection:
             self._drained.set()
             self._drained = anyio.Event()
 
+    async def send_soon(self, data: bytes) -> None:
+        """Send ``data`` with everything else sent in this turn of the event loop: the
+        deliveries of a burst (up to the prefetch) leave in one write, not one each."""
+        if self._writing or self._flush_due:
+            self._out.append(data)
+            self._out_size += len(data)
+            if self._out_size > OUT_HIGH_WATER:
+                await self.flush()
+            return
+        self._out.append(data)
+        self._out_size += len(data)
+        self._flush_due = True
+        self.tasks.start_soon(self._flush_later)
+
+    async def _flush_later(self) -> None:
+        self._flush_due = False
+        if self._out and not self._writing:
+            await self.send_raw(b"")
+
     async def flush(self) -> None:
         """Wait until everything sent so far is written to the socket."""
         while self._writing:
@@ -143,6 +166,7 @@ class Connection:
         except Exception:
             log.exception("connection %s failed", self.id)
         finally:
+            self.gateway.connections.discard(self)
             with anyio.CancelScope(shield=True):
                 await self._cleanup()
 
@@ -222,9 +246,12 @@ class Connection:
         """Route the publishes received so far, in one worker-thread hop, and answer each
         in order (returns, confirms); a publish that is a channel error closes its
         channel, and what followed it there is dropped."""
-        batch, self.publishes = self.publishes, []
-        if not batch:
+        if not self.publishes:
             return
+        self.has_published = True
+        if self.gateway.alarm is not None:
+            await self._hold()
+        batch, self.publishes = self.publishes, []
         outcomes = await self.gateway.route_many([job for _ch, _seq, _pub, job in batch])
         out: list[bytes] = []
         for (ch, seq, pub, job), outcome in zip(batch, outcomes, strict=True):
@@ -242,6 +269,43 @@ class Connection:
                 await self._channel_error(ch.number, exc, _PUBLISH_ID)
         if out:
             await self.send_raw(b"".join(out))
+
+    # ------------------------------------------------------------------ disk alarm
+    async def _hold(self) -> None:
+        """Wait, reading nothing more from the client, while the gateway's disk alarm
+        lasts (RabbitMQ blocks a publishing connection so); the client hears of it by
+        connection.blocked and connection.unblocked if it said it understands them."""
+        self.held = True
+        try:
+            while (alarm := self.gateway.alarm) is not None:
+                if not self._told_blocked and self._blocked_capable():
+                    self._told_blocked = True
+                    await self.send(0, spec.Connection.Blocked(reason=alarm))
+                await self.gateway.no_alarm.wait()
+        finally:
+            self.held = False
+            self._last_recv = time.monotonic()
+
+    def _blocked_capable(self) -> bool:
+        return bool(self.capabilities.get("connection.blocked"))
+
+    def alarm_changed(self) -> None:
+        """The gateway's disk alarm started or ended: a connection that has published
+        is told (a held one is released by the alarm's end)."""
+        alarm = self.gateway.alarm
+        frame: Frame | None = None
+        if alarm is not None and self.has_published and not self._told_blocked:
+            if self._blocked_capable():
+                self._told_blocked = True
+                frame = spec.Connection.Blocked(reason=alarm)
+        elif alarm is None and self._told_blocked:
+            self._told_blocked = False
+            frame = spec.Connection.Unblocked()
+        if frame is not None:
+            try:
+                self.tasks.start_soon(self.send, 0, frame)
+            except RuntimeError:  # the connection is ending
+                pass
 
     async def _handshake(self, raw: Any, reader: FrameReader, tg: anyio.abc.TaskGroup) -> bool:
         method = self._decode(raw)
@@ -281,6 +345,7 @@ class Connection:
                     connection=True,
                 )
             await self.send(0, spec.Connection.OpenOk())
+            self.gateway.connections.add(self)
             return True
         raise AmqpError(
             COMMAND_INVALID,
@@ -396,7 +461,7 @@ class Connection:
         interval = max(self.heartbeat / 2, 0.5)
         while True:
             await anyio.sleep(interval)
-            if time.monotonic() - self._last_recv > 2 * self.heartbeat:
+            if not self.held and time.monotonic() - self._last_recv > 2 * self.heartbeat:
                 log.info("connection %s missed heartbeats; closing it", self.id)
                 await self.stream.aclose()
                 return

@@ -18,6 +18,9 @@ class GatewayPort(Protocol):
     state: AmqpState
     version: str
     consumers: dict[str, set[tuple[Any, str]]]
+    alarm: str | None
+    no_alarm: anyio.Event
+    connections: set[Any]
 
     def authenticate(self, user: str, password: str, loopback: bool) -> bool: ...
 
@@ -53,5 +56,7 @@ class ConnectionPort(Protocol):
     publishes: list[tuple[Any, int, Any, RouteJob]]
 
     async def send_raw(self, data: bytes) -> None: ...
+
+    async def send_soon(self, data: bytes) -> None: ...
 
     async def send(self, channel: int, *frames: Any) -> None: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -20,6 +21,7 @@ from .. import (
     Message,
     QueueNotFound,
     Subscription,
+    UsageError,
     __version__,
 )
 from ._channel import Channel
@@ -44,6 +46,29 @@ yet acknowledged holds one, so a gateway holds at most this many of a queue acro
 consumers. Not more: while the consumers are full, each freed slot makes the bus look
 through up to four times its free slots of waiting messages (1000 made consuming a deep
 queue several times slower)."""
+INLINE_BUDGET = 0.0005
+"""Seconds of routing the event loop may do itself: a batch of publishes expected to
+take less (at the recent cost per publish) is routed on the loop, not in a worker
+thread, whose hop costs more than such a batch (one publish waiting for its confirm on
+tmpfs). Slow writes (an fsync on a disk) raise the cost and go to a thread again."""
+DISK_FREE_LIMIT = 50_000_000
+"""Free bytes of the bus's filesystem below which publishes are held (RabbitMQ's
+default ``disk_free_limit``); ``FSBUS_AMQP_DISK_FREE_LIMIT`` overrides it."""
+INODE_FREE_LIMIT = 1_000
+"""Free inodes below which publishes are held: every message is a file
+(``FSBUS_AMQP_INODE_FREE_LIMIT`` overrides it)."""
+DISK_CHECK_SECONDS = 0.5
+"""How often the free space of the bus's filesystem is looked at."""
+
+
+def _limit(env: str, default: int) -> int:
+    text = os.environ.get(env)
+    if text is None:
+        return default
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise UsageError(f"{env}={text!r}: give a whole number of free bytes or inodes") from None
 
 
 class Gateway:
@@ -52,6 +77,11 @@ class Gateway:
     ``users`` maps user names to passwords (default ``{"guest": "guest"}``); as RabbitMQ
     does, ``guest`` may connect only from a loopback address. ``port=0`` picks a free
     port; :attr:`port` and :attr:`url` tell which.
+
+    While the bus's filesystem has less than ``disk_free_limit`` bytes or
+    ``inode_free_limit`` inodes free, publishes are held and publishing connections are
+    sent ``connection.blocked`` (``connection.unblocked`` once there is room again), as
+    RabbitMQ's disk alarm does.
     """
 
     def __init__(
@@ -62,8 +92,26 @@ class Gateway:
         port: int = 5672,
         users: Mapping[str, str] | None = None,
         config: BusConfig | None = None,
+        disk_free_limit: int | None = None,
+        inode_free_limit: int | None = None,
     ) -> None:
         self.root = os.fspath(root)
+        self.disk_free_limit = (
+            _limit("FSBUS_AMQP_DISK_FREE_LIMIT", DISK_FREE_LIMIT)
+            if disk_free_limit is None
+            else disk_free_limit
+        )
+        self.inode_free_limit = (
+            _limit("FSBUS_AMQP_INODE_FREE_LIMIT", INODE_FREE_LIMIT)
+            if inode_free_limit is None
+            else inode_free_limit
+        )
+        self.alarm: str | None = None
+        """Why publishes are held ("low on disk"), or None."""
+        self.no_alarm = anyio.Event()
+        self.no_alarm.set()
+        self.connections: set[Connection] = set()
+        self._route_cost = 1.0  # seconds per publish routed, a moving average
         self.host = host
         self.port = port
         self.users = dict(DEFAULT_USERS if users is None else users)
@@ -103,6 +151,7 @@ class Gateway:
         stack.callback(tg.cancel_scope.cancel)
         tg.start_soon(listener.serve, self._handle)
         tg.start_soon(self._collect_orphans)
+        tg.start_soon(self._watch_disk)
         return self
 
     async def __aexit__(
@@ -124,14 +173,63 @@ class Gateway:
             return False
         return not (user == "guest" and not loopback)
 
+    # ------------------------------------------------------------------ disk alarm
+    def _disk_low(self) -> str | None:
+        """Blocking: "low on disk" when the bus's filesystem is short of bytes or
+        inodes, else None (also when it cannot be asked)."""
+        try:
+            st = os.statvfs(self.root)
+        except OSError as exc:
+            log.warning("cannot read the free space of %s: %s", self.root, exc)
+            return self.alarm
+        if st.f_bavail * st.f_frsize < self.disk_free_limit:
+            return "low on disk"
+        # a filesystem with no inode count (f_files 0: btrfs, some network ones) has no limit
+        if st.f_files and st.f_favail < self.inode_free_limit:
+            return "low on disk"
+        return None
+
+    async def _watch_disk(self) -> None:
+        while True:
+            alarm = await anyio.to_thread.run_sync(self._disk_low)
+            if alarm != self.alarm:
+                self.set_alarm(alarm)
+            await anyio.sleep(DISK_CHECK_SECONDS)
+
+    def set_alarm(self, alarm: str | None) -> None:
+        """Hold publishes (``alarm`` says why) or, with None, release them."""
+        if alarm == self.alarm:
+            return
+        if alarm is not None:
+            log.warning("%s: free space of %s below the limit; publishes held", alarm, self.root)
+            if self.alarm is None:
+                self.no_alarm = anyio.Event()
+            self.alarm = alarm
+        else:
+            log.warning("free space of %s above the limit again; publishes released", self.root)
+            self.alarm = None
+            self.no_alarm.set()
+        for conn in list(self.connections):
+            conn.alarm_changed()
+
     # ------------------------------------------------------------------ routing
     async def route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]:
         """Route publishes onto the bus in one worker-thread hop; for each, how many
         queues got it, or why not (AmqpError: a channel error; QueueFull: a full
         reject-publish queue; another error: a storage failure, to nack)."""
+        if len(jobs) * self._route_cost < INLINE_BUDGET:
+            return self._route_many(jobs)
         return await anyio.to_thread.run_sync(self._route_many, jobs)
 
     def _route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]:
+        started = time.perf_counter()
+        try:
+            return self._route_jobs(jobs)
+        finally:
+            cost = (time.perf_counter() - started) / max(len(jobs), 1)
+            self._route_cost += (cost - self._route_cost) / 4
+
+    def _route_jobs(self, jobs: list[RouteJob]) -> list[int | BaseException]:
         exchanges: dict[str, dict[str, Any] | None] = {}
         headers_bindings: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         out: list[int | BaseException] = []
@@ -296,9 +394,19 @@ async def serve(
     users: Mapping[str, str] | None = None,
     config: BusConfig | None = None,
     ready: anyio.Event | None = None,
+    disk_free_limit: int | None = None,
+    inode_free_limit: int | None = None,
 ) -> None:
     """Run a gateway until cancelled; ``ready`` is set once it listens."""
-    async with Gateway(root, host=host, port=port, users=users, config=config) as gw:
+    async with Gateway(
+        root,
+        host=host,
+        port=port,
+        users=users,
+        config=config,
+        disk_free_limit=disk_free_limit,
+        inode_free_limit=inode_free_limit,
+    ) as gw:
         log.info("fsbus AMQP gateway on %s for %s", gw.url, gw.root)
         if ready is not None:
             ready.set()
