@@ -16,7 +16,13 @@ Kind = Literal[
     "append",  # append records to a log (raw file, fsbus Streams, Redis list)
     "append_durable",  # the same, flushed to stable storage every batch
     "read",  # read back what `append` wrote
+    "inprocess",  # one process, one event loop: subscribed, publishes `count` multi, 50 in flight
+    "inprocess_single",  # the same with work-queue (single) messages and one consumer
+    "latency_inprocess",  # one process: ping and echo on one event loop; round trip
 ]
+
+IN_FLIGHT = 50
+"""Publishes in flight in the in-process scenarios."""
 
 
 @dataclass(frozen=True)
@@ -60,17 +66,23 @@ class Scenario:
             "append": "append",
             "append_durable": "append, durable",
             "read": "read",
+            "inprocess": "in process, pub/sub",
+            "inprocess_single": "in process, work queue",
+            "latency_inprocess": "round trip, in process",
         }[self.kind]
         return base if self.kind == "match" else f"{base} {_size(self.payload)}"
 
     @property
     def unit(self) -> str:
         """What the figure counts."""
-        if self.kind in ("latency", "latency_single"):
+        if self.kind in LATENCY_KINDS:
             return "ms"
         if self.kind == "match":
             return "topics/s"
         return "msg/s"
+
+
+LATENCY_KINDS = ("latency", "latency_single", "latency_inprocess")
 
 
 def _size(n: int) -> str:
@@ -108,6 +120,9 @@ FULL = Plan(
         Scenario("workqueue", 10_000, 100, consumers=4),
         Scenario("latency", 300, 100),
         Scenario("latency_single", 300, 100),
+        Scenario("inprocess", 10_000, 100),
+        Scenario("inprocess_single", 10_000, 100),
+        Scenario("latency_inprocess", 300, 100),
         Scenario("append", 100_000, 100),
         Scenario("append_durable", 100_000, 100),
         Scenario("read", 100_000, 100),
@@ -134,6 +149,9 @@ QUICK = Plan(
         Scenario("append", 20_000, 100),
         Scenario("latency", 50, 100),
         Scenario("latency_single", 30, 100),
+        Scenario("inprocess", 5000, 100),
+        Scenario("inprocess_single", 5000, 100),
+        Scenario("latency_inprocess", 50, 100),
         Scenario("match", 50_000, bindings=10_000),
     ),
     rounds=2,
@@ -147,6 +165,9 @@ TINY = Plan(
         Scenario("fanout", 50, 100, consumers=1),
         Scenario("workqueue", 50, 100, consumers=1),
         Scenario("latency", 5, 100),
+        Scenario("inprocess", 50, 100),
+        Scenario("inprocess_single", 50, 100),
+        Scenario("latency_inprocess", 5, 100),
     ),
     rounds=1,
     filesystems=("disk",),

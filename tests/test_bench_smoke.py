@@ -53,7 +53,10 @@ def test_tiny_run_writes_the_table(tmp_path: Path) -> None:
         assert rows[("publish-100B", system)]["median"] > 0
     # multi-process scenarios counted every message: nothing lost, nothing duplicated
     for key in (("fanout-1-100B", "fsbus"), ("workqueue-1-100B", "fsbus"),
-                ("workqueue-1-100B", "diskcache"), ("latency-100B", "fsbus")):  # fmt: skip
+                ("workqueue-1-100B", "diskcache"), ("latency-100B", "fsbus"),
+                # one process, one event loop: publishing and subscribing
+                ("inprocess-100B", "fsbus"), ("inprocess_single-100B", "fsbus"),
+                ("latency_inprocess-100B", "fsbus")):  # fmt: skip
         assert rows[key]["ok"], rows[key]
         assert rows[key]["median"] > 0
     assert rows[("publish-100B", "fsbus")]["vs_raw"] is not None

@@ -49,6 +49,7 @@ function publishAll(fsq, opts, done) {
     });
   };
   for (let k = 0; k < Math.min(window, n); k += 1) one();
+  return t0;
 }
 
 function consume(single) {
@@ -115,6 +116,51 @@ const roles = {
         if (i >= p.n) finish(fsq, { rtt_ns: rtt, oneway_ns: oneway });
         else send();
       }, send);
+    });
+  },
+  // one process: subscribed, publishing n messages with `window` in flight (50); end to end
+  inprocess() {
+    const fsq = open();
+    const ids = [];
+    const single = !!p.single;
+    let t0 = 0n, last = 0n, published = 0n, ended = false;
+    const check = () => {
+      if (!ended && published && ids.length >= p.n) {
+        ended = true;
+        finish(fsq, { ids, t0_ns: t0, last_ns: last, published_ns: published });
+      }
+    };
+    fsq.on('start', () => {
+      fsq.subscribe('bench.topic', (data, info, done) => {
+        last = now();
+        ids.push(parseInt(data.toString('latin1', 0, ID_WIDTH), 10));
+        if (done) done();
+        check();
+      }, () => {
+        t0 = publishAll(fsq, { single }, (_a, b) => { published = b; check(); });
+      });
+    });
+  },
+  // one process: the ping and the echo subscribed side by side; round trip, one at a time
+  inprocess_ping() {
+    const fsq = open();
+    const rtt = [];
+    let i = 0;
+    const send = () => fsq.publish('bench.ping', ping(i, p.size));
+    fsq.on('start', () => {
+      fsq.subscribe('bench.ping', (data, info, done) => {
+        fsq.publish('bench.pong', data);
+        if (done) done();
+      }, () => {
+        fsq.subscribe('bench.pong', (data, info, done) => {
+          const t = now();
+          rtt.push(t - BigInt(data.toString('latin1', ID_WIDTH, ID_WIDTH + TS_WIDTH)));
+          if (done) done();
+          i += 1;
+          if (i >= p.n) finish(fsq, { rtt_ns: rtt });
+          else send();
+        }, send);
+      });
     });
   },
   match() {

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bench.procs import python_cmd, run_flow, run_pair, run_single
-from bench.scenarios import Kind, Scenario
+from bench.scenarios import IN_FLIGHT, Kind, Scenario
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,21 @@ class System:
                 p99=_pct(rtt, 99),
                 extra={"oneway_p50": _pct(one, 50), "oneway_p99": _pct(one, 99)},
             )
+        if kind in ("inprocess", "inprocess_single"):
+            # one process subscribes and publishes with IN_FLIGHT publishes outstanding;
+            # end to end: count / (last receipt - first publish), every message once
+            res = run_single(
+                self.command(
+                    "inprocess",
+                    {**base, "single": kind == "inprocess_single", "window": IN_FLIGHT},
+                ),
+                timeout=timeout,
+            )
+            return _inprocess(sc.count, res)
+        if kind == "latency_inprocess":
+            res = run_single(self.command("inprocess_ping", base), timeout=timeout)
+            rtt = sorted(float(x) / 1e6 for x in res["rtt_ns"])
+            return Measurement(_pct(rtt, 50), p99=_pct(rtt, 99))
         if kind == "match":
             res = run_single(
                 self.command("match", {"file": str(workdir.parent / "match.json")}), timeout=timeout
@@ -131,6 +146,25 @@ class System:
 def _rate(n: int, res: dict[str, Any]) -> Measurement:
     secs = (int(res["t1_ns"]) - int(res["t0_ns"])) / 1e9
     return Measurement(n / secs)
+
+
+def _inprocess(n: int, res: dict[str, Any]) -> Measurement:
+    ids = [int(x) for x in res["ids"]]
+    missing = len(set(range(n)) - set(ids))
+    duplicates = len(ids) - len(set(ids))
+    notes = []
+    if missing:
+        notes.append(f"{missing} lost")
+    if duplicates:
+        notes.append(f"{duplicates} duplicated")
+    ok = not notes
+    t0, t1, t_pub = int(res["t0_ns"]), int(res["last_ns"]), int(res["published_ns"])
+    return Measurement(
+        n / ((t1 - t0) / 1e9) if ok else None,
+        ok=ok,
+        note=", ".join(notes),
+        extra={"publisher_rate": n / max((t_pub - t0) / 1e9, 1e-9)},
+    )
 
 
 def _pct(values: list[float], p: int) -> float:

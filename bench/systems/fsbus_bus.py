@@ -5,6 +5,10 @@ loop: one call per message, each message in its bucket when the call returns); s
 workers and the latency pair use the async ``Bus`` with a handler. ``fsbus`` runs the default
 configuration (inotify wake-ups plus UPDATE polling); ``fsbus-poll`` forces polling only
 (``force_polling=True``, what a network filesystem gets). ``match`` times ``TopicTrie``.
+
+The in-process scenarios use the async ``Bus`` only: one event loop subscribes (``kind``
+multi or single) and publishes with ``await bus.publish`` from ``window`` tasks (50 in
+flight), or runs the ping and the echo handler side by side on the same bus.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 import time
 from typing import Any, ClassVar
 
-from bench.child import Tally, make_payload, make_ping, ping_sent_at, ready, result
+from bench.child import ID_WIDTH, Tally, make_payload, make_ping, ping_sent_at, ready, result
 from bench.scenarios import Kind, Scenario
 from bench.systems.base import System
 
@@ -25,7 +29,18 @@ class FsBus(System):
     label: ClassVar[str] = "fsbus Bus"
     module: ClassVar[str] = "fsbus_bus"
     kinds: ClassVar[frozenset[Kind]] = frozenset(
-        {"publish", "publish_durable", "fanout", "workqueue", "latency", "latency_single", "match"}
+        {
+            "publish",
+            "publish_durable",
+            "fanout",
+            "workqueue",
+            "latency",
+            "latency_single",
+            "match",
+            "inprocess",
+            "inprocess_single",
+            "latency_inprocess",
+        }
     )
     extra_params: ClassVar[dict[str, Any]] = {"polling": False}
 
@@ -165,6 +180,76 @@ def _ping(p: dict[str, Any]) -> None:
     result(rtt_ns=rtt, oneway_ns=oneway)
 
 
+def _inprocess(p: dict[str, Any]) -> None:
+    import anyio
+
+    import fsbus
+
+    n, size, window = int(p["n"]), int(p["size"]), int(p["window"])
+    single = bool(p.get("single"))
+    payloads = [make_payload(i, size) for i in range(n)]
+    ids: list[int] = []
+    times = {"t0": 0, "last": 0, "published": 0}
+
+    async def main() -> None:
+        done = anyio.Event()
+
+        async def handler(msg: fsbus.Message) -> None:
+            times["last"] = time.monotonic_ns()
+            ids.append(int(msg.payload[:ID_WIDTH]))
+            if len(ids) >= n:
+                done.set()
+
+        async with fsbus.Bus(p["dir"], config=_config(p)) as bus:
+            await bus.subscribe(TOPIC, handler, kind="single" if single else "multi")
+
+            async def publisher(first: int) -> None:
+                for i in range(first, n, window):
+                    await bus.publish(TOPIC, payloads[i], single=single)
+
+            times["t0"] = time.monotonic_ns()
+            async with anyio.create_task_group() as tg:
+                for k in range(min(window, n)):
+                    tg.start_soon(publisher, k)
+            times["published"] = time.monotonic_ns()
+            with anyio.move_on_after(60):
+                await done.wait()
+
+    anyio.run(main)
+    result(ids=ids, t0_ns=times["t0"], last_ns=times["last"], published_ns=times["published"])
+
+
+def _inprocess_ping(p: dict[str, Any]) -> None:
+    import anyio
+
+    import fsbus
+
+    rtt: list[int] = []
+
+    async def main() -> None:
+        got = [anyio.Event()]
+
+        async with fsbus.Bus(p["dir"], config=_config(p)) as bus:
+
+            async def echo(msg: fsbus.Message) -> None:
+                await bus.publish("bench.pong", msg.payload)
+
+            async def pong(msg: fsbus.Message) -> None:
+                rtt.append(time.monotonic_ns() - ping_sent_at(msg.payload))
+                got[0].set()
+
+            await bus.subscribe("bench.ping", echo)
+            await bus.subscribe("bench.pong", pong)
+            for i in range(int(p["n"])):
+                got[0] = anyio.Event()
+                await bus.publish("bench.ping", make_ping(i, int(p["size"])))
+                with anyio.fail_after(30):
+                    await got[0].wait()
+
+    anyio.run(main)
+    result(rtt_ns=rtt)
+
+
 def _match(p: dict[str, Any]) -> None:
     import fsbus
 
@@ -194,4 +279,6 @@ ROLES = {
     "echo": _echo,
     "ping": _ping,
     "match": _match,
+    "inprocess": _inprocess,
+    "inprocess_ping": _inprocess_ping,
 }

@@ -3,6 +3,7 @@
 Driven by ``bench/node/driver.js`` with qlobber-fsq's defaults (UPDATE polled every second
 plus ``fs.watch``, 256 buckets); publishes keep 64 in flight, Node's natural style. The
 ``match`` scenario uses qlobber's ``QlobberDedup``, the matcher qlobber-fsq routes with.
+The in-process scenarios run one Node process that subscribes and publishes (50 in flight).
 ``npm install`` runs in bench/node the first time.
 """
 
@@ -43,7 +44,17 @@ class QlobberFsq(System):
     label: ClassVar[str] = "qlobber-fsq 14 (Node)"
     module: ClassVar[str] = "qlobber"
     kinds: ClassVar[frozenset[Kind]] = frozenset(
-        {"publish", "fanout", "workqueue", "latency", "latency_single", "match"}
+        {
+            "publish",
+            "fanout",
+            "workqueue",
+            "latency",
+            "latency_single",
+            "match",
+            "inprocess",
+            "inprocess_single",
+            "latency_inprocess",
+        }
     )
 
     def prepare(self) -> str | None:

@@ -6,6 +6,11 @@ within 30 s; it stops the node after the run. Publishes go to the topic exchange
 without publisher confirms (the fastest normal way); subscribers bind an exclusive queue
 with ``bench.*`` and auto-ack; workers share one queue with prefetch 100 and ack each
 message. Transient messages: the filesystem under test does not matter to it.
+
+The in-process scenarios use aio-pika on one event loop and one connection: multi is the
+topic exchange with an exclusive queue bound ``bench.*`` (no ack), single is one queue
+with prefetch 100 and an ack per message; publishes (no confirms) come from 50 tasks; the
+round trip has the ping and the echo consumers on the same channel.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench.child import Tally, make_payload, make_ping, ping_sent_at, ready, result
+from bench.child import ID_WIDTH, Tally, make_payload, make_ping, ping_sent_at, ready, result
 from bench.scenarios import Kind
 from bench.systems.base import System
 from bench.systems.redis_ import apt_install
@@ -48,7 +53,17 @@ class RabbitMQ(System):
     label: ClassVar[str] = "RabbitMQ topic exchange (pika)"
     module: ClassVar[str] = "rabbitmq"
     uses_fs: ClassVar[bool] = False
-    kinds: ClassVar[frozenset[Kind]] = frozenset({"publish", "fanout", "workqueue", "latency"})
+    kinds: ClassVar[frozenset[Kind]] = frozenset(
+        {
+            "publish",
+            "fanout",
+            "workqueue",
+            "latency",
+            "inprocess",
+            "inprocess_single",
+            "latency_inprocess",
+        }
+    )
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
@@ -229,4 +244,107 @@ def _ping(p: dict[str, Any]) -> None:
     result(rtt_ns=rtt, oneway_ns=oneway)
 
 
-ROLES = {"pub": _pub, "sub": _sub, "worker": _worker, "echo": _echo, "ping": _ping}
+def _inprocess(p: dict[str, Any]) -> None:
+    import asyncio
+
+    import aio_pika
+
+    n, size, window = int(p["n"]), int(p["size"]), int(p["window"])
+    single = bool(p.get("single"))
+    payloads = [make_payload(i, size) for i in range(n)]
+    ids: list[int] = []
+    times = {"t0": 0, "last": 0, "published": 0}
+
+    async def main() -> None:
+        conn = await aio_pika.connect(host="127.0.0.1", port=int(p["port"]))
+        ch = await conn.channel(publisher_confirms=False)
+        done = asyncio.Event()
+
+        def hit(body: bytes) -> None:
+            times["last"] = time.monotonic_ns()
+            ids.append(int(body[:ID_WIDTH]))
+            if len(ids) >= n:
+                done.set()
+
+        if single:
+            await ch.set_qos(prefetch_count=100)
+            queue = await ch.declare_queue(_work_queue(p), auto_delete=True)
+
+            async def on_message(msg: Any) -> None:
+                hit(msg.body)
+                await msg.ack()
+
+            await queue.consume(on_message)
+            exchange, key = ch.default_exchange, queue.name
+        else:
+            exchange = await ch.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC)
+            queue = await ch.declare_queue(exclusive=True, auto_delete=True)
+            await queue.bind(exchange, "bench.*")
+
+            async def on_multi(msg: Any) -> None:
+                hit(msg.body)
+
+            await queue.consume(on_multi, no_ack=True)
+            key = "bench.topic"
+
+        async def publisher(first: int) -> None:
+            for i in range(first, n, window):
+                await exchange.publish(aio_pika.Message(payloads[i]), routing_key=key)
+
+        times["t0"] = time.monotonic_ns()
+        await asyncio.gather(*(publisher(k) for k in range(min(window, n))))
+        times["published"] = time.monotonic_ns()
+        try:
+            await asyncio.wait_for(done.wait(), 60)
+        except TimeoutError:
+            pass
+        await conn.close()
+
+    asyncio.run(main())
+    result(ids=ids, t0_ns=times["t0"], last_ns=times["last"], published_ns=times["published"])
+
+
+def _inprocess_ping(p: dict[str, Any]) -> None:
+    import asyncio
+
+    import aio_pika
+
+    rtt: list[int] = []
+
+    async def main() -> None:
+        conn = await aio_pika.connect(host="127.0.0.1", port=int(p["port"]))
+        ch = await conn.channel(publisher_confirms=False)
+        exchange = await ch.declare_exchange(EXCHANGE, aio_pika.ExchangeType.TOPIC)
+        got = asyncio.Event()
+
+        async def echo(msg: Any) -> None:
+            await exchange.publish(aio_pika.Message(msg.body), routing_key="bench.pong")
+
+        async def pong(msg: Any) -> None:
+            rtt.append(time.monotonic_ns() - ping_sent_at(msg.body))
+            got.set()
+
+        for key, cb in (("bench.ping", echo), ("bench.pong", pong)):
+            q = await ch.declare_queue(exclusive=True, auto_delete=True)
+            await q.bind(exchange, key)
+            await q.consume(cb, no_ack=True)
+        for i in range(int(p["n"])):
+            got.clear()
+            body = make_ping(i, int(p["size"]))
+            await exchange.publish(aio_pika.Message(body), routing_key="bench.ping")
+            await asyncio.wait_for(got.wait(), 30)
+        await conn.close()
+
+    asyncio.run(main())
+    result(rtt_ns=rtt)
+
+
+ROLES = {
+    "inprocess": _inprocess,
+    "inprocess_ping": _inprocess_ping,
+    "pub": _pub,
+    "sub": _sub,
+    "worker": _worker,
+    "echo": _echo,
+    "ping": _ping,
+}

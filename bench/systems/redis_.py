@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any, ClassVar
 
-from bench.child import Tally, make_payload, make_ping, ping_sent_at, ready, result
+from bench.child import ID_WIDTH, Tally, make_payload, make_ping, ping_sent_at, ready, result
 from bench.scenarios import Kind
 from bench.systems.base import System
 
@@ -112,7 +112,17 @@ class RedisSequential(System):
     module: ClassVar[str] = "redis_"
     uses_fs: ClassVar[bool] = False
     kinds: ClassVar[frozenset[Kind]] = frozenset(
-        {"publish", "fanout", "workqueue", "latency", "append", "read"}
+        {
+            "publish",
+            "fanout",
+            "workqueue",
+            "latency",
+            "append",
+            "read",
+            "inprocess",
+            "inprocess_single",
+            "latency_inprocess",
+        }
     )
     extra_params: ClassVar[dict[str, Any]] = {"pipeline": 1}
 
@@ -258,7 +268,116 @@ def _read(p: dict[str, Any]) -> None:
     result(t0_ns=t0, t1_ns=t1)
 
 
+def _inprocess(p: dict[str, Any]) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    n, size, window = int(p["n"]), int(p["size"]), int(p["window"])
+    single = bool(p.get("single"))
+    payloads = [make_payload(i, size) for i in range(n)]
+    ids: list[int] = []
+    times = {"t0": 0, "last": 0, "published": 0}
+
+    def hit(data: bytes) -> None:
+        times["last"] = time.monotonic_ns()
+        ids.append(int(data[:ID_WIDTH]))
+
+    async def main() -> None:
+        r = redis.asyncio.Redis(host="127.0.0.1", port=int(p["port"]))
+        key = _key(p)
+        if single:
+            consumer = redis.asyncio.Redis(host="127.0.0.1", port=int(p["port"]))
+            await consumer.ping()
+
+            async def receive() -> None:
+                while len(ids) < n:
+                    got = await consumer.brpop([key], timeout=1)
+                    if got is not None:
+                        hit(got[1])
+
+            async def send(body: bytes) -> None:
+                await r.lpush(key, body)
+
+        else:
+            ps = r.pubsub()
+            await ps.psubscribe("bench.*")
+            while await ps.get_message(timeout=5.0) is None:  # the psubscribe confirmation
+                pass
+
+            async def receive() -> None:
+                while len(ids) < n:
+                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg["type"] == "pmessage":
+                        hit(msg["data"])
+
+            async def send(body: bytes) -> None:
+                await r.publish("bench.topic", body)
+
+        async def publisher(first: int) -> None:
+            for i in range(first, n, window):
+                await send(payloads[i])
+
+        reader = asyncio.ensure_future(receive())
+        times["t0"] = time.monotonic_ns()
+        await asyncio.gather(*(publisher(k) for k in range(min(window, n))))
+        times["published"] = time.monotonic_ns()
+        try:
+            await asyncio.wait_for(reader, 60)
+        except TimeoutError:
+            pass
+        await r.aclose()
+        if single:
+            await consumer.aclose()
+
+    asyncio.run(main())
+    result(ids=ids, t0_ns=times["t0"], last_ns=times["last"], published_ns=times["published"])
+
+
+def _inprocess_ping(p: dict[str, Any]) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    rtt: list[int] = []
+
+    async def main() -> None:
+        r = redis.asyncio.Redis(host="127.0.0.1", port=int(p["port"]))
+        ps = r.pubsub()
+        await ps.subscribe("bench.ping", "bench.pong")
+        confirmed = 0
+        while confirmed < 2:  # both subscribe confirmations
+            if await ps.get_message(timeout=5.0) is not None:
+                confirmed += 1
+        got = asyncio.Event()
+
+        async def serve() -> None:
+            # the echo and the ping's receiver share the subscribed connection
+            while True:
+                msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if msg is None or msg["type"] != "message":
+                    continue
+                if msg["channel"] == b"bench.ping":
+                    await r.publish("bench.pong", msg["data"])
+                else:
+                    rtt.append(time.monotonic_ns() - ping_sent_at(msg["data"]))
+                    got.set()
+
+        server = asyncio.ensure_future(serve())
+        for i in range(int(p["n"])):
+            got.clear()
+            await r.publish("bench.ping", make_ping(i, int(p["size"])))
+            await asyncio.wait_for(got.wait(), 30)
+        server.cancel()
+        await r.aclose()
+
+    asyncio.run(main())
+    result(rtt_ns=rtt)
+
+
 ROLES = {
+    "inprocess": _inprocess,
+    "inprocess_ping": _inprocess_ping,
     "pub": _pub,
     "sub": _sub,
     "worker": _worker,
