@@ -30,7 +30,7 @@ from .engine import (
     browse_messages,
     collect_garbage,
 )
-from .fs import BusFS, NameClash
+from .fs import BusFS, Go, NameClash
 from .layout import Layout
 from .loop_thread import LoopThread
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
@@ -38,7 +38,7 @@ from .namer import Namer, new_publish_info
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import open_store
+from .queueing import open_store, route
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 
@@ -195,8 +195,33 @@ class BlockingBus:
                 raise UsageError(
                     "the payload file gave text, not bytes; open it in binary mode ('rb')"
                 )
-            self._namer.check_size(len(payload))
+            data = bytes(payload)
+            self._namer.check_size(len(data))
             self._queues.check_room(targets)
+            planned = [plan]
+
+            def publish_message(go: Go | None) -> int:
+                try:
+                    return self._fs.publish(planned[0], data, go)
+                except NameClash:  # astronomically rare: name it again
+                    planned[0] = self._namer.plan(topic, single, ttl, durable, headers, priority)
+                    return self._fs.publish(planned[0], data, go)
+
+            # The message, then a copy in each queue before this returns (a durable one
+            # syncs them all together: see route).
+            size = route(
+                self._queues,
+                targets,
+                topic,
+                data,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+                publish=publish_message,
+            )
+            self._published += 1
+            return self._namer.info(planned[0], size)
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
             self._namer.check_size(len(data))
@@ -215,16 +240,6 @@ class BlockingBus:
                 f"{type(payload).__name__}"
             )
         self._published += 1
-        if targets:
-            self._queues.route(
-                targets,
-                topic,
-                bytes(payload),  # type: ignore[arg-type]
-                ttl=ttl,
-                durable=durable,
-                headers=headers,
-                priority=priority,
-            )
         return self._namer.info(plan, size)
 
     def publish_many(
@@ -381,7 +396,7 @@ class BlockingBus:
         self._namer.plan(topic, True, ttl, durable, headers, priority)  # validates it all
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         self._namer.check_size(len(data))
-        d = self._queues.get(queue)
+        d = self._queues.current(queue)
         self._queues.check_room((d,))
         self._queues.enqueue(
             d, topic, data, ttl=ttl, durable=durable, headers=headers, priority=priority

@@ -39,7 +39,7 @@ from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
 from .._queues.store import QueueStore
-from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
+from .fs import BusFS, Claim, Go, NameClash, ReadResult, decode_meta
 from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer, new_publish_info
@@ -48,7 +48,7 @@ from .offload import Offload
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import open_store
+from .queueing import open_store, route
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 
@@ -554,7 +554,34 @@ class Bus:
             data = bytes(payload)
             self._namer.check_size(len(data))
             await anyio.to_thread.run_sync(self._queues.check_room, targets)
-        if isinstance(payload, bytes | bytearray | memoryview):
+        if targets and durable:
+            # The message and its copies synced together, in one worker thread (see
+            # route): not withdrawn when cancelled, the call waits for it to land.
+            planned = [plan]
+
+            def publish_message(go: Go | None) -> int:
+                try:
+                    return self._fs.publish(planned[0], data, go)
+                except NameClash:  # astronomically rare: name it again
+                    planned[0] = self.plan(topic, single, ttl, durable, headers, priority)
+                    return self._fs.publish(planned[0], data, go)
+
+            size = await anyio.to_thread.run_sync(
+                functools.partial(
+                    route,
+                    self._queues,
+                    targets,
+                    topic,
+                    data,
+                    ttl=ttl,
+                    durable=durable,
+                    headers=headers,
+                    priority=priority,
+                    publish=publish_message,
+                )
+            )
+            plan = planned[0]
+        elif isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
             self._namer.check_size(len(data))
             try:
@@ -565,7 +592,8 @@ class Bus:
             if targets:
                 await anyio.to_thread.run_sync(
                     functools.partial(
-                        self._queues.route,
+                        route,
+                        self._queues,
                         targets,
                         topic,
                         data,
@@ -573,6 +601,7 @@ class Bus:
                         durable=durable,
                         headers=headers,
                         priority=priority,
+                        publish=_published,
                     )
                 )
         elif isinstance(payload, str | os.PathLike):
@@ -1153,9 +1182,17 @@ class Bus:
         its bucket's latest listing, in flight here, or backing off after a busy claim
         (the retry re-lists its bucket and pushes it again).
         """
+        capacity = self._free
+        if capacity <= 0 or not any(
+            s.kind != "multi" and not s.closed and (s.prefetch is None or s.in_flight < s.prefetch)
+            for s in self._subs
+        ):
+            # No handler free, or every work-queue subscription at its prefetch: nothing
+            # can be claimed, so leave the heap as it is (popping and pushing back every
+            # candidate cost more than the claims when consumers are busy).
+            return
         now = time.monotonic()
         now_ms = int(time.time() * 1000)
-        capacity = self._free
         # Candidates: the best ones in order, a few spare for claims that fail. When other
         # consumers keep winning the same candidates, twice as many, tried from a random
         # place among those of the best priority, so that they collide less.
@@ -1626,7 +1663,7 @@ class Bus:
         self.plan(topic, True, ttl, durable, headers, priority)  # validates it all
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         self._namer.check_size(len(data))
-        d = await anyio.to_thread.run_sync(self._queues.get, queue)
+        d = await anyio.to_thread.run_sync(self._queues.current, queue)
         await anyio.to_thread.run_sync(self._queues.check_room, (d,))
         await anyio.to_thread.run_sync(
             functools.partial(
@@ -1772,6 +1809,10 @@ _CONSUMER_COUNTS = (
     "delivered acked released failed expired quarantined claims_lost leases_lost".split()
 )
 """Counters of a queue's own bus that its host bus reports as its own."""
+
+
+def _published(_go: Go | None) -> None:
+    """For :func:`route` when the message itself is already published: copies only."""
 
 
 async def _gather_payload(payload: object) -> bytes:

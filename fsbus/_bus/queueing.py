@@ -8,16 +8,24 @@ Bus uses, so a copy in a queue is an ordinary message of that bus.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from .._config import BusConfig
-from .._queues.store import QueueStore
-from .fs import BusFS, NameClash
+from .._errors import storage_error
+from .._queues.definition import Definition
+from .._queues.store import QueueStore, copy_ttl
+from .fs import BusFS, Go, NameClash
 from .layout import Layout
 from .namer import Namer
+from .plan import PublishPlan
 from .purge import purge_some, purge_targets
 from .scan import ScanDecision, ScanState, decide, long_names
+
+T = TypeVar("T")
 
 
 class QueueWriter:
@@ -48,6 +56,52 @@ class QueueWriter:
             with self._lock:
                 plan = self._namer.plan(topic, True, ttl, durable, headers, priority)
             self._fs.publish(plan, payload)
+
+    def plan(
+        self,
+        topic: str,
+        *,
+        ttl: float | None,
+        durable: bool,
+        headers: dict[str, str] | None,
+        priority: int | None,
+    ) -> PublishPlan:
+        """Name a copy (no I/O). Every queue's bus has the same buckets, and names are
+        unique in the process, so one plan serves the copies of one publish in every
+        queue (each queue is a directory of its own)."""
+        with self._lock:
+            return self._namer.plan(topic, True, ttl, durable, headers, priority)
+
+    def publish_planned(self, plan: PublishPlan, payload: bytes) -> None:
+        """Write a copy named by :meth:`plan` (synced as the plan says)."""
+        try:
+            self._fs.publish(plan, payload)
+        except NameClash:  # astronomically rare: name it again
+            self._fs.publish(self._replan(plan), payload)
+
+    def _replan(self, plan: PublishPlan) -> PublishPlan:
+        ttl = (plan.expires_ms - int(time.time() * 1000)) / 1000
+        with self._lock:
+            fresh = self._namer.plan(plan.topic, True, max(ttl, 0.001), plan.durable, None, None)
+        # the same message under a new name: only the name, bucket and expiry change
+        return plan._replace(name=fresh.name, bucket=fresh.bucket, bucket_index=fresh.bucket_index)
+
+    def stage(self, plan: PublishPlan, payload: bytes) -> _Staged:
+        """Write a copy into staging, not synced and not visible yet (see :func:`route`)."""
+        try:
+            fd = self._fs.begin(plan)
+        except NameClash:
+            plan = self._replan(plan)
+            fd = self._fs.begin(plan)
+        try:
+            self._fs.write_chunk(fd, payload, plan)
+            # Start writing it back now: the first sync of the publish then finds every
+            # copy's blocks allocated in the journal transaction it commits.
+            self._fs.ops.drop_cache(fd)
+        except BaseException:
+            self._fs.abort(plan, fd)
+            raise
+        return _Staged(self, plan, fd)
 
     def _listing(self) -> ScanDecision:
         listings = self._fs.list_buckets(range(len(self.layout.buckets)))
@@ -95,6 +149,144 @@ class QueueWriter:
 
     def close(self) -> None:
         self._fs.close()
+
+
+class _Staged:
+    """A copy in a queue's staging directory, on its way into the queue."""
+
+    def __init__(self, writer: QueueWriter, plan: PublishPlan, fd: int) -> None:
+        self.writer = writer
+        self.plan = plan
+        self.fd = fd
+        self.synced = False
+        self.placed = False
+
+    def sync(self) -> None:
+        """Its data on disk (fdatasync)."""
+        fs = self.writer._fs
+        try:
+            fs.ops.fdatasync(self.fd)
+        except OSError as exc:
+            path = f"{fs.layout.staging}/{self.plan.name}"
+            raise storage_error("syncing a queue's copy", exc, path) from exc
+        self.synced = True
+
+    def place(self) -> None:
+        """Close it, rename it into its bucket (visible) and stamp the bucket; its
+        directory is not synced here (see :meth:`settle`)."""
+        fd, self.fd = self.fd, -1
+        self.writer._fs.commit(self.plan._replace(durable=False), fd)
+        self.placed = True
+
+    def settle(self) -> None:
+        """Its directory entry on disk (fsync of its bucket directory)."""
+        fs = self.writer._fs
+        path = f"{fs.layout.messages}/{self.plan.bucket}"
+        try:
+            fd = fs.ops.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fs.ops.fsync(fd)
+            finally:
+                fs.ops.close(fd)
+        except OSError as exc:
+            raise storage_error("syncing a queue's bucket directory", exc, path) from exc
+
+    def discard(self) -> None:
+        """Remove it from staging if it is still there (nothing of it is visible)."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            self.writer._fs.abort(self.plan, fd)
+
+
+def route(
+    store: QueueStore,
+    targets: tuple[Definition, ...],
+    topic: str,
+    payload: bytes,
+    *,
+    ttl: float | None,
+    durable: bool,
+    headers: dict[str, str] | None,
+    priority: int | None,
+    publish: Callable[[Go | None], T],
+) -> T:
+    """Publish a message with ``publish`` and copy it into each queue of ``targets``;
+    returns what ``publish`` returned.
+
+    A durable publish is a group commit (docs/queues.md, Performance): every copy is
+    staged first and its write-back started; ``publish`` syncs the message itself, then,
+    just before its rename, ``go`` syncs each copy and renames it into its queue; the
+    message's directory sync then carries the copies' renames in the same journal commit,
+    and each copy's directory is synced after it. Every file and every directory entry
+    is synced before this returns, as one publish at a time would do; the kernel just
+    finds most of them already on disk. A copy with a sidecar (a long topic or headers)
+    is written after the message, one at a time.
+    """
+    opened = store.open_targets(targets)
+    if not opened:
+        return publish(None)
+    first = opened[0][1]
+    plans: dict[float, PublishPlan] = {}
+
+    def plan_for(d: Definition, w: QueueWriter) -> PublishPlan:
+        life = copy_ttl(d, ttl)
+        p = plans.get(life)
+        if p is None:
+            p = plans[life] = w.plan(
+                topic, ttl=life, durable=durable, headers=headers, priority=priority
+            )
+        return p
+
+    writers = [(d, w) for d, w in opened if isinstance(w, QueueWriter)]
+    if not durable or not isinstance(first, QueueWriter) or len(writers) < len(opened):
+        out = publish(None)
+        for d, w in opened:
+            if isinstance(w, QueueWriter):
+                w.publish_planned(plan_for(d, w), payload)
+            else:
+                w.publish(
+                    topic,
+                    payload,
+                    ttl=copy_ttl(d, ttl),
+                    durable=durable,
+                    headers=headers,
+                    priority=priority,
+                )
+            store.trim(d)
+        return out
+    staged: list[_Staged] = []
+    later: list[tuple[Definition, QueueWriter]] = []
+    try:
+        for d, w in writers:
+            p = plan_for(d, w)
+            if p.spill is None and p.meta is None:
+                staged.append(w.stage(p, payload))
+            else:
+                later.append((d, w))
+
+        def go() -> bool:
+            # Called once the message is synced, before its rename (and again if its
+            # name clashed and it is published under a new one: the copies are in).
+            for s in staged:
+                if not s.synced:
+                    s.sync()
+            for s in staged:
+                if not s.placed:
+                    s.place()
+            return True
+
+        out = publish(go)
+    except BaseException:
+        for s in staged:
+            s.discard()
+        raise
+    for s in staged:
+        s.settle()
+    for d, w in later:
+        w.publish_planned(plan_for(d, w), payload)
+    for d, _ in writers:
+        store.trim(d)
+    return out
 
 
 def open_store(layout: Layout, config: BusConfig) -> QueueStore:

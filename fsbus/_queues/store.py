@@ -260,19 +260,35 @@ class QueueStore:
         priority: int | None = None,
     ) -> int:
         """Put one message into queue ``d``; returns 1 (0 if the queue vanished)."""
-        o = d.options
-        # No TTL from the publish and none on the queue: the copy waits for a consumer
-        # for good, as in RabbitMQ (not the bus's default single_ttl).
-        life = ttl if ttl is not None else (o.message_ttl or FOREVER)
-        if o.message_ttl is not None:
-            life = min(life, o.message_ttl)
         pub = self._publisher(d.name)
         if pub is None:
             return 0
-        pub.publish(topic, payload, ttl=life, durable=durable, headers=headers, priority=priority)
+        pub.publish(
+            topic,
+            payload,
+            ttl=copy_ttl(d, ttl),
+            durable=durable,
+            headers=headers,
+            priority=priority,
+        )
+        self.trim(d)
+        return 1
+
+    def open_targets(self, targets: tuple[Definition, ...]) -> list[tuple[Definition, QueueBus]]:
+        """The buses of ``targets`` (those that still exist), for a caller that writes the
+        copies itself; it calls :meth:`trim` on each queue after its copy."""
+        out = []
+        for d in targets:
+            pub = self._publisher(d.name)
+            if pub is not None:
+                out.append((d, pub))
+        return out
+
+    def trim(self, d: Definition) -> None:
+        """After a copy went into ``d``: drop its head beyond ``max_length`` (drop-head)."""
+        o = d.options
         if o.max_length is not None and o.overflow == "drop-head":
             self._drop_head(d.name, o.max_length)
-        return 1
 
     def _publisher(self, name: str) -> QueueBus | None:
         with self._lock:
@@ -357,6 +373,15 @@ class QueueStore:
                 f"(bus.declare_queue({name!r}, bindings=[...]) or `fsbus queue declare {name}`)"
             )
         return d
+
+    def current(self, name: str) -> Definition:
+        """Queue ``name`` as the routing table knows it (cheap: cached like :meth:`targets`,
+        so a change another process made is seen once its change returned)."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._refresh(now)
+        d = self._defs.get(name)
+        return d if d is not None else self.get(name)
 
     def declare(self, name: str, bindings: list[str], options: QueueOptions) -> Definition:
         from .._core.topics import validate_pattern
@@ -537,6 +562,17 @@ class QueueStore:
             pubs, self._publishers = list(self._publishers.values()), {}
         for p in pubs:
             p.close()
+
+
+def copy_ttl(d: Definition, ttl: float | None) -> float:
+    """The TTL of a copy in queue ``d`` of a message published with ``ttl``."""
+    o = d.options
+    # No TTL from the publish and none on the queue: the copy waits for a consumer
+    # for good, as in RabbitMQ (not the bus's default single_ttl).
+    life = ttl if ttl is not None else (o.message_ttl or FOREVER)
+    if o.message_ttl is not None:
+        life = min(life, o.message_ttl)
+    return life
 
 
 def _write_atomic(folder: str, name: str, data: bytes) -> None:

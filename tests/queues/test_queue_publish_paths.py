@@ -1,0 +1,118 @@
+"""How a publish writes its queue copies: durable ones synced together (group commit),
+every kind of copy (TTLs, headers, long topics) in every queue, nothing left in staging,
+and a publish whose message fails to sync leaves no copy behind."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import BlockingBus, Bus, QueueFull, QueueNotFound, StorageError
+from fsbus._bus.ops import Ops
+
+from .conftest import WAIT
+
+LONG_TOPIC = "orders." + "x" * 300
+"""Too long for a file name: its copies carry a spill sidecar."""
+
+
+def _staged(root: Path) -> list[Path]:
+    """Files left in the staging folder of the bus or of any queue's bus."""
+    dirs = [root / "staging", *(root / "fsbus" / "queues").glob("*/bus/staging")]
+    return [f for d in dirs if d.is_dir() for f in d.iterdir()]
+
+
+def _drain(bus: BlockingBus, queue: str, count: int) -> list[tuple[str, bytes, dict[str, str]]]:
+    got = []
+    with bus.messages(queue=queue) as it:
+        for _ in range(count):
+            msg = it.get(timeout=WAIT)
+            got.append((msg.topic, msg.payload, dict(msg.headers)))
+            it.ack(msg)
+    return got
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_every_copy_lands_in_every_queue(root: Path, durable: bool) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("a", ["orders.#"])
+        bus.declare_queue("b", ["orders.#"], message_ttl=3600)  # another TTL: its own name
+        bus.declare_queue("c", ["orders.#", "orders.paid"])
+        sent = [
+            ("orders.paid", b"plain", {}),
+            ("orders.paid", b"with headers", {"k": "v"}),
+            (LONG_TOPIC, b"long topic", {}),
+        ]
+        for i in range(20):
+            sent.append(("orders.paid", f"m{i}".encode(), {}))
+        for topic, payload, headers in sent:
+            bus.publish(topic, payload, durable=durable, headers=headers or None)
+        assert _staged(root) == []
+        for q in ("a", "b", "c"):
+            assert bus.queue_info(q).depth == len(sent)
+            got = _drain(bus, q, len(sent))
+            assert sorted(got) == sorted(sent), q
+            assert bus.queue_info(q).depth == 0
+        assert bus.statistics().published == len(sent)
+
+
+@pytest.mark.anyio
+async def test_the_async_bus_routes_durable_copies_the_same_way(root: Path) -> None:
+    async with Bus(root) as bus:
+        await bus.declare_queue("a", ["jobs.*"])
+        await bus.declare_queue("b", ["jobs.#"])
+        infos = [
+            await bus.publish("jobs.run", f"j{i}".encode(), durable=True, single=i % 2 == 0)
+            for i in range(10)
+        ]
+        assert all([await anyio.Path(i.path).is_file() for i in infos])
+        assert (await bus.queue_info("a")).depth == 10
+        assert (await bus.queue_info("b")).depth == 10
+    assert _staged(root) == []
+
+
+class FailingSync(Ops):
+    """fdatasync fails (EIO) on the bus's own files: the queue buses use the real seam."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+
+    def fdatasync(self, fd: int) -> None:
+        self.failed += 1
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_a_durable_publish_that_fails_to_sync_leaves_no_copy(root: Path) -> None:
+    with BlockingBus(root) as setup:
+        setup.declare_queue("a", ["t.#"])
+        setup.declare_queue("b", ["t.#"])
+    ops = FailingSync()
+    with BlockingBus(root, ops=ops) as bus:
+        with pytest.raises(StorageError):
+            bus.publish("t.x", b"lost", durable=True)
+        assert ops.failed == 1
+        assert bus.queue_info("a").depth == 0
+        assert bus.queue_info("b").depth == 0
+        assert _staged(root) == []
+        bus.publish("t.x", b"kept")  # not durable: no sync, the copies go in
+        assert bus.queue_info("a").depth == 1
+        assert bus.queue_info("b").depth == 1
+
+
+def test_enqueue_sees_a_queue_another_bus_deleted_or_declared(root: Path) -> None:
+    with BlockingBus(root) as one, BlockingBus(root) as other:
+        one.declare_queue("a", ["t.#"])
+        for i in range(5):
+            other.enqueue("a", "t.x", f"e{i}".encode())
+        assert one.queue_info("a").depth == 5
+        one.delete_queue("a")
+        with pytest.raises(QueueNotFound):
+            other.enqueue("a", "t.x", b"too late")
+        one.declare_queue("a", ["t.#"], max_length=1, overflow="reject-publish")
+        other.enqueue("a", "t.x", b"again")
+        assert one.queue_info("a").depth == 1
+        with pytest.raises(QueueFull):  # the new definition's options, not the old ones
+            other.enqueue("a", "t.x", b"one too many")
