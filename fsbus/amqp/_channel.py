@@ -16,6 +16,7 @@ from pamqp import header as pheader
 from .. import (
     Message,
     QueueFull,
+    QueueInfo,
     QueueMismatch,
     QueueNotFound,
     Subscription,
@@ -24,10 +25,13 @@ from .. import (
 from ._frames import (
     FRAME_HEADER,
     RawFrame,
+    ack_fields,
     confirm_frame,
     content_frames,
     content_header,
     deliver_frame,
+    plain_properties,
+    publish_fields,
 )
 from ._routing import (
     ACCESS_REFUSED,
@@ -88,10 +92,16 @@ class Consumer:
 
 @dataclass
 class _Publish:
-    method: spec.Basic.Publish
+    exchange: str
+    routing_key: str
+    mandatory: bool
     size: int = -1
     props: bytes = b""
-    properties: spec.Basic.Properties | None = None
+    """The raw property bytes, stored as they came."""
+    headers: dict[str, Any] | None = None
+    delivery_mode: int | None = None
+    priority: int | None = None
+    expiration: str | None = None
     body: bytearray = field(default_factory=bytearray)
 
 
@@ -123,6 +133,7 @@ class Channel:
         self.consumers: dict[str, Consumer] = {}
         self.last_queue = ""
         self._pub: _Publish | None = None
+        self._last_info: QueueInfo | None = None
 
     # ------------------------------------------------------------------ dispatch
     async def method(self, m: Any) -> None:
@@ -154,6 +165,21 @@ class Channel:
             await handler(self, m)
         except QueueNotFound as exc:  # deleted meanwhile (auto-delete, another client)
             raise AmqpError(NOT_FOUND, f"NOT_FOUND - {exc}") from None
+
+    def fast_method(self, payload: bytes) -> bool:
+        """basic.ack and basic.publish, read by hand (a frame of each a message when
+        publishing or consuming); False for every other method (pamqp decodes it)."""
+        if self.closing or self._pub is not None:
+            return False  # the general path says what to do
+        ack = ack_fields(payload)
+        if ack is not None:
+            self._settle(ack[0], ack[1], "ack")
+            return True
+        publish = publish_fields(payload)
+        if publish is not None:
+            self._pub = _Publish(*publish)
+            return True
+        return False
 
     async def reply(self, *frames: Any) -> None:
         await self.conn.send(self.number, *frames)
@@ -264,7 +290,9 @@ class Channel:
 
     # ------------------------------------------------------------------ queues
     async def _queue_meta(self, name: str) -> dict[str, Any] | None:
-        """The AMQP side of queue ``name``, if the bus has the queue."""
+        """The AMQP side of queue ``name``, if the bus has the queue (its bus info as
+        :attr:`_last_info`)."""
+        self._last_info = None
         try:
             info = await self.bus.queue_info(bus_queue_name(name))
         except QueueNotFound:
@@ -282,6 +310,7 @@ class Channel:
                 "owner": None,
             }
         meta["bus_auto_delete"] = info.options.auto_delete
+        self._last_info = info
         return meta
 
     def _check_exclusive(self, name: str, meta: dict[str, Any]) -> None:
@@ -376,7 +405,10 @@ class Channel:
             if m.exclusive:
                 self.conn.exclusive.add(name)
         self.last_queue = name
-        ready, consumers = await self.gateway.ready_count(name)
+        # a passive declare (a client polling a queue's depth) lists the queue once
+        ready, consumers = await self.gateway.ready_count(
+            name, self._last_info if m.passive else None
+        )
         if not m.nowait:
             await self.reply(
                 spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)
@@ -461,7 +493,7 @@ class Channel:
 
     # ------------------------------------------------------------------ publishing
     async def _publish(self, m: spec.Basic.Publish) -> None:
-        self._pub = _Publish(m)
+        self._pub = _Publish(m.exchange or "", m.routing_key or "", bool(m.mandatory))
 
     async def content(self, raw: RawFrame) -> None:
         pub = self._pub
@@ -481,13 +513,22 @@ class Channel:
                 )
             try:
                 pub.size, pub.props = content_header(raw.payload)
-                _n, _c, decoded = pframe.unmarshal(raw.data)
+                plain = plain_properties(pub.props)
+                if plain is None:  # headers, or not well formed: pamqp reads them
+                    _n, _c, decoded = pframe.unmarshal(raw.data)
             except Exception as exc:
                 raise AmqpError(
                     COMMAND_INVALID, f"COMMAND_INVALID - bad content header: {exc}", connection=True
                 ) from None
-            assert isinstance(decoded, pheader.ContentHeader)
-            pub.properties = decoded.properties
+            if plain is not None:
+                pub.delivery_mode, pub.priority, pub.expiration = plain
+            else:
+                assert isinstance(decoded, pheader.ContentHeader)
+                props = decoded.properties
+                pub.headers = props.headers
+                pub.delivery_mode = props.delivery_mode
+                pub.priority = props.priority
+                pub.expiration = props.expiration
         else:
             if pub.size < 0:
                 raise AmqpError(
@@ -511,25 +552,23 @@ class Channel:
     def _job(self, pub: _Publish) -> RouteJob:
         """What the gateway needs to route a complete publish (a bad expiration is kept
         as the job's error, raised in its turn)."""
-        m = pub.method
-        props = pub.properties or spec.Basic.Properties()
-        exchange, rk = m.exchange or "", m.routing_key or ""
+        exchange, rk = pub.exchange, pub.routing_key
         job = RouteJob(
             exchange,
             rk,
-            props.headers,
+            pub.headers,
             bytes(pub.body),
             ttl=None,
-            durable=props.delivery_mode == 2,
+            durable=pub.delivery_mode == 2,
             headers={
                 PROPS: base64.b64encode(pub.props).decode("ascii"),
                 EXCHANGE: exchange,
                 ROUTING_KEY: rk,
             },
-            priority=amqp_priority_to_bus(props.priority),
+            priority=amqp_priority_to_bus(pub.priority),
         )
         try:
-            job.ttl = expiration_seconds(props.expiration)
+            job.ttl = expiration_seconds(pub.expiration)
         except AmqpError as exc:
             job.error = exc
         return job
@@ -546,7 +585,7 @@ class Channel:
         else:
             routed, ok = outcome, True
         out = b""
-        if not routed and pub.method.mandatory:
+        if not routed and pub.mandatory:
             out += pframe.marshal(
                 spec.Basic.Return(
                     reply_code=312,

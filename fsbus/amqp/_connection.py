@@ -396,6 +396,8 @@ class Connection:
                 )
             await ch.content(raw)
             return
+        if ch is not None and ch.fast_method(raw.payload):
+            return
         method = self._decode(raw)
         if isinstance(method, spec.Channel.Open):
             if ch is not None:

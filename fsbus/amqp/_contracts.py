@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import anyio.abc
 
-from .. import Bus, Message, Subscription
+from .. import Bus, Message, QueueInfo, Subscription
 from ._routing import RouteJob
 from ._state import AmqpState
 
@@ -32,7 +32,7 @@ class GatewayPort(Protocol):
 
     def untrack(self, queue: str, sub: Subscription) -> None: ...
 
-    async def ready_count(self, queue: str) -> tuple[int, int]: ...
+    async def ready_count(self, queue: str, info: QueueInfo | None = None) -> tuple[int, int]: ...
 
     async def consumer_left(self, queue: str) -> None: ...
 

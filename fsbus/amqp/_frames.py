@@ -112,3 +112,94 @@ def confirm_frame(channel: int, tag: int, ok: bool) -> bytes:
     else:
         payload = _ACK.pack(BASIC_CLASS, 120, tag, 2)  # the requeue bit set, as pamqp sets it
     return _HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+
+
+_ACK_ID = _DELIVER.pack(BASIC_CLASS, 80)
+_PUBLISH_ID = _DELIVER.pack(BASIC_CLASS, 40)
+
+
+def ack_fields(payload: bytes) -> tuple[int, bool] | None:
+    """(delivery tag, multiple) of a basic.ack method frame's payload; None for any
+    other method (the hot path of consuming: one ack a message)."""
+    if len(payload) != 13 or payload[:4] != _ACK_ID:
+        return None
+    tag, bits = _TAG.unpack_from(payload, 4)
+    return tag, bool(bits & 1)
+
+
+def publish_fields(payload: bytes) -> tuple[str, str, bool] | None:
+    """(exchange, routing key, mandatory) of a basic.publish method frame's payload; None
+    for any other method, or one that is not well formed (pamqp then says why)."""
+    if payload[:4] != _PUBLISH_ID:
+        return None
+    try:
+        at = 6  # after the class, the method and the reserved short
+        size = payload[at]
+        exchange = payload[at + 1 : at + 1 + size].decode("utf-8")
+        at += 1 + size
+        size = payload[at]
+        routing_key = payload[at + 1 : at + 1 + size].decode("utf-8")
+        at += 1 + size
+        if at + 1 != len(payload):
+            return None
+        return exchange, routing_key, bool(payload[at] & 1)
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
+# the basic properties in their order: (flag, kind) with kind "s" a short string,
+# "t" a field table, "o" an octet, "q" a 64-bit timestamp
+_PROPERTIES = (
+    (0x8000, "s"),  # content-type
+    (0x4000, "s"),  # content-encoding
+    (0x2000, "t"),  # headers
+    (0x1000, "o"),  # delivery-mode
+    (0x0800, "o"),  # priority
+    (0x0400, "s"),  # correlation-id
+    (0x0200, "s"),  # reply-to
+    (0x0100, "s"),  # expiration
+    (0x0080, "s"),  # message-id
+    (0x0040, "q"),  # timestamp
+    (0x0020, "s"),  # type
+    (0x0010, "s"),  # user-id
+    (0x0008, "s"),  # app-id
+    (0x0004, "s"),  # cluster-id
+)
+
+
+def plain_properties(props: bytes) -> tuple[int | None, int | None, str | None] | None:
+    """(delivery mode, priority, expiration) of raw basic properties with no headers
+    table, read by hand (the hot path of publishing); None when they carry headers or
+    are not well formed: pamqp then decodes them (or says what is wrong)."""
+    if len(props) < 2:
+        return None
+    flags = int.from_bytes(props[:2], "big")
+    if flags & 0x2003:  # headers, or flag bits past the last property
+        return None
+    values: dict[int, int | str] = {}
+    at = 2
+    try:
+        for flag, kind in _PROPERTIES:
+            if not flags & flag:
+                continue
+            if kind == "s":
+                size = props[at]
+                if at + 1 + size > len(props):
+                    return None
+                if flag == 0x0100:
+                    values[flag] = props[at + 1 : at + 1 + size].decode("utf-8")
+                at += 1 + size
+            elif kind == "o":
+                values[flag] = props[at]
+                at += 1
+            else:
+                at += 8
+    except (IndexError, UnicodeDecodeError):
+        return None
+    if at != len(props):
+        return None
+    mode, priority, expiration = values.get(0x1000), values.get(0x0800), values.get(0x0100)
+    assert mode is None or isinstance(mode, int)
+    assert priority is None or isinstance(priority, int)
+    assert expiration is None or isinstance(expiration, str)
+    return mode, priority, expiration

@@ -19,6 +19,7 @@ from .. import (
     BusConfig,
     FsBusError,
     Message,
+    QueueInfo,
     QueueNotFound,
     Subscription,
     UsageError,
@@ -325,7 +326,7 @@ class Gateway:
             if not subs:
                 del self._subs[queue]
 
-    async def ready_count(self, queue: str) -> tuple[int, int]:
+    async def ready_count(self, queue: str, info: QueueInfo | None = None) -> tuple[int, int]:
         """(messages ready, consumers) of ``queue``, as RabbitMQ counts them: the
         messages held by a consumer, not yet acknowledged, are left out.
 
@@ -333,7 +334,8 @@ class Gateway:
         consumes the queue too, the messages it holds are told by their locks.
         """
         name = bus_queue_name(queue)
-        info = await self.bus.queue_info(name)
+        if info is None:
+            info = await self.bus.queue_info(name)
         subs = self._subs.get(queue, {})
         if info.consumers <= len(subs):
             return max(0, info.depth - sum(s.in_flight for s in subs)), info.consumers
