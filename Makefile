@@ -28,7 +28,7 @@ $(NODE_PEER): tests/interop/package.json
 demo: $(STAMP)
 	$(PY) -m fsbus.demo
 
-## spark-demo: service processes publish events, a Spark streaming job counts them per window, is stopped and restarted midway, and every event is counted exactly once (needs Java 17; about 1-2 minutes)
+## spark-demo: service processes publish events; a Spark streaming job (its own process) counts them per window into Parquet and publishes alerts a subscriber receives; the job is killed with SIGKILL midway and restarted, and every event and alert is counted exactly once (needs Java 17; 2-4 minutes)
 spark-demo: $(STAMP)
 	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	$(PY) docs/examples/spark_pipeline.py $(ARGS)

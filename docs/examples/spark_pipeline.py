@@ -1,27 +1,33 @@
-"""Example pipeline: services publish on the bus, a Spark streaming job counts every event once.
+"""Example pipeline: services publish on the bus, a Spark job counts every event once.
 
     python docs/examples/spark_pipeline.py [--root DIR] [--scale N] [--interval SECONDS]
     make spark-demo
 
-1. A Spark Structured Streaming job reads every message published on ``events.#`` with
-   ``readStream.format("fsbus").option("pattern", "events.#")``, and every second
-   (processing-time trigger) counts events and sums their latency per service, kind
-   (the topic is ``events.<service>.<kind>``) and 5-second window of the events' own
-   time, with a watermark. Each closed window goes to the Stream ``event-counts``
-   through the fsbus sink, exactly once.
-2. Three services, each a process of its own, publish events with the async Bus API
-   (``await bus.publish("events.<service>.<kind>", ...)``) until they are told to stop,
-   then report how many events of each kind they published in each window.
-3. Midway the query is stopped while the services keep publishing, then started again
-   on the same checkpoint: what was published meanwhile waits in the query's durable
-   queue and is counted after the restart.
-4. Once the services have stopped and the query has taken in all they published, one
-   more event, timed past every window, moves the watermark so the last windows close
-   (in a live pipeline later events do that). The demo waits until Spark has counted
-   what the services reported, stops the query, and compares window by window: every
-   published event must be counted exactly once. It exits with status 1 otherwise.
+Five kinds of process, each started from this script:
 
-The same script runs one service: ``spark_pipeline.py service --root DIR --name NAME``.
+1. **Services** (three processes) publish events with the async Bus API,
+   ``await bus.publish("events.<service>.<kind>", ...)``, until SIGTERM; then they report
+   how many events of each kind they published in each 5-second window.
+2. **The Spark job** (its own process, with its own JVM) runs two streaming queries with a
+   1-second processing-time trigger:
+   - ``windows`` reads ``events.#`` with ``readStream.format("fsbus")``, counts events and
+     sums their latency per service, kind and 5-second window of the events' own time
+     (with a watermark), and writes each closed window to a Parquet table;
+   - ``alerts`` follows that table (a file stream: only committed files) and publishes
+     ``alerts.<service>.errors`` on the bus, through the fsbus sink, for every window with
+     at least ``ALERT_ERRORS`` errors.
+3. **A subscriber** receives ``alerts.#`` and prints every alert it gets.
+4. **The demo** starts them all, and once the job has read ``--scale`` events and written
+   its first windows it kills the job's whole process group with SIGKILL (the Python
+   driver, its JVM and Python workers: what a crashed machine does). The services go on
+   publishing; a new job on the same checkpoints takes in what waited in its durable queue.
+5. Once the services have stopped and the job has taken in all they published, one more
+   event, timed past every window, moves the watermark so the last windows close (in a
+   live pipeline later events do that). The demo then compares the Parquet table and the
+   alerts received with what the services published, window by window: every event counted
+   exactly once, every alert received exactly once. It exits with status 1 otherwise.
+
+``spark_pipeline.py service|job|alerts --root DIR ...`` runs one of those processes alone.
 """
 
 from __future__ import annotations
@@ -40,16 +46,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 SERVICES = ("checkout", "payments", "search")
 KINDS = ("ok", "slow", "error")
-PATTERN = "events.#"
-QUEUE = "spark-event-counts"  # the query's durable queue (option "queue")
-COUNTS = "event-counts"  # the Stream the query writes closed windows to
+QUEUE = "spark-events"  # the windows query's durable queue (option "queue")
 TRIGGER = "1 second"
 WINDOW = 5  # seconds of event time per window
-LATENESS = 30  # seconds: the watermark's delay (an event this late would be dropped)
+LATENESS = 10  # seconds: the watermark's delay (an event this late would be dropped)
+ALERT_ERRORS = 10  # errors in one window of one service that raise an alert
 TIMEOUT = 180.0  # seconds any one step may take before the demo gives up
+
+
+def say(**what: Any) -> None:
+    """One line of JSON on stdout: how the processes tell the demo what they do."""
+    sys.stdout.write(json.dumps(what) + "\n")
+    sys.stdout.flush()
 
 
 # --- a service: its own process, publishing with the async Bus API --------------------
@@ -60,11 +72,6 @@ def event(service: str, seq: int) -> tuple[str, int]:
     latency = 20 + (seq * 37 + len(service) * 11) % 180
     kind = "error" if seq % 11 == 5 else "slow" if latency > 150 else "ok"
     return kind, latency
-
-
-def say(**what: Any) -> None:
-    sys.stdout.write(json.dumps(what) + "\n")
-    sys.stdout.flush()
 
 
 async def run_service(root: str, name: str, interval: float, report_every: int) -> None:
@@ -79,17 +86,9 @@ async def run_service(root: str, name: str, interval: float, report_every: int) 
 
     counts: dict[tuple[str, int], list[int]] = {}  # (kind, window) -> [events, latency]
     stop = anyio.Event()
-
-    async def on_signal(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            task_status.started()
-            async for _ in signals:
-                stop.set()
-                return
-
     seq = 0
     async with Bus(root) as bus, anyio.create_task_group() as tg:
-        await tg.start(on_signal)
+        await tg.start(set_on_signal, stop)
         say(ready=True)
         while not stop.is_set():
             kind, latency = event(name, seq)
@@ -109,7 +108,42 @@ async def run_service(root: str, name: str, interval: float, report_every: int) 
     say(published=seq, done=[[kind, window, *c] for (kind, window), c in counts.items()])
 
 
-# --- the Spark job ------------------------------------------------------------------
+async def set_on_signal(stop: Any, *, task_status: Any) -> None:
+    """Set the event ``stop`` on SIGTERM or SIGINT."""
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for _ in signals:
+            stop.set()
+            return
+
+
+# --- the alert subscriber: its own process -------------------------------------------
+
+
+async def run_subscriber(root: str) -> None:
+    """Print every message published on ``alerts.#`` until SIGTERM or SIGINT."""
+    import anyio
+
+    from fsbus import Bus
+
+    async def receive(*, task_status: Any) -> None:
+        async with bus.messages("alerts.#", existing=True) as alerts:
+            task_status.started()
+            async for msg in alerts:
+                say(topic=msg.topic, alert=msg.json())
+
+    stop = anyio.Event()
+    async with Bus(root) as bus, anyio.create_task_group() as tg:
+        await tg.start(set_on_signal, stop)
+        await tg.start(receive)
+        say(ready=True)
+        await stop.wait()
+        tg.cancel_scope.cancel()
+
+
+# --- the Spark job: its own process --------------------------------------------------
 
 
 def spark_session(scratch: Path) -> Any:
@@ -134,9 +168,13 @@ def spark_session(scratch: Path) -> Any:
     return spark
 
 
-def start_query(spark: Any, root: Path, checkpoint: Path) -> Any:
-    """Count events per service, kind and window; write each closed window to
-    ``event-counts``."""
+WINDOWS_SCHEMA = "service string, kind string, window timestamp, events long, latency_ms long"
+"""The Parquet table's columns: one row per service, kind and window (its start)."""
+
+
+def start_windows(spark: Any, root: Path, table: Path, checkpoint: Path) -> Any:
+    """Count events per service, kind and window; append each closed window to the
+    Parquet table."""
     from pyspark.sql import functions as F
 
     from fsbus.spark import value_as_json
@@ -144,15 +182,15 @@ def start_query(spark: Any, root: Path, checkpoint: Path) -> Any:
     events = (
         spark.readStream.format("fsbus")
         .option("path", str(root))
-        .option("pattern", PATTERN)
+        .option("pattern", "events.#")
         .option("queue", QUEUE)
         .load()
     )
-    topic = F.split("topic", r"\.")
+    topic = F.split("topic", r"\.")  # events.<service>.<kind>
     windows = (
         events.select(
-            topic.getItem(1).alias("service"),
-            topic.getItem(2).alias("kind"),
+            topic[1].alias("service"),
+            topic[2].alias("kind"),
             value_as_json("ts_ms long, latency_ms long", column="payload", alias="e"),
         )
         .select("service", "kind", F.timestamp_millis("e.ts_ms").alias("time"), "e.latency_ms")
@@ -162,46 +200,211 @@ def start_query(spark: Any, root: Path, checkpoint: Path) -> Any:
     )
     return (
         windows.select(
-            F.concat_ws(".", "service", "kind").alias("key"),
+            "service", "kind", F.col("window.start").alias("window"), "events", "latency_ms"
+        )
+        .writeStream.format("parquet")
+        .option("path", str(table))
+        .option("checkpointLocation", str(checkpoint / "windows"))
+        .outputMode("append")  # a window is written once, when the watermark closes it
+        .trigger(processingTime=TRIGGER)
+        .queryName("windows")
+        .start()
+    )
+
+
+def start_alerts(spark: Any, root: Path, table: Path, checkpoint: Path) -> Any:
+    """Publish ``alerts.<service>.errors`` for each window of the Parquet table with at
+    least ALERT_ERRORS errors."""
+    from pyspark.sql import functions as F
+
+    windows = spark.readStream.schema(WINDOWS_SCHEMA).parquet(str(table))
+    return (
+        windows.where((F.col("kind") == "error") & (F.col("events") >= ALERT_ERRORS))
+        .select(
+            F.concat(F.lit("alerts."), "service", F.lit(".errors")).alias("topic"),
             F.to_json(
                 F.struct(
                     "service",
-                    "kind",
-                    F.unix_millis("window.start").alias("window"),
-                    "events",
-                    "latency_ms",
+                    F.unix_millis("window").alias("window"),
+                    F.col("events").alias("errors"),
                 )
             ).alias("value"),
         )
         .writeStream.format("fsbus")
-        .option("path", str(root))
-        .option("stream", COUNTS)
-        .option("checkpointLocation", str(checkpoint))
-        .outputMode("append")  # a window is written once, when the watermark closes it
+        .option("path", str(root))  # published on the topic in the column "topic"
+        .option("checkpointLocation", str(checkpoint / "alerts"))
         .trigger(processingTime=TRIGGER)
-        .queryName("event-counts")
+        .queryName("alerts")
         .start()
     )
+
+
+def run_job(root: Path, table: Path, checkpoint: Path, scratch: Path) -> int:
+    """Run both queries until SIGTERM, saying what each micro-batch read."""
+    # PySpark warns about pandas >= 3 on its first Arrow conversion; nothing here uses pandas.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    table.mkdir(parents=True, exist_ok=True)  # the alerts query's file stream needs it
+    spark = spark_session(scratch)
+    queries = [
+        start_windows(spark, root, table, checkpoint),
+        start_alerts(spark, root, table, checkpoint),
+    ]
+    seen = {q.name: -1 for q in queries}  # the last batch reported, per query
+    try:
+        while not stop.wait(0.2):
+            for q in queries:
+                if q.exception() is not None:
+                    raise RuntimeError(f"query {q.name} failed: {q.exception()}")
+                for p in q.recentProgress:
+                    if p["batchId"] > seen[q.name]:
+                        seen[q.name] = p["batchId"]
+                        say(query=q.name, batch=p["batchId"], rows=p["numInputRows"])
+        for q in queries:
+            q.stop()
+    finally:
+        spark.stop()
+    return 0
+
+
+# --- the demo: processes, a SIGKILL and restart, the comparison ----------------------
+
+
+@dataclass
+class Process:
+    """A process the demo started, and what it said on stdout (one JSON object a line)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    """Its stderr."""
+    said: list[dict[str, Any]] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+    reader: threading.Thread | None = None
+
+    def last(self, key: str, default: Any = None) -> Any:
+        """The last value it said for ``key``."""
+        return next((s[key] for s in reversed(self.said) if key in s), default)
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts it received (for the subscriber)."""
+        return [s["alert"] for s in self.said if "alert" in s]
+
+    def stop(self) -> None:
+        """SIGTERM it, and wait until it and its children (for the job: its JVM) exit."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(TIMEOUT)
+        wait_for(f"the processes of {self.name} are gone", lambda: not group_alive(self), [])
+        if self.reader is not None:
+            self.reader.join(TIMEOUT)
+
+
+def start(name: str, log: Path, *args: str) -> Process:
+    """Run this script with ``args`` in a process (and process group) of its own; its
+    stderr (for the job: Spark's log) goes to the file ``log``."""
+    cmd = [sys.executable, os.path.abspath(__file__), *args]
+    with log.open("ab") as stderr:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    started = Process(name, proc, log)
+
+    def listen() -> None:
+        assert proc.stdout is not None
+        with proc.stdout:
+            for line in proc.stdout:
+                if line.startswith(b"{"):  # anything else is Spark talking
+                    said = json.loads(line)
+                    started.said.append(said)
+                    if said.get("ready"):
+                        started.ready.set()
+
+    started.reader = threading.Thread(target=listen, name=f"{name}-stdout", daemon=True)
+    started.reader.start()
+    return started
+
+
+def kill_group(p: Process) -> None:
+    """SIGKILL the process and everything in its group (for the job: its JVM and Python
+    workers), and wait until none of them runs any more."""
+    os.killpg(p.proc.pid, signal.SIGKILL)
+    p.stop()
+
+
+def group_alive(p: Process) -> bool:
+    """Whether a process of ``p``'s process group still runs (Linux)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(group) == p.proc.pid and state != "Z":
+            return True
+    return False
+
+
+def wait_for(what: str, condition: Callable[[], bool], running: list[Process]) -> None:
+    """Poll ``condition`` until it holds; fail after TIMEOUT seconds, or at once if one of
+    the ``running`` processes exited."""
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        for p in running:
+            if p.proc.poll() is not None:
+                tail = p.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}; its stderr:\n{tail}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {TIMEOUT:.0f} s waiting until {what}")
+        time.sleep(0.1)
 
 
 Key = tuple[str, str, int]
 """(service, kind, window start in ms since the epoch)"""
 
 
-def counted(root: Path) -> dict[Key, list[int]]:
-    """Key -> [events, latency total, rows]: what the query wrote to ``event-counts``
-    (read with plain fsbus). ``rows`` is how many times it wrote that window: 1."""
-    from fsbus import Stream, StreamNotFound
+def committed_files(table: Path) -> list[Path]:
+    """The Parquet files Spark's file sink committed: those its log ``_spark_metadata``
+    lists. A batch killed half way may have left other files behind; Spark's own readers
+    skip them too."""
+    log = table / "_spark_metadata"
+    if not log.is_dir():
+        return []
+    entries = {int(p.name.split(".")[0]): p for p in log.iterdir() if p.name[0].isdigit()}
+    # every 10th batch is written as "<batch>.compact", which lists all the files so far
+    start = max((b for b, p in entries.items() if p.suffix == ".compact"), default=0)
+    files: dict[str, bool] = {}
+    for batch in sorted(b for b in entries if b >= start):
+        for line in entries[batch].read_text().splitlines()[1:]:  # after the version line
+            entry = json.loads(line)
+            if entry["action"] == "add":
+                files[entry["path"]] = True
+            else:
+                files.pop(entry["path"], None)
+    return [Path(urlparse(path).path) for path in files]
+
+
+def counted(table: Path) -> dict[Key, list[int]]:
+    """Key -> [events, latency total, rows]: the Parquet table, read with pyarrow.
+    ``rows`` is how many times the job wrote that window: 1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     out: dict[Key, list[int]] = {}
-    try:
-        stream = Stream.open(root, COUNTS, create=False)
-    except StreamNotFound:
-        return out
-    with stream:
-        for record in stream.read():
-            row = json.loads(record.value)
-            total = out.setdefault((row["service"], row["kind"], row["window"]), [0, 0, 0])
+    for path in committed_files(table):
+        rows = pq.read_table(path)
+        rows = rows.set_column(
+            rows.schema.get_field_index("window"),
+            "window",
+            rows["window"].cast(pa.timestamp("ms")).cast(pa.int64()),
+        )
+        for row in rows.to_pylist():
+            key = (row["service"], row["kind"], row["window"])
+            total = out.setdefault(key, [0, 0, 0])
             total[0] += row["events"]
             total[1] += row["latency_ms"]
             total[2] += 1
@@ -209,7 +412,7 @@ def counted(root: Path) -> dict[Key, list[int]]:
 
 
 def queue_depth(root: Path) -> int | None:
-    """Messages waiting in the query's queue; None before the query declared it."""
+    """Messages waiting in the windows query's queue; None before the query declared it."""
     from fsbus import BlockingBus, QueueNotFound
 
     with BlockingBus(root) as bus:
@@ -219,22 +422,18 @@ def queue_depth(root: Path) -> int | None:
             return None
 
 
-# --- the demo: processes, a stop and restart, the comparison ------------------------
+def publish_tick(root: Path, ts_ms: int) -> None:
+    """Publish one event timed ``ts_ms`` (with the async Bus API, as the services do)."""
+    import anyio
 
+    from fsbus import Bus
 
-@dataclass
-class Service:
-    """One service process and what it said."""
+    async def publish() -> None:
+        async with Bus(root) as bus:
+            body = {"seq": 0, "ts_ms": ts_ms, "latency_ms": 0}
+            await bus.publish("events.clock.tick", json.dumps(body))
 
-    name: str
-    proc: subprocess.Popen[bytes]
-    published: int = 0
-    """Events published so far (as last reported)."""
-    report: list[list[Any]] | None = None
-    """Its final report: [kind, window, events, latency total] for each window."""
-    ready: threading.Event = field(default_factory=threading.Event)
-    reader: threading.Thread | None = None
-    """The thread reading its stdout."""
+    anyio.run(publish)
 
 
 @dataclass
@@ -244,15 +443,22 @@ class Result:
     published: dict[Key, list[int]]
     """Key -> [events, latency total, 1], as the services reported."""
     counted: dict[Key, list[int]]
-    """The same, as the Spark job counted."""
-    while_stopped: int
-    """Events published while the query was stopped."""
+    """The same, from the job's Parquet table."""
+    alerts_due: dict[tuple[str, int], int]
+    """(service, window) -> errors, for each window with at least ALERT_ERRORS errors."""
+    alerts: dict[tuple[str, int], list[int]]
+    """(service, window) -> [errors, times received], as the subscriber received them."""
+    killed_at: int
+    """Events the job had read when it was killed."""
+    while_down: int
+    """Events published between the kill and the new job's first micro-batch (about)."""
     phases: list[str]
     """One line per step, with the time it took."""
 
     @property
     def exact(self) -> bool:
-        return self.published == self.counted
+        received = {k: [errors, 1] for k, errors in self.alerts_due.items()}
+        return self.published == self.counted and self.alerts == received
 
     def totals(self, which: dict[Key, list[int]]) -> dict[tuple[str, str], list[int]]:
         """(service, kind) -> [events, latency total, windows]."""
@@ -265,44 +471,7 @@ class Result:
         return out
 
 
-def start_service(root: Path, name: str, interval: float, report_every: int) -> Service:
-    cmd = [sys.executable, os.path.abspath(__file__), "service", "--root", str(root)]
-    cmd += ["--name", name, "--interval", str(interval), "--report-every", str(report_every)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    service = Service(name, proc)
-
-    def listen() -> None:
-        assert proc.stdout is not None
-        with proc.stdout:
-            for line in proc.stdout:
-                said = json.loads(line)
-                service.published = said.get("published", service.published)
-                service.report = said.get("done", service.report)
-                if said.get("ready"):
-                    service.ready.set()
-
-    service.reader = threading.Thread(target=listen, name=f"{name}-stdout", daemon=True)
-    service.reader.start()
-    return service
-
-
-def wait_for(what: str, condition: Callable[[], bool], services: list[Service], query: Any) -> None:
-    """Poll ``condition`` until it holds; fail after TIMEOUT seconds, or at once if a
-    service died or the query failed."""
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        for s in services:
-            if s.proc.poll() not in (None, 0):
-                raise RuntimeError(f"service {s.name} exited with {s.proc.returncode}")
-        if query is not None and query.exception() is not None:
-            raise RuntimeError(f"the query failed: {query.exception()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up after {TIMEOUT:.0f} s waiting until {what}")
-        time.sleep(0.1)
-
-
 def run_pipeline(
-    spark: Any,
     root: Path,
     work: Path,
     *,
@@ -310,9 +479,12 @@ def run_pipeline(
     interval: float = 0.02,
     report: Callable[[str], None] = print,
 ) -> Result:
-    """Run the pipeline. ``scale`` events are published before the stop, while the query
-    is stopped, and after the restart (at least; the services do not pause)."""
-    checkpoint = work / "checkpoint"
+    """Run the pipeline in ``work``: kill the job once it has read ``scale`` events and
+    written a window, and stop the services once they have published ``scale`` more
+    after the new job's first micro-batch."""
+    table, checkpoint, scratch = work / "windows.parquet", work / "checkpoint", work / "spark"
+    job_args = ["job", "--root", str(root), "--table", str(table)]
+    job_args += ["--checkpoint", str(checkpoint), "--scratch", str(scratch)]
     phases: list[str] = []
     t0 = last = time.monotonic()
 
@@ -324,83 +496,86 @@ def run_pipeline(
         report(phases[-1])
 
     def published() -> int:
-        return sum(s.published for s in services)
+        return sum(s.last("published", 0) for s in services)
 
-    def counted_events() -> int:
-        return sum(n for n, _, _ in counted(root).values())
+    def read(job: Process) -> int:
+        return sum(s["rows"] for s in job.said if s.get("query") == "windows")
 
-    def wait(what: str, condition: Callable[[], bool]) -> None:
-        wait_for(what, condition, services, query)
+    services: list[Process] = []
 
-    services: list[Service] = []
-    query = start_query(spark, root, checkpoint)
+    def start_job() -> Process:
+        return start("job", work / "job.log", *job_args)
+
+    def start_service(name: str) -> Process:
+        args = ["--root", str(root), "--name", name, "--interval", str(interval)]
+        return start(name, work / f"{name}.log", "service", *args)
+
+    subscriber = start("subscriber", work / "subscriber.log", "alerts", "--root", str(root))
+    job = start_job()
     try:
-        # Its first micro-batch declares the queue: from then on nothing published is lost.
-        wait("the query declared its queue", lambda: queue_depth(root) is not None)
-        phase(f"query started; its queue {QUEUE!r} collects {PATTERN!r}")
-        services += [start_service(root, s, interval, max(1, scale // 100)) for s in SERVICES]
-        wait("the services are up", lambda: all(s.ready.is_set() for s in services))
+        # The first micro-batch declares the queue: from then on nothing published is lost.
+        wait_for("the job declared its queue", lambda: queue_depth(root) is not None, [job])
+        wait_for("the subscriber is up", subscriber.ready.is_set, [subscriber])
+        phase(f"job started (pid {job.proc.pid}); its queue {QUEUE!r} collects 'events.#'")
+        services = [start_service(name) for name in SERVICES]
+        wait_for("the services are up", lambda: all(s.ready.is_set() for s in services), services)
         phase(f"{len(services)} service processes publishing")
 
-        wait(f"the query read {scale} events", lambda: read(query) >= scale)
-        query.stop()
-        at_stop = published()
-        phase(f"{read(query)} events read by the query; query stopped")
-        wait(f"{scale} more events are published", lambda: published() >= at_stop + scale)
-        at_restart = published()
-        query = start_query(spark, root, checkpoint)
-        phase(f"{at_restart - at_stop} events published while stopped; query restarted")
-        wait(
-            f"the query read {scale} events more than were published before the restart",
-            lambda: read(query) >= at_restart - at_stop + scale,
+        running = [job, subscriber, *services]
+        wait_for(
+            f"the job read {scale} events and wrote a window",
+            lambda: read(job) >= scale and bool(committed_files(table)),
+            running,
         )
-        phase(f"{read(query)} events read since the restart, {counted_events()} in closed windows")
+        kill_group(job)
+        killed_at, at_kill = read(job), published()
+        phase(f"job killed with SIGKILL after reading {killed_at} events")
+
+        job = start_job()
+        running = [job, subscriber, *services]
+        wait_for("the new job read its first events", lambda: read(job) > 0, running)
+        at_restart = published()
+        while_down = at_restart - at_kill
+        phase(f"job restarted; about {while_down} events were published while it was down")
+        wait_for(
+            f"the services published {scale} more events",
+            lambda: published() >= at_restart + scale,
+            running,
+        )
         for s in services:
-            s.proc.send_signal(signal.SIGTERM)
-        wait("the services reported", lambda: all(s.report is not None for s in services))
+            s.stop()
         want = {
             (s.name, kind, window): [n, ms, 1]
             for s in services
-            for kind, window, n, ms in s.report or ()
+            for kind, window, n, ms in s.last("done", [])
         }
-        phase(f"services stopped after publishing {sum(n for n, _, _ in want.values())} events")
-
-        # Once the queue is empty the query has taken in every event; the next one,
-        # timed past every window, closes them all (its own window stays open).
-        wait("the query took in every event", lambda: queue_depth(root) == 0)
-        last_window = max((w for _, _, w in want), default=0)
-        publish_tick(root, "events.clock.tick", last_window + (WINDOW + LATENESS) * 1000)
         total = sum(n for n, _, _ in want.values())
-        wait("every window is counted", lambda: counted_events() >= total)
-        query.stop()
-        phase("every window counted; query stopped")
+        phase(f"{read(job)} events read since the restart; services stopped at {total} events")
+
+        # Once the queue is empty the job has taken in every event; the next one, timed
+        # past every window, closes them all (its own window stays open).
+        running = [job, subscriber]
+        wait_for("the job took in every event", lambda: queue_depth(root) == 0, running)
+        publish_tick(root, max(w for _, _, w in want) + (WINDOW + LATENESS) * 1000)
+        alerts_due = {(s, w): n for (s, k, w), (n, _, _) in want.items() if k == "error"}
+        alerts_due = {k: n for k, n in alerts_due.items() if n >= ALERT_ERRORS}
+        wait_for(
+            f"every window is in the table and {len(alerts_due)} alerts are received",
+            lambda: (
+                sum(n for n, _, _ in counted(table).values()) >= total
+                and len(subscriber.alerts()) >= len(alerts_due)
+            ),
+            running,
+        )
+        phase("every window counted, every alert received")
     finally:
-        query.stop()
-        for s in services:
-            if s.proc.poll() is None:
-                s.proc.kill()
-            s.proc.wait()
-            if s.reader is not None:
-                s.reader.join(30)
-    return Result(want, counted(root), at_restart - at_stop, phases)
-
-
-def read(query: Any) -> int:
-    """Rows the query read, over its recent micro-batches (enough for this demo)."""
-    return sum(p["numInputRows"] for p in query.recentProgress)
-
-
-def publish_tick(root: Path, topic: str, ts_ms: int) -> None:
-    """Publish one event timed ``ts_ms`` (with the async Bus API, as the services do)."""
-    import anyio
-
-    from fsbus import Bus
-
-    async def publish() -> None:
-        async with Bus(root) as bus:
-            await bus.publish(topic, json.dumps({"seq": 0, "ts_ms": ts_ms, "latency_ms": 0}))
-
-    anyio.run(publish)
+        for p in (job, subscriber, *services):
+            p.stop()
+    alerts: dict[tuple[str, int], list[int]] = {}
+    for alert in subscriber.alerts():
+        received = alerts.setdefault((alert["service"], alert["window"]), [alert["errors"], 0])
+        received[1] += 1
+    return Result(want, counted(table), alerts_due, alerts, killed_at, while_down, phases)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,48 +593,62 @@ def main(argv: list[str] | None = None) -> int:
     svc.add_argument("--name", required=True)
     svc.add_argument("--interval", type=float, default=0.01)
     svc.add_argument("--report-every", type=int, default=10)
+    job = sub.add_parser("job", help="run the Spark job")
+    job.add_argument("--root", type=Path, required=True)
+    job.add_argument("--table", type=Path, required=True, help="the Parquet table")
+    job.add_argument("--checkpoint", type=Path, required=True)
+    job.add_argument("--scratch", type=Path, required=True, help="Spark's local directory")
+    subscriber = sub.add_parser("alerts", help="print the alerts published on the bus")
+    subscriber.add_argument("--root", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "service":
         import anyio
 
         anyio.run(run_service, str(args.root), args.name, args.interval, args.report_every)
         return 0
+    if args.command == "alerts":
+        import anyio
 
-    # PySpark warns about pandas >= 3 on its first Arrow conversion; nothing here uses pandas.
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+        anyio.run(run_subscriber, str(args.root))
+        return 0
+    if args.command == "job":
+        return run_job(args.root, args.table, args.checkpoint, args.scratch)
+
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fsbus-pipeline-") as tmp:
         root = args.root or Path(tmp) / "bus"
         root.mkdir(parents=True, exist_ok=True)
-        if any(root.iterdir()):  # an earlier run's counts and queue would be counted too
+        if any(root.iterdir()):  # an earlier run's queue and alerts would be counted too
             parser.error(f"--root {root} is not empty")
-        (Path(tmp) / "spark").mkdir()
         print(f"bus: {root}")
-        spark = spark_session(Path(tmp) / "spark")
-        try:
-            result = run_pipeline(spark, root, Path(tmp), scale=args.scale, interval=args.interval)
-        finally:
-            spark.stop()
+        result = run_pipeline(root, Path(tmp), scale=args.scale, interval=args.interval)
     published, counts = result.totals(result.published), result.totals(result.counted)
+    alerts = {s: sum(n for (a, _), (_, n) in result.alerts.items() if a == s) for s in SERVICES}
     print(
-        f"{'service':<9} {'kind':<5} {'published':>9} {'counted':>8} {'windows':>7} {'avg ms':>7}"
+        f"{'service':<9} {'kind':<5} {'published':>9} {'counted':>8} {'windows':>7} {'alerts':>6}"
     )
     for key in sorted(published.keys() | counts.keys()):
         n = published.get(key, [0])[0]
         c = counts.get(key, [0, 0, 0])
-        print(f"{key[0]:<9} {key[1]:<5} {n:>9} {c[0]:>8} {c[2]:>7} {c[1] / max(c[0], 1):>7.1f}")
+        raised = str(alerts.get(key[0], 0)) if key[1] == "error" else ""
+        print(f"{key[0]:<9} {key[1]:<5} {n:>9} {c[0]:>8} {c[2]:>7} {raised:>6}")
     total = sum(n for n, _, _ in result.published.values())
     if not result.exact:
         for window in sorted(result.published.keys() | result.counted.keys()):
             want, got = result.published.get(window), result.counted.get(window)
             if want != got:
                 print(f"  {window}: published {want}, counted {got} ([events, latency, rows])")
-        print(f"FAILED: the Spark job's counts differ from the {total} events published")
+        for due_key in sorted(result.alerts_due.keys() | result.alerts.keys()):
+            due, got = result.alerts_due.get(due_key), result.alerts.get(due_key)
+            if got != ([due, 1] if due is not None else None):
+                print(f"  alert {due_key}: due for {due} errors, received {got} ([errors, times])")
+        print(f"FAILED: the Spark job's counts or alerts differ from the {total} events published")
         return 1
     print(
-        f"OK: all {total} events counted exactly once, window by window, "
-        f"{result.while_stopped} of them published while the query was stopped "
-        f"({time.monotonic() - started:.0f} s)"
+        f"OK: all {total} events counted exactly once, window by window, and all "
+        f"{len(result.alerts)} alerts received once; the job was killed with SIGKILL after "
+        f"reading {result.killed_at} events, and about {result.while_down} were published "
+        f"while it was down ({time.monotonic() - started:.0f} s)"
     )
     return 0
 
