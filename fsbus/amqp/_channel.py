@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 PROPS = "x-amqp-props"
 EXCHANGE = "x-amqp-exchange"
 ROUTING_KEY = "x-amqp-routing-key"
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 UNLIMITED_PREFETCH = 256
 """Messages claimed at once for a consumer with no prefetch limit."""
 
@@ -102,6 +103,7 @@ class _Publish:
     delivery_mode: int | None = None
     priority: int | None = None
     expiration: str | None = None
+    reply_to: str | None = None
     body: bytearray = field(default_factory=bytearray)
 
 
@@ -134,6 +136,8 @@ class Channel:
         self.last_queue = ""
         self._pub: _Publish | None = None
         self._last_info: QueueInfo | None = None
+        self.reply_queue: str | None = None
+        """The queue of this channel's direct reply-to consumer, if it has one."""
 
     # ------------------------------------------------------------------ dispatch
     async def method(self, m: Any) -> None:
@@ -323,14 +327,14 @@ class Channel:
                 "exclusive property value does not match that of the original declaration.",
             )
 
-    async def _queue_declare(self, m: spec.Queue.Declare) -> None:
+    async def _queue_declare(self, m: spec.Queue.Declare, *, internal: bool = False) -> None:
         name = m.queue or ""
         generated = name == ""
         if generated:
             name = "amq.gen-" + base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip(
                 "="
             )
-        elif name.startswith("amq.") and not m.passive:
+        elif name.startswith("amq.") and not m.passive and not internal:
             raise AmqpError(
                 ACCESS_REFUSED,
                 f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'",
@@ -521,7 +525,7 @@ class Channel:
                     COMMAND_INVALID, f"COMMAND_INVALID - bad content header: {exc}", connection=True
                 ) from None
             if plain is not None:
-                pub.delivery_mode, pub.priority, pub.expiration = plain
+                pub.delivery_mode, pub.priority, pub.expiration, pub.reply_to = plain
             else:
                 assert isinstance(decoded, pheader.ContentHeader)
                 props = decoded.properties
@@ -529,6 +533,9 @@ class Channel:
                 pub.delivery_mode = props.delivery_mode
                 pub.priority = props.priority
                 pub.expiration = props.expiration
+                pub.reply_to = props.reply_to
+            if pub.reply_to == DIRECT_REPLY_TO:
+                pub.props = self._direct_reply_props(raw)
         else:
             if pub.size < 0:
                 raise AmqpError(
@@ -548,6 +555,36 @@ class Channel:
             self.published += 1
             # routed with the other publishes of this read, in one worker-thread hop
             self.conn.publishes.append((self, self.published, pub, self._job(pub)))
+
+    def _direct_reply_props(self, raw: RawFrame) -> bytes:
+        """The properties of a publish whose reply-to is ``amq.rabbitmq.reply-to``,
+        that property naming this channel's reply queue instead (as RabbitMQ does)."""
+        if self.reply_queue is None:
+            raise AmqpError(
+                PRECONDITION_FAILED, "PRECONDITION_FAILED - fast reply consumer does not exist"
+            )
+        _n, _c, decoded = pframe.unmarshal(raw.data)
+        assert isinstance(decoded, pheader.ContentHeader)
+        decoded.properties.reply_to = self.reply_queue
+        return pheader.ContentHeader(0, decoded.body_size, decoded.properties).marshal()[12:]
+
+    async def _direct_reply_queue(self, m: spec.Basic.Consume) -> str:
+        """Direct reply-to: a consumer of ``amq.rabbitmq.reply-to`` consumes a queue of
+        this connection's own (exclusive, auto-delete), named in the reply-to property of
+        what the channel publishes; replies reach it through the default exchange."""
+        if not m.no_ack:
+            raise AmqpError(
+                PRECONDITION_FAILED, "PRECONDITION_FAILED - reply consumer cannot acknowledge"
+            )
+        if self.reply_queue is not None:
+            raise AmqpError(PRECONDITION_FAILED, "PRECONDITION_FAILED - reply consumer already set")
+        name = f"{DIRECT_REPLY_TO}.{secrets.token_urlsafe(16)}"
+        last = self.last_queue
+        declare = spec.Queue.Declare(queue=name, exclusive=True, auto_delete=True, nowait=True)
+        await self._queue_declare(declare, internal=True)
+        self.last_queue = last
+        self.reply_queue = name
+        return name
 
     def _job(self, pub: _Publish) -> RouteJob:
         """What the gateway needs to route a complete publish (a bad expiration is kept
@@ -625,7 +662,10 @@ class Channel:
         return payload[12:], "amq.topic", msg.topic
 
     async def _consume(self, m: spec.Basic.Consume) -> None:
-        name = await self._queue_name(m.queue)
+        if m.queue == DIRECT_REPLY_TO:
+            name = await self._direct_reply_queue(m)
+        else:
+            name = await self._queue_name(m.queue)
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(
             secrets.token_bytes(16)
         ).decode().rstrip("=")
@@ -700,6 +740,8 @@ class Channel:
     async def _cancel(self, m: spec.Basic.Cancel) -> None:
         consumer = self.consumers.pop(m.consumer_tag or "", None)
         if consumer is not None:
+            if consumer.queue == self.reply_queue:
+                self.reply_queue = None
             self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
             self.conn.tasks.start_soon(self._leave, consumer)
         if not m.nowait:

@@ -167,8 +167,10 @@ _PROPERTIES = (
 )
 
 
-def plain_properties(props: bytes) -> tuple[int | None, int | None, str | None] | None:
-    """(delivery mode, priority, expiration) of raw basic properties with no headers
+def plain_properties(
+    props: bytes,
+) -> tuple[int | None, int | None, str | None, str | None] | None:
+    """(delivery mode, priority, expiration, reply-to) of raw basic properties with no headers
     table, read by hand (the hot path of publishing); None when they carry headers or
     are not well formed: pamqp then decodes them (or says what is wrong)."""
     if len(props) < 2:
@@ -186,7 +188,7 @@ def plain_properties(props: bytes) -> tuple[int | None, int | None, str | None] 
                 size = props[at]
                 if at + 1 + size > len(props):
                     return None
-                if flag == 0x0100:
+                if flag in (0x0100, 0x0200):
                     values[flag] = props[at + 1 : at + 1 + size].decode("utf-8")
                 at += 1 + size
             elif kind == "o":
@@ -198,8 +200,10 @@ def plain_properties(props: bytes) -> tuple[int | None, int | None, str | None] 
         return None
     if at != len(props):
         return None
-    mode, priority, expiration = values.get(0x1000), values.get(0x0800), values.get(0x0100)
+    mode, priority = values.get(0x1000), values.get(0x0800)
+    expiration, reply_to = values.get(0x0100), values.get(0x0200)
     assert mode is None or isinstance(mode, int)
     assert priority is None or isinstance(priority, int)
     assert expiration is None or isinstance(expiration, str)
-    return mode, priority, expiration
+    assert reply_to is None or isinstance(reply_to, str)
+    return mode, priority, expiration, reply_to
