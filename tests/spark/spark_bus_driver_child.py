@@ -10,7 +10,7 @@ killed, or until its stdin says STOP or closes (then it stops the query and exit
 ``finish`` uses Trigger.AvailableNow and exits 0 once caught up. ``master`` is
 ``local[2]`` or a standalone cluster's ``spark://`` URL.
 
-``publish`` publishes messages ``first`` .. ``stop - 1`` (see :func:`publish_one`), one
+``publish`` publishes messages ``first`` .. ``stop - 1`` (see spark_helpers.publish_one), one
 JSON line ``{"event": "published", "stop": n}`` after each 20, then ``{"event": "done"}``.
 ``pause`` (seconds, default 0) is slept after each 20: it spreads the publishing over the
 life of a driver, and nothing checked depends on it.
@@ -24,33 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-from spark_helpers import build_spark
+from spark_helpers import PATTERN, QUEUE, build_spark, publish_one
 
 from fsbus import BlockingBus
-
-PATTERN = "orders.#"
-QUEUE = "spark-orders"
-TOPICS = ("orders.eu.new", "orders.paid", "orders.us.x.returned")
-
-
-def topic_of(i: int) -> str:
-    """The topic message ``i`` is published on."""
-    return TOPICS[i % len(TOPICS)]
-
-
-def publish_one(bus: BlockingBus, i: int) -> None:
-    """Message ``i``: payload ``m<i>`` on :func:`topic_of`; single when i % 4 == 0, a TTL
-    of an hour when odd (none otherwise), durable when i % 5 == 0. Every tenth also has a
-    twin on a topic the pattern does not match, which must never reach the output."""
-    bus.publish(
-        topic_of(i),
-        f"m{i}",
-        single=i % 4 == 0,
-        ttl=3600.0 if i % 2 else None,
-        durable=i % 5 == 0,
-    )
-    if i % 10 == 0:
-        bus.publish("invoices.new", f"m{i}")
 
 
 def publish(root: str, first: int, stop: int, pause: float) -> None:

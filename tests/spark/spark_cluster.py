@@ -162,9 +162,21 @@ class Cluster:
         return pids
 
 
+_running: list[Cluster] = []
+"""The cluster this process started and still runs (at most one)."""
+
+
 @contextmanager
 def standalone_cluster(scratch: Path) -> Iterator[Cluster]:
-    """A Master and ``WORKERS`` Workers, stopped on exit (also when start-up fails)."""
+    """A Master and ``WORKERS`` Workers, stopped on exit (also when start-up fails).
+
+    One per process: while one runs, a second caller (the fixture of another test
+    directory, tests/dfs next to tests/spark) gets the same cluster, and the first caller's
+    exit stops it (``scratch`` is then not used).
+    """
+    if _running:
+        yield _running[0]
+        return
     home = spark_home()
     env = daemon_env(scratch)
     spark_class = str(home / "bin" / "spark-class")
@@ -208,6 +220,8 @@ def standalone_cluster(scratch: Path) -> Iterator[Cluster]:
             return int(cluster.state()["aliveworkers"]) >= WORKERS
 
         wait_for(workers_alive, daemons, f"{WORKERS} workers to register with {url}")
+        _running.append(cluster)
+        stack.callback(_running.clear)
         yield cluster
 
 
