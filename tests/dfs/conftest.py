@@ -4,10 +4,17 @@
 ``b``, one per FUSE client: what two hosts sharing the volume see. The clusters start
 once per session (2-3 s each here) and stop at its end, also when a test fails. Without
 root or the Debian packages the tests skip, saying what to install.
+
+The Spark tests here use the helpers of tests/spark (put on ``sys.path`` below, as pytest
+does for that directory) and its standalone cluster: ``spark_cluster`` is the same cluster
+tests/spark/conftest.py gives, started once per session whichever directory asks first
+(see ``spark_cluster.standalone_cluster``).
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +23,12 @@ from pathlib import Path
 import pytest
 
 from .clusters import Cluster, ClusterUnavailable, start
+
+SPARK_TESTS = str(Path(__file__).resolve().parent.parent / "spark")
+if SPARK_TESTS not in sys.path:
+    sys.path.insert(0, SPARK_TESTS)
+
+import spark_cluster as spark_cluster_module  # noqa: E402  (needs the path above)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -57,9 +70,28 @@ class TwoClients:
         return self.cluster.kind
 
 
-@pytest.fixture(params=["ceph", "gluster"])
-def two_clients(request: pytest.FixtureRequest) -> TwoClients:
-    cluster: Cluster = request.getfixturevalue(request.param)
+def fresh_directory(cluster: Cluster) -> TwoClients:
+    """A new directory of ``cluster``'s volume, made through client A."""
     name = f"t-{uuid.uuid4().hex[:12]}"
     (cluster.a / name).mkdir()
     return TwoClients(cluster, cluster.a / name, cluster.b / name)
+
+
+@pytest.fixture(params=["ceph", "gluster"])
+def two_clients(request: pytest.FixtureRequest) -> TwoClients:
+    return fresh_directory(request.getfixturevalue(request.param))
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[spark_cluster_module.Cluster]:
+    """The Spark standalone cluster of tests/spark (Master and two Workers on 127.0.0.1)."""
+    pytest.importorskip("pyspark", reason="install the spark extra: pip install -e '.[spark]'")
+    if shutil.which("java") is None:
+        pytest.fail(
+            "Java 17 is needed for the Spark tests: apt-get install openjdk-17-jre-headless"
+        )
+    scratch = tmp_path_factory.mktemp("spark-cluster")
+    with spark_cluster_module.standalone_cluster(scratch) as cluster:
+        yield cluster
