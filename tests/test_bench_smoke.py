@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,29 @@ def test_cli_startup_bench_prints_the_table(tmp_path: Path) -> None:
     assert all(v > 0 for v in data["times_ms"]["fsbus --help"])
     # the scratch bus is gone
     assert [p.name for p in tmp_path.iterdir()] == ["startup.json"]
+
+
+def test_issue_targets_cover_the_in_process_scenarios() -> None:
+    from bench.report import targets
+
+    def row(scenario: str, system: str, median: float, p99: float | None = None) -> dict[str, Any]:
+        unit = "ms" if scenario.startswith("latency") else "msg/s"
+        return {"fs": "tmpfs", "scenario": scenario, "system": system, "unit": unit,
+                "median": median, "p99": p99}  # fmt: skip
+
+    rows = [
+        row("inprocess-100B", "fsbus", 9.0),
+        row("inprocess-100B", "qlobber-fsq", 3.0),
+        row("inprocess_single-100B", "fsbus", 5.0),
+        row("inprocess_single-100B", "qlobber-fsq", 2.0),
+        row("fanout-4-100B", "fsbus", 1.0),
+        row("fanout-4-100B", "redis", 2.0),
+        row("latency_inprocess-100B", "fsbus", 0.5, 3.0),
+        row("latency_inprocess-100B", "rabbitmq", 1.0, 2.0),
+    ]
+    got = {t["target"]: t for t in targets(rows)}
+    assert got["In process end to end ≥ 3x qlobber-fsq"]["met"]
+    assert not got["In process work queue ≥ 3x qlobber-fsq"]["met"]  # 2.5x
+    assert not got["Fan-out to 4 ≥ Redis pub/sub"]["met"]
+    assert got["Round trip in process p50 ≤ RabbitMQ's"]["ratio"] == 2.0
+    assert not got["Bus round trip in process p99 ≤ 2 ms"]["met"]  # 3 ms
