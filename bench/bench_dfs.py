@@ -115,16 +115,15 @@ def _child(role: str, p: dict[str, Any]) -> None:
         with BlockingBus(root) as bus:
             _emit("READY")
             sys.stdin.readline()  # GO
-            before = sum(CALLS.values())
+            before, kinds = sum(CALLS.values()), CALLS.copy()
             t0 = time.monotonic_ns()
             for i in range(p["n"]):
                 bus.publish("bench.topic", f"{i:08d}{time.monotonic_ns():020d}", single=p["single"])
                 if p["interval"]:
                     time.sleep(p["interval"])
             t1 = time.monotonic_ns()
-            _emit(
-                "RESULT " + json.dumps({"t0": t0, "t1": t1, "calls": sum(CALLS.values()) - before})
-            )
+            calls, by_kind = sum(CALLS.values()) - before, dict(CALLS - kinds)
+            _emit("RESULT " + json.dumps({"t0": t0, "t1": t1, "calls": calls, "kinds": by_kind}))
         return
     if role == "raw":
         base = Path(root) / f"raw-{uuid.uuid4().hex[:8]}"
@@ -141,6 +140,9 @@ def _child(role: str, p: dict[str, Any]) -> None:
         rate = p["n"] / (time.monotonic() - t0)
         shutil.rmtree(base, ignore_errors=True)
         _emit("RESULT " + json.dumps({"rate": rate}))
+        return
+    if role == "calls":
+        _emit("RESULT " + json.dumps(_call_latencies(root, p["root_b"], p["n"])))
         return
     if role == "open":
         t0 = time.monotonic()
@@ -178,15 +180,100 @@ def _child(role: str, p: dict[str, Any]) -> None:
                 calls = sum(CALLS.values()) - n0
                 _emit("RESULT " + json.dumps({"cpu": cpu, "wall": wall, "calls": calls}))
                 return
-            before = sum(CALLS.values())
+            before, kinds = sum(CALLS.values()), CALLS.copy()
             with anyio.move_on_after(p["timeout"]):
                 await done.wait()
-            calls = sum(CALLS.values()) - before
-            _emit(
-                "RESULT " + json.dumps({"lat": lat, "first": first, "last": last, "calls": calls})
-            )
+            calls, by_kind = sum(CALLS.values()) - before, dict(CALLS - kinds)
+            res = {"lat": lat, "first": first, "last": last, "calls": calls, "kinds": by_kind}
+            _emit("RESULT " + json.dumps(res))
 
     anyio.run(main)
+
+
+def _call_latencies(a: str, b: str, n: int) -> dict[str, list[float]]:
+    """Median and 90th percentile (µs) of each filesystem call a message costs.
+
+    Writes on mount A as a publisher does (create, write, close, rename into a bucket,
+    stamp UPDATE) and reads on mount B as a subscriber does (O_DIRECT read of UPDATE,
+    listing of the bucket, open + fstat + read + close of the message), plus the
+    lookups, mkdir and unlink around them. ``seen`` rows: how long after A's call
+    returned B first saw its effect (polling as fast as it can).
+    """
+    import mmap
+
+    tag = uuid.uuid4().hex[:8]
+    da, db = f"{a}/calls-{tag}", f"{b}/calls-{tag}"
+    os.makedirs(f"{da}/staging")
+    os.makedirs(f"{da}/update")
+    for k in range(16):
+        os.makedirs(f"{da}/m/{k:02x}")
+    with open(f"{da}/update/UPDATE", "wb") as f:
+        f.write(os.urandom(16 * 8))
+    times: dict[str, list[int]] = collections.defaultdict(list)
+
+    def timed(what: str, fn: Any, *args: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return fn(*args)
+        except FileNotFoundError:
+            return None
+        finally:
+            times[what].append(time.perf_counter_ns() - t0)
+
+    def seen(what: str, t0: int, check: Any, *args: Any) -> None:
+        deadline = t0 + 2_000_000_000
+        while not check(*args) and time.perf_counter_ns() < deadline:
+            pass
+        times[what].append(time.perf_counter_ns() - t0)
+
+    def listed(folder: str, name: str) -> bool:
+        return name in os.listdir(folder)
+
+    def stamped(off: int, stamp: bytes) -> bool:
+        os.preadv(upd_b, [buf], 0)
+        return buf[off : off + 8] == stamp
+
+    upd_a = os.open(f"{da}/update/UPDATE", os.O_RDWR)
+    while True:
+        try:
+            upd_b = os.open(f"{db}/update/UPDATE", os.O_RDONLY | os.O_DIRECT)
+            break
+        except FileNotFoundError:
+            time.sleep(0.01)
+    buf = mmap.mmap(-1, mmap.PAGESIZE)
+    for i in range(n):
+        k = f"{i % 16:02x}"
+        name = f"{i:08d}{uuid.uuid4().hex}"
+        staged, final = f"{da}/staging/{name}", f"{da}/m/{k}/{name}"
+        timed("lookup of a missing name (A)", os.lstat, f"{da}/m/{k}/missing-{name}")
+        fd = timed("create O_EXCL (A)", os.open, staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        timed("write 30 B (A)", os.writev, fd, [b"\x00", b"x" * 29])
+        timed("close (A)", os.close, fd)
+        timed("rename into a bucket (A)", os.rename, staged, final)
+        t_renamed = time.perf_counter_ns()
+        seen("B lists the renamed file after", t_renamed, listed, f"{db}/m/{k}", name)
+        stamp = os.urandom(8)
+        off = (i % 16) * 8
+        timed("stamp: pwrite, kept fd (A)", os.pwrite, upd_a, stamp, off)
+        t_stamped = time.perf_counter_ns()
+        seen("B reads the stamp (O_DIRECT) after", t_stamped, stamped, off, stamp)
+        timed("read UPDATE, O_DIRECT, kept fd (B)", os.preadv, upd_b, [buf], 0)
+        fd = timed("stamp: open (A)", os.open, f"{da}/update/UPDATE", os.O_WRONLY)
+        os.pwrite(fd, stamp, (i % 16) * 8)
+        timed("stamp: close after write (A)", os.close, fd)
+        timed("list a bucket (B)", os.listdir, f"{db}/m/{k}")
+        timed("lookup of an existing name (B)", os.lstat, f"{db}/m/{k}/{name}")
+        fd = timed("open a message (B)", os.open, f"{db}/m/{k}/{name}", os.O_RDONLY)
+        timed("fstat (B)", os.fstat, fd)
+        timed("read a message (B)", os.pread, fd, 64, 1)
+        timed("close (B)", os.close, fd)
+        timed("unlink (B)", os.unlink, f"{db}/m/{k}/{name}")
+        if i % 4 == 0:
+            timed("mkdir (A)", os.mkdir, f"{da}/m/{k}/d{i}")
+    os.close(upd_a)
+    os.close(upd_b)
+    shutil.rmtree(da, ignore_errors=True)
+    return {what: [statistics.median(v) / 1000, pct(v, 0.9) / 1000] for what, v in times.items()}
 
 
 # --- harness ---------------------------------------------------------------------------
@@ -298,6 +385,8 @@ def throughput_fsbus(a: str, b: str, single: bool, n: int) -> dict[str, float]:
         "sent": n,
         "publish_rate": n / ((pres["t1"] - pres["t0"]) / 1e9),
         "calls_per_msg": (pres["calls"] + res["calls"]) / max(1, got),
+        "pub_calls": {k: v / n for k, v in pres["kinds"].items()},
+        "sub_calls": {k: v / max(1, got) for k, v in res["kinds"].items()},
     }
 
 
@@ -349,7 +438,13 @@ def idle(b: str, fuse_pid: int | None, seconds: float, qlobber: bool) -> dict[st
     return out
 
 
-def run_pair(name: str, a: str, b: str, quick: bool) -> dict[str, Any]:
+PARTS = ("calls", "open", "latency", "idle", "throughput")
+QLOBBER = [True]  # --no-qlobber: fsbus alone (quicker, while tuning)
+
+
+def run_pair(
+    name: str, a: str, b: str, quick: bool, parts: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     out: dict[str, Any] = {"a": a, "b": b}
     fuse_b = fuse_client(b)
@@ -363,24 +458,36 @@ def run_pair(name: str, a: str, b: str, quick: bool) -> dict[str, Any]:
         os.makedirs(f"{mount}/{q_root}", exist_ok=True)
     ra, rb = f"{a}/{fs_root}", f"{b}/{fs_root}"
     qa, qb = f"{a}/{q_root}", f"{b}/{q_root}"
+    if "calls" in parts:
+        print(f"[{name}] latency of each filesystem call", flush=True)
+        out["calls"] = py("calls", root=a, root_b=b, n=100 if quick else 300).result()
     print(f"[{name}] raw create+rename on A", flush=True)
     out["raw_rate"] = py("raw", root=a, n=n_multi // 2).result()["rate"]
     # create the buses once (the first open makes every bucket folder)
     py("open", root=ra).result()
-    print(f"[{name}] open + subscribe on B", flush=True)
-    out["open_s"] = statistics.median(py("open", root=rb).result()["seconds"] for _ in range(3))
+    if "open" in parts:
+        print(f"[{name}] open + subscribe on B", flush=True)
+        out["open_s"] = statistics.median(py("open", root=rb).result()["seconds"] for _ in range(3))
     for kind, single in (("multi", False), ("single", True)):
+        if "latency" not in parts:
+            break
         print(f"[{name}] latency {kind}", flush=True)
         out[f"lat_{kind}"] = latency_fsbus(ra, rb, single, n_lat)
         # each qlobber-fsq ping waits for the previous pong (about a second here)
-        out[f"q_lat_{kind}"] = latency_qlobber(qa, qb, single, min(n_lat, 60))
-    print(f"[{name}] idle", flush=True)
-    out["idle"] = idle(rb, fuse_b, idle_s, qlobber=False)
-    out["q_idle"] = idle(qb, fuse_b, idle_s, qlobber=True)
+        if QLOBBER[0]:
+            out[f"q_lat_{kind}"] = latency_qlobber(qa, qb, single, min(n_lat, 60))
+    if "idle" in parts:
+        print(f"[{name}] idle", flush=True)
+        out["idle"] = idle(rb, fuse_b, idle_s, qlobber=False)
+        if QLOBBER[0]:
+            out["q_idle"] = idle(qb, fuse_b, idle_s, qlobber=True)
     for kind, single, n in (("multi", False, n_multi), ("single", True, n_single)):
+        if "throughput" not in parts:
+            break
         print(f"[{name}] throughput {kind}", flush=True)
         out[f"tp_{kind}"] = throughput_fsbus(ra, rb, single, n)
-        out[f"q_tp_{kind}"] = throughput_qlobber(qa, qb, single, min(n, 500))
+        if QLOBBER[0]:
+            out[f"q_tp_{kind}"] = throughput_qlobber(qa, qb, single, min(n, 500))
     shutil.rmtree(f"{a}/bench-{tag}", ignore_errors=True)
     return out
 
@@ -442,16 +549,45 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         lambda r: f"{r['tp_single']['calls_per_msg']:.1f}",
     )
     row("single A→B msg/s, qlobber-fsq", tp("q_tp_single"))
+
+    def per_msg(key: str, side: str) -> Any:
+        def f(r: dict[str, Any]) -> str:
+            kinds = r[key][side]
+            return f"{sum(kinds.values()):.1f}: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v >= 0.05
+            )
+
+        return f
+
+    row("multi: calls per message on A (publisher)", per_msg("tp_multi", "pub_calls"))
+    row("multi: calls per message on B (subscriber)", per_msg("tp_multi", "sub_calls"))
+    row("single: calls per message on A (publisher)", per_msg("tp_single", "pub_calls"))
+    row("single: calls per message on B (consumer)", per_msg("tp_single", "sub_calls"))
     head = ("", *names)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
 
+def calls_table(results: dict[str, dict[str, Any]]) -> str:
+    """Median / 90th percentile of each call, µs, per filesystem."""
+    names = [n for n in results if "calls" in results[n]]
+    whats = list(dict.fromkeys(w for n in names for w in results[n]["calls"]))
+    head = ("call (median / p90, µs)", *names)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w in whats:
+        cells = []
+        for n in names:
+            v = results[n]["calls"].get(w)
+            cells.append(f"{v[0]:.0f} / {v[1]:.0f}" if v else "—")
+        lines.append("| " + " | ".join((w, *cells)) + " |")
+    return "\n".join(lines)
+
+
 _KINDS = {"cephfs": "ceph", "glusterfs": "gluster"}
 
 
-def _run_started(name: str, quick: bool) -> dict[str, Any]:
+def _run_started(name: str, quick: bool, parts: tuple[str, ...]) -> dict[str, Any]:
     """Start the test suite's one-machine cluster of ``name``, bench its two mounts, stop it."""
     import tempfile
 
@@ -462,7 +598,7 @@ def _run_started(name: str, quick: bool) -> dict[str, Any]:
     print(f"[{name}] starting a one-machine cluster under {base}", flush=True)
     cluster = clusters.start(_KINDS[name], base)
     try:
-        return run_pair(name, str(cluster.a), str(cluster.b), quick)
+        return run_pair(name, str(cluster.a), str(cluster.b), quick, parts)
     finally:
         cluster.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -483,6 +619,13 @@ def main() -> int:
     )
     ap.add_argument("--quick", action="store_true", help="fewer messages, shorter idle window")
     ap.add_argument("--json", type=Path, help="write the raw results here")
+    ap.add_argument("--no-qlobber", action="store_true", help="leave qlobber-fsq out")
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=PARTS,
+        help="run only these parts (default: all; the raw rate is always measured)",
+    )
     args = ap.parse_args()
     if args.child:
         _child(args.child[0], json.loads(args.child[1]))
@@ -491,15 +634,20 @@ def main() -> int:
         ap.error("give --pair NAME=MOUNT_A,MOUNT_B (two clients of one volume) or --start KIND")
     if any(k.startswith("FSBUS_") for k in os.environ):
         ap.error("unset the FSBUS_* variables: this benchmark measures the defaults")
+    parts = tuple(args.only or PARTS)
+    QLOBBER[0] = not args.no_qlobber
     results: dict[str, dict[str, Any]] = {}
     for spec in args.pair:
         name, _, mounts = spec.partition("=")
         a, _, b = mounts.partition(",")
-        results[name] = run_pair(name, a, b, args.quick)
+        results[name] = run_pair(name, a, b, args.quick, parts)
     for name in args.start:
-        results[name] = _run_started(name, args.quick)
+        results[name] = _run_started(name, args.quick, parts)
     print()
     print(table(results))
+    if any("calls" in r for r in results.values()):
+        print()
+        print(calls_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
