@@ -68,6 +68,10 @@ def test_each_filesystem_gets_what_works_there(
     assert p.poll_interval == (NETWORK_POLL_INTERVAL if p.shared else None)
     assert bool(p.problem) == (streams == "refuse")
     assert p.list_workers == (8 if p.shared else 1)
+    # each path component is a round trip there: files are named relative to kept
+    # folders; by publishers too on GlusterFS (not on CephFS, where that slowed readers)
+    assert p.read_at_dirs == (family in ("cephfs", "glusterfs"))
+    assert p.write_at_dirs == (family == "glusterfs")
 
 
 def test_beegfs_without_global_locks_names_both_settings() -> None:

@@ -35,7 +35,7 @@ from .._errors import (
 from .layout import Layout
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan
-from .scan import BAD_SPILL
+from .scan import BAD_SPILL, sweep_due
 
 __all__ = [
     "BusFS",
@@ -64,6 +64,10 @@ _MISSING = (errno.ENOENT, errno.ESTALE)
 # Files a reader passes over: links, unreadable files, directories, sockets.
 _SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO)
 _CHUNK = 1 << 20
+_DIR = os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC
+# The Ops methods the hot paths call: an Ops that keeps them all as they are (it may
+# fake the mount table) lets those paths call the system directly.
+_HOT_OPS = ("open", "close", "writev", "rename", "pwrite", "listdir", "unlink")
 log = logging.getLogger("fsbus.fs")
 
 
@@ -169,7 +173,15 @@ class BusFS:
         self._stamp_bits = layout.stamp_size * 8
         self._getrandbits = self._rand.getrandbits
         # The hot path calls the system directly unless a test injected its own Ops.
-        plain = type(self.ops) is Ops
+        plain = all(getattr(type(self.ops), n) is getattr(Ops, n) for n in _HOT_OPS)
+        self._plain_ops = plain
+        # Where each path component costs a round trip (Platform.read_at_dirs and
+        # write_at_dirs), the staging and messages directories are kept open and files
+        # are named relative to them.
+        self._read_at = self._write_at = False
+        self._dir_fds: dict[str, int] = {}
+        self._retired: list[int] = []  # replaced directory fds, closed with the bus
+        self._swept: float | None = None  # when crash debris was last swept
         self._open = os.open if plain else self.ops.open
         self._writev = os.writev if plain else self.ops.writev
         self._close = os.close if plain else self.ops.close
@@ -297,6 +309,8 @@ class BusFS:
 
     def _apply_platform(self, platform: Platform) -> None:
         self.platform = platform
+        self._read_at = platform.read_at_dirs and self._plain_ops
+        self._write_at = platform.write_at_dirs and self._plain_ops
         self._stamp_reopen = platform.stamp_write == "reopen"
         self._read_direct = platform.stamp_read == "direct"
 
@@ -386,6 +400,47 @@ class BusFS:
         if self._lister is not None:
             self._lister.shutdown(wait=False)
             self._lister = None
+        fds = [*self._dir_fds.values(), *self._retired]
+        self._dir_fds, self._retired = {}, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _dir_fd(self, path: str) -> int:
+        """A bus directory, opened once and kept (``Platform.read_at_dirs``...).
+
+        On FUSE and network mounts the kernel asks the server again about every
+        component of a path (GlusterFS's entry timeout is 0, ceph-fuse's is short): a
+        file named relative to its kept directory costs one lookup instead of one per
+        component. Kept until the bus closes (closing one while another thread uses
+        it could hand its number to another file); :meth:`_check_dir_fds` replaces one
+        whose directory was replaced.
+        """
+        fd = self._dir_fds.get(path)
+        if fd is None:
+            fd = os.open(path, _DIR)
+            kept = self._dir_fds.setdefault(path, fd)
+            if kept != fd:
+                os.close(fd)  # another thread opened it first
+            fd = kept
+        return fd
+
+    def _check_dir_fds(self) -> None:
+        """Re-open a kept directory whose path now names another directory (the bus
+        was removed and made again): at each full listing, as UPDATE is re-opened."""
+        for path, fd in list(self._dir_fds.items()):
+            try:
+                st, kept = os.stat(path), os.fstat(fd)
+            except OSError:
+                continue
+            if (st.st_ino, st.st_dev) != (kept.st_ino, kept.st_dev):
+                try:
+                    self._dir_fds[path] = os.open(path, _DIR)
+                except OSError:
+                    continue
+                self._retired.append(fd)
 
     # ------------------------------------------------------------------ publish
     def publish(
@@ -449,7 +504,15 @@ class BusFS:
     def _stage(self, path: str, payload: bytes) -> int:
         """Create a staging file (O_EXCL) holding 0x00 and the payload; returns the fd."""
         try:
-            fd = self._open(path, _CREATE, 0o666)
+            if self._write_at:
+                fd = os.open(
+                    path[len(self._staging) + 1 :],
+                    _CREATE,
+                    0o666,
+                    dir_fd=self._dir_fd(self._staging),
+                )
+            else:
+                fd = self._open(path, _CREATE, 0o666)
         except FileExistsError:
             raise NameClash(path) from None
         except OSError as exc:
@@ -567,7 +630,15 @@ class BusFS:
         A hard link would refuse to replace, but costs a quarter of a publish on these
         filesystems; the names make it unnecessary.
         """
-        self._rename(staged, final)
+        if self._write_at:
+            os.rename(
+                staged[len(self._staging) + 1 :],
+                final[len(self._messages) + 1 :],
+                src_dir_fd=self._dir_fd(self._staging),
+                dst_dir_fd=self._dir_fd(self._messages),
+            )
+        else:
+            self._rename(staged, final)
 
     def abort(self, plan: PublishPlan, fd: int) -> None:
         """Give up a staged message: close and remove the staging file."""
@@ -670,6 +741,8 @@ class BusFS:
         with ``O_DIRECT`` on a descriptor kept open (``reopen`` opens it again, in case
         UPDATE was replaced), or after dropping the cache where O_DIRECT is refused.
         """
+        if reopen and self._dir_fds:
+            self._check_dir_fds()
         if self.layout.update_size == 0:
             return None
         if self._read_direct:
@@ -762,13 +835,26 @@ class BusFS:
         for i in indexes:
             path = f"{self.layout.messages}/{buckets[i]}"
             try:
-                out[i] = self.ops.listdir(path)
+                out[i] = self._list_bucket(buckets[i]) if self._read_at else self.ops.listdir(path)
             except OSError as exc:
                 if exc.errno in _MISSING:
                     out[i] = []
                     continue
                 raise storage_error("listing a bucket", exc, path) from exc
         return out
+
+    def _list_bucket(self, bucket: str) -> list[str]:
+        fd = os.open(bucket, _DIR, dir_fd=self._dir_fd(self._messages))
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def _open_message(self, bucket: str, name: str, path: str, flags: int) -> int:
+        """Open a message file (relative to the kept messages directory, where kept)."""
+        if self._read_at:
+            return os.open(f"{bucket}/{name}", flags, dir_fd=self._dir_fd(self._messages))
+        return self.ops.open(path, flags)
 
     def read_spills(self, wanted: Iterable[tuple[int, str]]) -> dict[tuple[int, str], str | None]:
         """The spilled topic rest of each (bucket, name).
@@ -830,7 +916,7 @@ class BusFS:
         """Read a multi message; payload None when it vanished or is not a regular file."""
         path = self.layout.message_path(bucket, name)
         try:
-            fd = self.ops.open(path, _READ)
+            fd = self._open_message(bucket, name, path, _READ)
         except OSError as exc:
             if exc.errno in _MISSING or exc.errno in _SKIP:
                 # Gone, a planted symlink, or another user's file we may not read:
@@ -904,7 +990,7 @@ class BusFS:
             return self._claim_by_rename(bucket, name, has_meta=has_meta, read_attempts=attempts)
         path = self.layout.message_path(bucket, name)
         try:
-            fd = self.ops.open(path, _CLAIM)
+            fd = self._open_message(bucket, name, path, _CLAIM)
         except OSError as exc:
             if exc.errno in _MISSING or exc.errno in _SKIP:
                 return None
@@ -1124,10 +1210,15 @@ class BusFS:
     def _remove_message(self, bucket: str, name: str, *, attempts: bool = True) -> None:
         lay = self.layout
         try:
-            self.ops.unlink(lay.message_path(bucket, name))
+            if self._read_at:
+                os.unlink(f"{bucket}/{name}", dir_fd=self._dir_fd(self._messages))
+            else:
+                self.ops.unlink(lay.message_path(bucket, name))
         except OSError as exc:
             if exc.errno not in _MISSING:
-                raise storage_error("removing a message", exc, exc.filename) from exc
+                raise storage_error(
+                    "removing a message", exc, lay.message_path(bucket, name)
+                ) from exc
         # Only the sidecars the name says exist (each miss is a wasted system call).
         if "@l+" in name:
             self._unlink_quiet(lay.topic_path(bucket, name))
@@ -1247,9 +1338,16 @@ class BusFS:
         Staging files of dead publishers, zero-byte messages (a consumer died between
         truncating and unlinking, or a peer truncated a multi message) with their
         sidecars, and topic/meta/attempts sidecars whose message is gone. Returns how
-        many files were removed.
+        many files were removed. On a network mount only every tenth of ``max_age``
+        (or of the claim lease) at most: see :func:`~fsbus._bus.scan.sweep_due`.
         """
         lay = self.layout
+        lease = self.config.claim_lease if self.locking == "rename" else max_age
+        if not sweep_due(
+            now, self._swept, max_age=min(max_age, lease), shared=self.platform.shared
+        ):
+            return 0
+        self._swept = now
         removed = 0
         for name in self._listdir_quiet(lay.staging):
             removed += self._remove_if_old(f"{lay.staging}/{name}", now, max_age)

@@ -12,7 +12,15 @@ from typing import Final
 
 from .names import ParsedName, decode_topic, parse_name
 
-__all__ = ["BucketView", "Entry", "ScanDecision", "ScanState", "decide", "long_names"]
+__all__ = [
+    "BucketView",
+    "Entry",
+    "ScanDecision",
+    "ScanState",
+    "decide",
+    "long_names",
+    "sweep_due",
+]
 
 
 class Entry:
@@ -258,3 +266,24 @@ def _parse(bi: int, name: str, spills: dict[tuple[int, str], str | None]) -> Ent
     if topic is None:
         return None
     return Entry(bi, parsed, topic)
+
+
+SWEEPS_PER_AGE: Final = 10
+"""On shared mounts, crash debris is swept this many times per ``debris_age``."""
+
+
+def sweep_due(now: float, last: float | None, *, max_age: float, shared: bool) -> bool:
+    """Whether a garbage collection also sweeps crash debris now (pure).
+
+    A sweep lists every bucket of five folders (1,280 listings with 256 buckets) and
+    looks at every message present. Locally that is cheap and done at each collection.
+    On a network mount each listing is a round trip to a server, and debris need only
+    go once it is ``max_age`` seconds old: sweep every ``max_age / 10`` seconds there
+    (the debris goes by 1.1 x ``max_age``). ``max_age`` is the shortest age that
+    counts (pass the claim lease where claims are renamed). ``last`` is the time of
+    the last sweep (None: never); a clock that went back sweeps at once.
+    """
+    if not shared or last is None:
+        return True
+    since = now - last
+    return since < 0 or since >= max_age / SWEEPS_PER_AGE

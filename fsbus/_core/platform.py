@@ -133,6 +133,16 @@ class Platform:
     close each time (close flushes to the server: NFS close-to-open, BeeGFS buffers)."""
     list_workers: int
     """Threads that list buckets at once in a full listing (network round trips overlap)."""
+    read_at_dirs: bool
+    """Readers keep the messages folder open and open, list and remove messages
+    relative to it: a FUSE or network client asks its server again about every
+    component of a path (GlusterFS's entry timeout is 0), so a message opened by its
+    full path costs a lookup per folder above it (measured on GlusterFS: open 1.0 ->
+    0.36 ms, listing 2.1 -> 1.2 ms; CephFS: open 0.43 -> 0.14 ms)."""
+    write_at_dirs: bool
+    """Publishers do the same with the staging and messages folders. GlusterFS only:
+    on CephFS a publisher keeping them open made other clients' opens of its new
+    messages wait up to seconds (measured; capabilities the MDS must recall)."""
     locks_global: bool | None
     """Whether ``flock`` excludes processes on other hosts; None when it cannot be told."""
     single_locking: Literal["flock", "rename"]
@@ -207,6 +217,8 @@ def decide(facts: MountFacts) -> Platform:
             stamp_read="cached",
             stamp_write="keep_open",
             list_workers=1,
+            read_at_dirs=False,
+            write_at_dirs=False,
             locks_global=True if family == "local" else None,
             single_locking="flock",
             stream_lock="flock",
@@ -287,6 +299,9 @@ def decide(facts: MountFacts) -> Platform:
         stamp_read="direct",
         stamp_write=stamp_write,
         list_workers=8,
+        # measured on these two only; elsewhere files keep being named by their paths
+        read_at_dirs=family in ("cephfs", "glusterfs"),
+        write_at_dirs=family == "glusterfs",
         locks_global=locks_global,
         single_locking=single,
         stream_lock="refuse" if problem else "flock",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsbus._bus.names import FsbusFields, encode_fields, encode_topic, make_name
-from fsbus._bus.scan import Entry, ScanState, decide, long_names
+from fsbus._bus.scan import Entry, ScanState, decide, long_names, sweep_due
 
 NOW = 1_800_000_000_000
 
@@ -222,3 +222,22 @@ def test_new_singles_are_those_not_in_the_previous_listing_even_at_baseline() ->
     d = decide(st, {0: [b]}, {}, NOW)
     assert d.new_singles == []
     assert topics(d.singles) == ["b"]
+
+
+def test_debris_is_swept_at_every_collection_on_a_local_disk() -> None:
+    assert sweep_due(100.0, 99.9, max_age=600, shared=False)
+    assert sweep_due(100.0, None, max_age=600, shared=False)
+
+
+def test_on_a_shared_mount_debris_is_swept_ten_times_per_age() -> None:
+    assert sweep_due(100.0, None, max_age=600, shared=True)  # the first collection
+    assert not sweep_due(100.0, 50.0, max_age=600, shared=True)
+    assert sweep_due(110.0, 50.0, max_age=600, shared=True)  # 60 s = 600 s / 10
+    # a short age (or claim lease) sweeps as often as it needs; 0 at every call
+    assert sweep_due(100.0, 99.0, max_age=6, shared=True)
+    assert not sweep_due(100.0, 99.9, max_age=6, shared=True)
+    assert sweep_due(100.0, 100.0, max_age=0, shared=True)
+
+
+def test_a_clock_that_went_back_sweeps_at_once() -> None:
+    assert sweep_due(100.0, 5000.0, max_age=600, shared=True)
