@@ -68,7 +68,7 @@ class BlockingBus:
         self._ops = ops
         self._fs = BusFS(self.layout, self.config, ops)
         self._namer = Namer(self.layout, self.config)
-        self._queues = open_store(self.layout, self.config)
+        self._queues = open_store(self.layout, self.config, ops)
         self._buckets = self.layout.buckets
         self._max_payload = self.config.max_payload_size
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}

@@ -261,7 +261,7 @@ class Bus:
         self._namer = Namer(self.layout, self.config)
         self._buckets = self.layout.buckets
         self._max_payload = self.config.max_payload_size
-        self._queues: QueueStore = open_store(self.layout, self.config)
+        self._queues: QueueStore = open_store(self.layout, self.config, ops)
         self._queue_buses: dict[str, tuple[Bus, anyio.Event, list[object]]] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()

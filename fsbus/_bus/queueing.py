@@ -18,9 +18,10 @@ from .._config import BusConfig
 from .._errors import storage_error
 from .._queues.definition import Definition
 from .._queues.store import QueueStore, copy_ttl
-from .fs import BusFS, Go, NameClash
+from .fs import BusFS, Go, NameClash, Withdrawn
 from .layout import Layout
 from .namer import Namer
+from .ops import Ops
 from .plan import PublishPlan
 from .purge import purge_some, purge_targets
 from .scan import ScanDecision, ScanState, decide, long_names
@@ -31,9 +32,9 @@ T = TypeVar("T")
 class QueueWriter:
     """A blocking handle on one queue's bus (the store's ``QueueBus``); thread-safe."""
 
-    def __init__(self, root: str, config: BusConfig) -> None:
+    def __init__(self, root: str, config: BusConfig, ops: Ops | None = None) -> None:
         self.layout = Layout.of(root, config)
-        self._fs = BusFS(self.layout, config)
+        self._fs = BusFS(self.layout, config, ops)
         self._fs.setup()
         self._namer = Namer(self.layout, config)
         self._lock = threading.Lock()
@@ -256,6 +257,7 @@ def route(
         return out
     staged: list[_Staged] = []
     later: list[tuple[Definition, QueueWriter]] = []
+    failed: list[BaseException] = []
     try:
         for d, w in writers:
             p = plan_for(d, w)
@@ -267,18 +269,24 @@ def route(
         def go() -> bool:
             # Called once the message is synced, before its rename (and again if its
             # name clashed and it is published under a new one: the copies are in).
-            for s in staged:
-                if not s.synced:
-                    s.sync()
-            for s in staged:
-                if not s.placed:
-                    s.place()
+            try:
+                for s in staged:
+                    if not s.synced:
+                        s.sync()
+                for s in staged:
+                    if not s.placed:
+                        s.place()
+            except BaseException as exc:
+                failed.append(exc)
+                return False  # the message is withdrawn: nothing of it is visible
             return True
 
         out = publish(go)
-    except BaseException:
+    except BaseException as exc:
         for s in staged:
             s.discard()
+        if failed and isinstance(exc, Withdrawn):
+            raise failed[0] from None
         raise
     for s in staged:
         s.settle()
@@ -289,6 +297,11 @@ def route(
     return out
 
 
-def open_store(layout: Layout, config: BusConfig) -> QueueStore:
-    """The queue store of the bus laid out as ``layout``."""
-    return QueueStore(layout.private, config, layout.quarantine, QueueWriter, layout.messages)
+def open_store(layout: Layout, config: BusConfig, ops: Ops | None = None) -> QueueStore:
+    """The queue store of the bus laid out as ``layout``; the queues' buses do their file
+    operations through ``ops``, as the bus does."""
+
+    def opener(root: str, sub_config: BusConfig) -> QueueWriter:
+        return QueueWriter(root, sub_config, ops)
+
+    return QueueStore(layout.private, config, layout.quarantine, opener, layout.messages)

@@ -102,6 +102,87 @@ def test_a_durable_publish_that_fails_to_sync_leaves_no_copy(root: Path) -> None
         assert bus.queue_info("b").depth == 1
 
 
+class Recording(Ops):
+    """Records, in order, each file's sync, each rename and each directory's sync."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, str] = {}
+        self.events: list[tuple[str, str]] = []
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        fd = super().open(path, flags, mode)
+        self.paths[fd] = path
+        return fd
+
+    def fdatasync(self, fd: int) -> None:
+        super().fdatasync(fd)
+        self.events.append(("fdatasync", self.paths[fd]))
+
+    def fsync(self, fd: int) -> None:
+        super().fsync(fd)
+        self.events.append(("fsync", self.paths[fd]))
+
+    def rename(self, src: str, dst: str) -> None:
+        super().rename(src, dst)
+        self.events.append(("rename", f"{src} {dst}"))
+
+
+def test_a_durable_publish_syncs_every_file_before_its_rename_and_every_bucket_after(
+    root: Path,
+) -> None:
+    with BlockingBus(root) as setup:
+        for q in "abc":
+            setup.declare_queue(q, ["t.#"])
+    ops = Recording()
+    with BlockingBus(root, ops=ops) as bus:
+        ops.events.clear()
+        info = bus.publish("t.x", b"kept", durable=True)
+        ev = ops.events
+        renames = [(i, e[1].split(" ")) for i, e in enumerate(ev) if e[0] == "rename"]
+        assert len(renames) == 4  # the message and three copies
+        assert any(dst == info.path for _, (_, dst) in renames)
+        for i, (src, dst) in renames:
+            synced = [j for j, e in enumerate(ev) if e == ("fdatasync", src)]
+            assert synced, f"{src} never synced"
+            assert synced[0] < i, f"{src} renamed before its data was synced"
+            bucket = dst.rsplit("/", 1)[0]
+            after = [j for j, e in enumerate(ev) if e == ("fsync", bucket) and j > i]
+            assert after, f"{bucket} not synced after {dst} arrived"
+        # the copies' renames all come before the message's bucket is synced
+        message_bucket = info.path.rsplit("/", 1)[0]
+        first_dir_sync = ev.index(("fsync", message_bucket))
+        assert all(i < first_dir_sync for i, _ in renames)
+        for q in "abc":
+            assert bus.queue_info(q).depth == 1
+        assert _staged(root) == []
+
+
+def test_a_copy_that_fails_to_sync_withdraws_the_message(root: Path) -> None:
+    with BlockingBus(root) as setup:
+        setup.declare_queue("a", ["t.#"])
+
+    class FailOnCopies(Ops):
+        def __init__(self) -> None:
+            self.paths: dict[int, str] = {}
+
+        def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+            fd = super().open(path, flags, mode)
+            self.paths[fd] = path
+            return fd
+
+        def fdatasync(self, fd: int) -> None:
+            if "/queues/" in self.paths[fd]:
+                raise OSError(errno.EIO, "Input/output error")
+            super().fdatasync(fd)
+
+    with BlockingBus(root, ops=FailOnCopies()) as bus:
+        with pytest.raises(StorageError, match="queue's copy"):
+            bus.publish("t.x", b"lost", durable=True)
+        assert bus.queue_info("a").depth == 0
+        assert list(bus.browse("#")) == []
+        assert _staged(root) == []
+
+
 def test_enqueue_sees_a_queue_another_bus_deleted_or_declared(root: Path) -> None:
     with BlockingBus(root) as one, BlockingBus(root) as other:
         one.declare_queue("a", ["t.#"])
