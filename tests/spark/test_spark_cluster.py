@@ -144,3 +144,66 @@ def test_connect_streaming_source_and_sink(remote: Any, root: Path, tmp_path: Pa
         seen = Counter((i.topic, bus.read_payload(i)) for i in infos)
     assert seen == Counter((f"metrics.{i % 3}", f"v{i}".encode()) for i in range(300))
     assert max(Counter(i.headers[ID_HEADER] for i in infos).values()) == 1
+
+
+def test_connect_bus_topics_source_batch_read_and_topic_sink(
+    remote: Any, root: Path, tmp_path: Path
+) -> None:
+    """Bus topics through Connect: two streaming queries read ``orders.#`` (one into a
+    Stream, one back onto the Bus under ``copied.*``, each with its own queue), and batch
+    reads take snapshots of topics; every message is counted."""
+
+    def run(sink: dict[str, str], queue: str, select: list[str]) -> None:
+        writer = (
+            remote.readStream.format("fsbus")
+            .option("path", str(root))
+            .option("pattern", "orders.#")
+            .option("queue", queue)
+            .option("maxRecordsPerTrigger", "100")
+            .load()
+            .selectExpr(*select)
+            .writeStream.format("fsbus")
+            .option("path", str(root))
+            .option("checkpointLocation", str(tmp_path / queue))
+            .trigger(availableNow=True)
+        )
+        for key, value in sink.items():
+            writer = writer.option(key, value)
+        query = writer.start()
+        query.awaitTermination(120)
+        assert query.exception() is None
+
+    into_stream = ({"stream": "out"}, "to-stream", ["topic AS key", "payload AS value"])
+    onto_bus = ({"ttl": "600"}, "to-bus", ["concat('copied.', topic) AS topic", "payload AS value"])
+    for sink, queue, select in (into_stream, onto_bus):
+        run(sink, queue, select)  # the first start declares the query's queue
+    n = 300
+    with BlockingBus(root) as bus:
+        for i in range(n):
+            bus.publish("orders.eu.new" if i % 2 else "orders.paid", f"m{i}", single=i % 3 == 0)
+            if i % 10 == 0:
+                bus.publish("invoices.new", f"m{i}")  # not matched by orders.#
+        for i in range(40):
+            bus.publish(f"audit.{i % 2}", f"a{i}", single=i % 4 == 0, ttl=600)
+    for sink, queue, select in (into_stream, onto_bus, into_stream):  # the last adds nothing
+        run(sink, queue, select)
+
+    def topic(i: int) -> str:
+        return "orders.eu.new" if i % 2 else "orders.paid"
+
+    with Stream.open(root, "out", create=False) as out:
+        stored = [(r.value, r.key) for r in out.read()]
+    assert Counter(stored) == Counter((f"m{i}".encode(), topic(i).encode()) for i in range(n))
+    assert len(stored) == n
+    with BlockingBus(root) as bus:
+        infos = list(bus.browse("copied.#"))
+        copied = Counter((i.topic, bus.read_payload(i)) for i in infos)
+    assert copied == Counter((f"copied.{topic(i)}", f"m{i}".encode()) for i in range(n))
+    assert max(Counter(i.headers[ID_HEADER] for i in infos).values()) == 1
+
+    def snapshot(pattern: str) -> Counter[tuple[str, bytes]]:
+        df = remote.read.format("fsbus").option("path", str(root)).option("pattern", pattern)
+        return Counter((r.topic, bytes(r.payload)) for r in df.load().collect())
+
+    assert snapshot("audit.*") == Counter((f"audit.{i % 2}", f"a{i}".encode()) for i in range(40))
+    assert snapshot("copied.#") == copied
