@@ -149,9 +149,19 @@ def changed_buckets(old: bytes | None, new: bytes, stamp_size: int, count: int) 
         return list(range(count))
     if old == new:
         return []
-    out = []
-    for i in range(count):
-        a = i * stamp_size
-        if old[a : a + stamp_size] != new[a : a + stamp_size]:
-            out.append(i)
+    # Usually one or two buckets changed: halve the range while its halves differ
+    # (each comparison is one memcmp), instead of comparing every stamp in Python.
+    out: list[int] = []
+    a, b = memoryview(old), memoryview(new)
+    todo = [(0, count)]
+    while todo:
+        lo, hi = todo.pop()
+        if a[lo * stamp_size : hi * stamp_size] == b[lo * stamp_size : hi * stamp_size]:
+            continue
+        if hi - lo == 1:
+            out.append(lo)
+            continue
+        mid = (lo + hi) // 2
+        todo.append((mid, hi))
+        todo.append((lo, mid))
     return out

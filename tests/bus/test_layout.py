@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from fsbus import BusConfig
@@ -102,3 +104,19 @@ def test_changed_buckets_missing_or_short_means_everything(old: bytes | None, ne
 
 def test_changed_buckets_stamp_size_zero_scans_all() -> None:
     assert changed_buckets(b"", b"", 0, 5) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_changed_buckets_agrees_with_comparing_every_stamp(seed: int) -> None:
+    rng = random.Random(seed)
+    stamp, count = rng.choice([(4, 256), (8, 128), (1, 1024), (3, 7)])
+    old = rng.randbytes(stamp * count + rng.choice([0, 5]))
+    new = bytearray(old)
+    for i in rng.sample(range(count), rng.choice([1, 2, 3, count // 2, count])):
+        new[i * stamp + rng.randrange(stamp)] ^= 1 + rng.randrange(255)
+
+    def stamp_of(snapshot: bytes, i: int) -> bytes:
+        return snapshot[i * stamp : (i + 1) * stamp]
+
+    expected = [i for i in range(count) if stamp_of(old, i) != stamp_of(bytes(new), i)]
+    assert changed_buckets(old, bytes(new), stamp, count) == expected
