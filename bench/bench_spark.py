@@ -1,7 +1,8 @@
 """Spark connector throughput against Spark's own file sources, side by side in one run.
 
     .venv/bin/python -m bench.bench_spark [--records 1000000] [--size 100] [--rounds 3]
-                                          [--only read|write]
+                                          [--only read|write|latency]
+                                          [--latency-messages 500] [--latency-rate 50]
 
 Measures, on a local[2] Spark, records per second for
 
@@ -14,7 +15,12 @@ Measures, on a local[2] Spark, records per second for
   against Spark writing them as text and JSON files; and a streaming query (the text
   files as a streaming source, Trigger.AvailableNow) into the fsbus sink, against
   Spark's streaming text and JSON file sinks; and against the floor of any Python sink,
-  one that drops the rows (bench/spark_sink_floor.py).
+  one that drops the rows (bench/spark_sink_floor.py);
+* latency: from ``Stream.append`` (the Stream source) and from ``bus.publish`` (the
+  Bus-topic source, ``option("pattern", ...)``) to the row in a Stream written by the
+  fsbus sink, with a processing-time trigger of 0: ``--latency-messages`` messages
+  sent at ``--latency-rate`` a second, each carrying the time it was sent; the sink's
+  record carries the time it was appended. p50 and p99, after the throughput rounds.
 
 Rounds are interleaved (A B C A B C ...) and the median is reported, with the ratio of
 fsbus to each file source measured in the same run. Absolute figures depend on the
@@ -25,6 +31,7 @@ bench/scratch/spark, git-ignored) and is removed afterwards.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -203,9 +210,9 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         "write text files (streaming)": lambda: stream_write("text"),
         "write json files (streaming)": lambda: stream_write("json"),
     }
-    if args.only == "read":
+    if args.only in ("read", "latency"):
         writers = {}
-    elif args.only == "write":
+    if args.only in ("write", "latency"):
         readers = {}
     # Warm-up (JIT, Python workers), not timed.
     noop(spark.read.format("fsbus").options(**fsbus_opts, endingOffsets="1000").load())
@@ -225,9 +232,123 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         for name, fn in (*readers.items(), *writers.items()):
             times[name].append(timed(fn))
             print(f"round {r + 1}: {name}: {times[name][-1]:.2f} s", file=sys.stderr)
+    latencies: dict[str, list[float]] = {}
+    if args.only in (None, "latency"):
+        for source in ("stream", "topics"):
+            latencies[source] = measure_latency(
+                spark, root, scratch / "latency", source, args.latency_messages, args.latency_rate
+            )
+            print(f"latency of the {source} source measured", file=sys.stderr)
     spark.stop()
     rates = {name: n / statistics.median(ts) for name, ts in times.items()}
-    return {"records": n, "size": size, "rounds": args.rounds, "rates": rates, "times": times}
+    return {
+        "records": n,
+        "size": size,
+        "rounds": args.rounds,
+        "rates": rates,
+        "times": times,
+        "latency_rate": args.latency_rate,
+        "latencies": latencies,
+    }
+
+
+LATENCY_TIMEOUT = 300.0
+"""Seconds the latency query may take to deliver every message before the bench fails."""
+
+
+def measure_latency(
+    spark: Any, root: Path, scratch: Path, source: str, n: int, rate: float
+) -> list[float]:
+    """Seconds from sending each of ``n`` messages to its row in the fsbus sink's Stream.
+
+    ``source`` is "stream" (``Stream.append`` into a Stream the query reads) or "topics"
+    (``BlockingBus.publish`` on a topic the query reads with ``option("pattern")``). The
+    query runs with a processing-time trigger of 0, so it plans the next micro-batch as
+    soon as one ends. Its first row (sent before the clock starts) warms it up.
+    """
+    from pyspark.sql import functions as F
+
+    from fsbus import BlockingBus
+
+    name = f"lat-{source}"
+    out = f"{name}-out"
+    reader = spark.readStream.format("fsbus").option("path", str(root))
+    with contextlib.ExitStack() as stack:
+        if source == "stream":
+            stream = stack.enter_context(Stream.open(root, name))
+            rows = reader.option("stream", name).load().select("value")
+
+            def send(body: bytes) -> None:
+                stream.append(body)
+
+        else:
+            bus = stack.enter_context(BlockingBus(root))
+            rows = reader.option("pattern", f"{name}.#").option("queue", name).load()
+            rows = rows.select(F.col("payload").alias("value"))
+
+            def send(body: bytes) -> None:
+                bus.publish(f"{name}.event", body)
+
+        query = (
+            rows.writeStream.format("fsbus")
+            .option("path", str(root))
+            .option("stream", out)
+            .option("checkpointLocation", str(scratch / name))
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
+        stack.callback(query.stop)
+        if source == "topics":  # its first micro-batch declares the queue it reads
+            wait_until(lambda: _has_queue(root, name), query, "the query declared its queue")
+        send(b"warm-up")
+        wait_until(lambda: _records(root, out) >= 1, query, "the warm-up row is in the sink")
+        start = time.perf_counter()
+        for i in range(n):
+            # paced by the clock: message i is sent at start + i / rate
+            time.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            send(f"{time.time():.6f}".encode())
+        wait_until(lambda: _records(root, out) >= n + 1, query, f"{n} rows are in the sink")
+    with Stream.open(root, out, create=False) as sink:
+        records = list(sink.read())
+    assert len(records) == n + 1, f"the sink holds {len(records)} rows, not {n + 1}"
+    return [r.timestamp - float(r.value) for r in records[1:]]
+
+
+def _has_queue(root: Path, name: str) -> bool:
+    from fsbus import BlockingBus, QueueNotFound
+
+    with BlockingBus(root) as bus:
+        try:
+            bus.queue_info(name)
+        except QueueNotFound:
+            return False
+        return True
+
+
+def _records(root: Path, name: str) -> int:
+    from fsbus import StreamNotFound
+
+    try:
+        with Stream.open(root, name, create=False) as stream:
+            return stream.end_offset
+    except StreamNotFound:
+        return 0
+
+
+def wait_until(condition: Callable[[], bool], query: Any, what: str) -> None:
+    deadline = time.monotonic() + LATENCY_TIMEOUT
+    while not condition():
+        if query.exception() is not None:
+            raise RuntimeError(f"the latency query failed: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting until {what}")
+        time.sleep(0.05)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def report(result: dict[str, Any]) -> str:
@@ -235,10 +356,13 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"Spark connector, {result['records']:,} records x {result['size']} B, local[2], "
         f"median of {result['rounds']} interleaved rounds",
-        "",
-        "| operation | records/s | / text files | / json files |",
-        "|---|---:|---:|---:|",
     ]
+    if rates:
+        lines += [
+            "",
+            "| operation | records/s | / no-op Python | / text files | / json files |",
+            "|---|---:|---:|---:|---:|",
+        ]
     groups = [
         ("read", "(batch)"),
         ("read", "(streaming)"),
@@ -249,17 +373,33 @@ def report(result: dict[str, Any]) -> str:
         suffix = f" {mode}" if mode else ""
         if f"{verb} fsbus{suffix}" not in rates:
             continue  # not run (--only)
-        floor = ("no-op Python source",) if verb == "read" else ("no-op Python sink",)
-        for what in ("fsbus", *floor, "text files", "json files"):
+        floor = "no-op Python source" if verb == "read" else "no-op Python sink"
+        for what in ("fsbus", floor, "text files", "json files"):
             rate = rates[f"{verb} {what}{suffix}"]
-            ratio = ""
-            if what in ("fsbus", *floor):
+            ratio = "| | |"
+            if what in ("fsbus", floor):
                 text = rate / rates[f"{verb} text files{suffix}"]
                 js = rate / rates[f"{verb} json files{suffix}"]
                 ratio = f"| {text:.2f} | {js:.2f} |"
-            else:
-                ratio = "| | |"
-            lines.append(f"| {verb} {what}{suffix} | {rate:,.0f} {ratio}")
+            of_floor = f"{rate / rates[f'{verb} {floor}{suffix}']:.2f}" if what == "fsbus" else ""
+            lines.append(f"| {verb} {what}{suffix} | {rate:,.0f} | {of_floor} {ratio}")
+    latencies = result.get("latencies") or {}
+    if latencies:
+        lines += [
+            "",
+            f"Latency to the row in the fsbus sink, processing-time trigger 0, "
+            f"{result['latency_rate']:g} messages/s",
+            "",
+            "| source | sent with | messages | p50 ms | p99 ms |",
+            "|---|---|---:|---:|---:|",
+        ]
+        sent_with = {"stream": "`Stream.append`", "topics": "`bus.publish`"}
+        label = {"stream": "Stream", "topics": "Bus topics (`pattern`)"}
+        for source, values in latencies.items():
+            p50, p99 = percentile(values, 0.5) * 1000, percentile(values, 0.99) * 1000
+            lines.append(
+                f"| {label[source]} | {sent_with[source]} | {len(values)} | {p50:.0f} | {p99:.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -270,7 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scratch", type=Path, default=HERE / "scratch" / "spark")
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--only", choices=("read", "write"), help="run only these operations")
+    parser.add_argument(
+        "--only", choices=("read", "write", "latency"), help="run only these operations"
+    )
+    parser.add_argument(
+        "--latency-messages", type=int, default=500, help="messages per latency measurement"
+    )
+    parser.add_argument(
+        "--latency-rate", type=float, default=50.0, help="latency messages sent per second"
+    )
     args = parser.parse_args(argv)
     if args.size < 20:
         parser.error("--size must be at least 20 bytes")
