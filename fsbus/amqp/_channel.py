@@ -409,10 +409,9 @@ class Channel:
             if m.exclusive:
                 self.conn.exclusive.add(name)
         self.last_queue = name
-        # a passive declare (a client polling a queue's depth) lists the queue once
-        ready, consumers = await self.gateway.ready_count(
-            name, self._last_info if m.passive else None
-        )
+        # the queue is listed once: a declare of a queue that was there (a client
+        # polling its depth with passive declares) counts what _queue_meta found
+        ready, consumers = await self.gateway.ready_count(name, self._last_info)
         if not m.nowait:
             await self.reply(
                 spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)
