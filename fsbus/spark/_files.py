@@ -88,27 +88,35 @@ def durable_dirs(path: Path) -> None:
         _fsync_dir(d.parent)
 
 
-def write_staged(path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> int:
-    """Write batches to an Arrow IPC file that appears complete or not at all, durably
-    (a pending commit names the file, and its replay after a power cut reads it back);
-    the row count."""
+def write_staged(
+    path: Path, schema: pa.Schema, batches: Iterable[pa.RecordBatch], *, durable: bool = True
+) -> int:
+    """Write batches to an Arrow IPC file that appears complete or not at all; the row
+    count. ``durable``: synced, with its directory (a pending commit names the file, and
+    its replay after a power cut reads it back). Without it the file may be lost in a
+    power cut, which only a commit that is never replayed (a batch job's) can afford."""
     import pyarrow as pa  # here: the processes that only plan reads never load it
 
     rows = 0
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        durable_dirs(path.parent)
+        if durable:
+            durable_dirs(path.parent)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             for batch in batches:
                 writer.write_batch(batch)
                 rows += batch.num_rows
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        if durable:
+            _fsync_dir(path.parent)
     except OSError as exc:
         remove_file(tmp)
         raise _fail("staging rows for Spark", exc, path) from exc

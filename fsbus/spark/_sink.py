@@ -196,9 +196,18 @@ def _normalise(batch: pa.RecordBatch, cols: SinkColumns, schema: pa.Schema) -> p
 
 
 def stage(
-    opts: SinkOptions, cols: SinkColumns, sink_id: str, batch: str, rows: Iterator[pa.RecordBatch]
+    opts: SinkOptions,
+    cols: SinkColumns,
+    sink_id: str,
+    batch: str,
+    rows: Iterator[pa.RecordBatch],
+    *,
+    durable: bool = True,
 ) -> StagedFile:
-    """Stage one task's rows (runs on an executor); the commit message names the file."""
+    """Stage one task's rows (runs on an executor); the commit message names the file.
+
+    ``durable=False`` skips syncing it: for a commit that nothing replays (a batch job's
+    append to a Stream, which reads the files back at once and leaves no marker)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -206,7 +215,7 @@ def stage(
     attempt = ctx.taskAttemptId() if ctx is not None else time.time_ns()
     path = staging_dir(opts.root, sink_id, batch) / f"{partition:05d}-{attempt}.arrow"
     schema = _staged_schema(cols)
-    count = write_staged(path, schema, (_normalise(b, cols, schema) for b in rows))
+    count = write_staged(path, schema, (_normalise(b, cols, schema) for b in rows), durable=durable)
     return StagedFile(path=str(path), rows=count, partition=partition)
 
 

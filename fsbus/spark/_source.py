@@ -131,7 +131,10 @@ class BatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from ._sink import stage
 
-        return stage(self.opts, self.cols, self.sink_id, self.job, iterator)
+        # A batch job's append to a Stream is never replayed: its staged files need not
+        # survive a power cut (publishing on the Bus keeps a ledger naming them).
+        durable = self.opts.stream is None
+        return stage(self.opts, self.cols, self.sink_id, self.job, iterator, durable=durable)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         from ._sink import publish

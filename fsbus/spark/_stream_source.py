@@ -37,10 +37,12 @@ __all__ = [
     "resolve_offsets",
 ]
 
-ARROW_BATCH_ROWS = 65_536
-"""Records per Arrow batch handed to Spark (more when one frame holds more)."""
-ARROW_BATCH_BYTES = 64 << 20
-"""Bytes of values after which an Arrow batch is handed to Spark."""
+ARROW_BATCH_ROWS = 8192
+"""Records after which an Arrow batch is handed to Spark."""
+ARROW_BATCH_BYTES = 1 << 20
+"""Bytes of values after which an Arrow batch is handed to Spark: about a frame (the
+stream's ``max_frame_bytes``), so a frame of a batch append becomes one Arrow batch whose
+values are the frame's bytes as they are, and only small frames are joined (a copy)."""
 
 
 class StreamRangePartition(InputPartition):
@@ -82,12 +84,12 @@ def read_range(
         parts: list[ColumnBatch] = []
         rows = size = 0
         for cols in stream.read_columns(start, part.stop):
-            if parts and (rows + len(cols) > ARROW_BATCH_ROWS or size > ARROW_BATCH_BYTES):
-                yield columns_batch(part.stream, parts, columns)
-                parts, rows, size = [], 0, 0
             parts.append(cols)
             rows += len(cols)
             size += len(cols.value_data)
+            if rows >= ARROW_BATCH_ROWS or size >= ARROW_BATCH_BYTES:
+                yield columns_batch(part.stream, parts, columns)
+                parts, rows, size = [], 0, 0
         if parts:
             yield columns_batch(part.stream, parts, columns)
 
