@@ -76,7 +76,10 @@ class QueueWriter:
     def publish_planned(self, plan: PublishPlan, payload: bytes) -> None:
         """Write a copy named by :meth:`plan` (synced as the plan says)."""
         try:
-            self._fs.publish(plan, payload)
+            if plan.spill is None and plan.meta is None and not plan.durable:
+                self._fs.publish_plain(plan.name, plan.bucket_index, payload)  # the hot path
+            else:
+                self._fs.publish(plan, payload)
         except NameClash:  # astronomically rare: name it again
             self._fs.publish(self._replan(plan), payload)
 
@@ -253,7 +256,8 @@ def route(
                     headers=headers,
                     priority=priority,
                 )
-            store.trim(d)
+            if d.options.max_length is not None:
+                store.trim(d)
         return out
     staged: list[_Staged] = []
     later: list[tuple[Definition, QueueWriter]] = []
