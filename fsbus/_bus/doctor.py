@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 from .._config import env_force_polling
 from .._core.mounts import MountReader, detect
 from .._core.platform import Platform
+from .._core.space import free_space
 
 __all__ = ["DoctorCheck", "DoctorReport", "Status", "check_directory"]
 
@@ -281,26 +282,23 @@ def space_check(st: os.statvfs_result) -> DoctorCheck:
     CephFS has no inode limit and reports ``f_ffree = -1`` (and the number of files as
     ``f_files``); a cluster without a manager reports 0 blocks. Neither means full.
     """
-    space_known = st.f_blocks > 0 and st.f_frsize > 0
-    free = st.f_bavail * st.f_frsize
-    total = st.f_blocks * st.f_frsize
-    inodes_known = 0 < st.f_files < (1 << 63) and 0 <= st.f_favail <= st.f_files
-    if space_known:
+    free, total, free_inodes, inodes = free_space(st)
+    if free is not None and total is not None:
         text = f"{free / _MIB:,.0f} MiB free of {total / _MIB:,.0f} MiB"
     else:
         text = "free space unknown (the filesystem reports no size)"
-    if inodes_known:
-        text += f", {st.f_favail:,} of {st.f_files:,} inodes free"
+    if free_inodes is not None:
+        text += f", {free_inodes:,} of {inodes:,} inodes free"
     elif st.f_files == 0:
         text += ", inodes not limited"
     else:
         text += ", free inodes unknown (not limited, or not reported)"
-    if (space_known and free < 16 * _MIB) or (inodes_known and st.f_favail < 100):
+    if (free is not None and free < 16 * _MIB) or (free_inodes is not None and free_inodes < 100):
         return DoctorCheck(
             "space", "fail", text, "free disk space or inodes (each message is one file)"
         )
-    low_space = space_known and (free < 512 * _MIB or free < total * 0.05)
-    if low_space or (inodes_known and st.f_favail < 10_000):
+    low_space = free is not None and (free < 512 * _MIB or free < (total or 0) * 0.05)
+    if low_space or (free_inodes is not None and free_inodes < 10_000):
         return DoctorCheck(
             "space", "warn", text, "free disk space or inodes before the bus fills the disk"
         )

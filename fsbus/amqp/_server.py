@@ -25,6 +25,7 @@ from .. import (
     UsageError,
     __version__,
 )
+from .._core.space import free_space
 from ._channel import Channel
 from ._connection import Connection
 from ._routing import (
@@ -183,10 +184,12 @@ class Gateway:
         except OSError as exc:
             log.warning("cannot read the free space of %s: %s", self.root, exc)
             return self.alarm
-        if st.f_bavail * st.f_frsize < self.disk_free_limit:
+        # what a filesystem does not report (CephFS: no inode limit, and no size without
+        # a manager; btrfs: no inode count) is unknown, not full
+        free, _total, free_inodes, _inodes = free_space(st)
+        if free is not None and free < self.disk_free_limit:
             return "low on disk"
-        # a filesystem with no inode count (f_files 0: btrfs, some network ones) has no limit
-        if st.f_files and st.f_favail < self.inode_free_limit:
+        if free_inodes is not None and free_inodes < self.inode_free_limit:
             return "low on disk"
         return None
 
