@@ -68,6 +68,9 @@ R = TypeVar("R")
 _READ_BATCH = 256
 _POLLED_SCAN_EVERY = 1.0  # seconds: the longest a polled bus goes without a scan
 _READ_BATCH_BYTES = 64 << 20
+_INLINE_SCAN_NAMES = 2048
+"""A bus whose buckets held more names than this at their last listings scans in a worker
+thread: a scan's listings and decisions then take long enough to stall the event loop."""
 _DEFAULT_BUFFER = 64
 _PURGE_BATCH = 256
 """Messages removed per worker-thread hop of a purge (cancellation waits for one)."""
@@ -271,6 +274,7 @@ class Bus:
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
         self._state = ScanState()
+        self._known_names = 0  # names in the buckets at their last listings (about)
         self._last_update: bytes | None = None
         self._last_refresh = 0.0
         self._retries = RetrySchedule()
@@ -913,8 +917,12 @@ class Bus:
         retry = {bi for bi, _ in due}
         relist, self._stale_buckets = retry | self._stale_buckets, set()
         try:
-            update, listings, decision, reads = await anyio.to_thread.run_sync(
-                self._list_and_read, full, relist, baseline, deliver, self._target_cache
+            # Inline on the loop while the mount is fast and the bus holds no big backlog
+            # (the thread hop costs more than a small scan); in a worker thread otherwise.
+            cache = self._target_cache
+            update, listings, decision, reads = await self._offload.scan(
+                lambda: self._list_and_read(full, relist, baseline, deliver, cache),
+                big=full or self._known_names > _INLINE_SCAN_NAMES,
             )
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
@@ -1015,15 +1023,22 @@ class Bus:
         deliver: bool,
         cache: dict[tuple[str, str], list[Subscription]],
     ) -> tuple[bytes | None, dict[int, list[str]], ScanDecision, dict[tuple[int, str], ReadResult]]:
-        """Blocking, one worker-thread hop per scan: list, decide, and read the new multi
-        messages whose topic is known (``cache``) to have subscribers.
+        """Blocking, one call per scan (inline or in a worker thread, see
+        :meth:`Offload.scan`): list, decide, and read the new multi messages whose topic
+        is known (``cache``) to have subscribers.
 
         Only the scan loop touches the scan state, and it waits for this call. Messages
         whose topic is not in ``cache`` are read afterwards, once the engine has matched
         them on its own thread (the trie is not read here).
         """
         update, listings, spills = self._list(full, retry)
+        seen = self._state.seen
+        before = 0 if full else sum(len(seen.get(bi, ())) for bi in listings)
         decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
+        if full:
+            self._known_names = sum(len(names) for names in seen.values())
+        else:
+            self._known_names += sum(len(seen.get(bi, ())) for bi in listings) - before
         reads: dict[tuple[int, str], ReadResult] = {}
         if deliver and decision.new_multi:
             buckets = self.layout.buckets

@@ -25,13 +25,19 @@ one hop):
   any of them runs on the loop.
 * The engine's common call (a plain message while publishing is inline) takes
   :meth:`Offload.publish_plain`: the same inline step, without a plan.
+* A subscriber's scan (read UPDATE, list the changed buckets, decide, read the new
+  messages) takes the same path through :meth:`Offload.scan`, under the same rule and
+  the same counters: a slow scan is a strike like a slow publish, a fast scan in the
+  thread counts towards going back inline like a fast publish. A scan of every bucket,
+  or one made while the buckets hold a big backlog, always goes to the thread (its time
+  is not used): its listing and decisions would hold the loop however fast the mount.
 * Some work is never inline: ``durable=True`` publishes (fdatasync and a directory fsync
   take milliseconds by nature; their times are not used for the choice), publishes on a
   filesystem that other hosts share (a network mount can stall for seconds with no
   warning), payloads that are files or async iterables, and everything that locks
   (``flock`` may block): those keep their worker-thread hops in the engine.
 
-What the loop pays when a fast mount turns slow is two publishes: the first two to meet
+What the loop pays when a fast mount turns slow is two publishes (or scans): the first two to meet
 the slowness run inline to their end (with a 10 ms filesystem, five operations each:
 100 ms in all), and every later one goes to the thread until the mount is fast again.
 
@@ -60,7 +66,9 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from time import perf_counter
+from typing import TypeVar
 
 import anyio
 import anyio.from_thread
@@ -86,6 +94,8 @@ YIELD_AFTER = 0.0005
 """Seconds of inline file work after which the next inline publish yields to the loop first."""
 _BATCH = 256
 """Publishes handed to the thread in one hop, at most."""
+
+T = TypeVar("T")
 
 
 class _Item:
@@ -145,8 +155,12 @@ class Offload:
         """Publishes whose file operations ran in a worker thread."""
         self.switches = 0
         """Changes of path, either way."""
+        self.inline_scans = 0
+        """Scans (:meth:`scan`) whose listing and reading ran on the event loop."""
+        self.thread_scans = 0
+        """Scans whose listing and reading ran in a worker thread."""
         self._fast_run = 0  # fast publishes in a row, in the thread
-        self._strike = -STRIKE_WINDOW - 1  # inline_runs at the last slow inline publish
+        self._strike = -STRIKE_WINDOW - 1  # inline operations at the last slow inline one
         self._debt = 0.0  # seconds of inline work since this last yielded to the loop
         self._lock = threading.Lock()
         self._queue: list[_Item] = []
@@ -222,8 +236,8 @@ class Offload:
             raise ClosedError("the bus is closed; open a new Bus to publish")
 
     def _struck(self) -> None:
-        """An inline publish was slow: the second within the window moves to the thread."""
-        n = self.inline_runs
+        """An inline operation was slow: the second within the window moves to the thread."""
+        n = self.inline_runs + self.inline_scans
         if n - self._strike <= STRIKE_WINDOW and self.inline:
             self.inline = False
             self.switches += 1
@@ -333,12 +347,53 @@ class Offload:
             self.thread_runs += 1
             if item.plan.durable:
                 continue  # syncs are slow by nature: they say nothing about the mount
-            if item.took < FAST:
-                self._fast_run += 1
-            else:
-                self._fast_run = 0
+            self._timed_in_thread(item.took)
+
+    def _timed_in_thread(self, took: float) -> None:
+        """One operation timed in the thread: a run of fast ones brings the work inline."""
+        if took < FAST:
+            self._fast_run += 1
+        else:
+            self._fast_run = 0
         if self._fast_run >= FAST_RUN and self.inline_allowed and not self.inline:
             self.inline = True
             self.switches += 1
             self._debt = 0.0
             self._strike = -STRIKE_WINDOW - 1
+
+    # ------------------------------------------------------------------ scanning
+    async def scan(self, fn: Callable[[], T], *, big: bool) -> T:
+        """Run a scan's listing and reading (``fn``, blocking) inline or in the thread.
+
+        The same rule as a publish's: inline while :attr:`inline` (timed; a slow scan is
+        a strike, two within the window send publishes and scans to the thread), in a
+        worker thread otherwise (timed there; fast scans count towards going back
+        inline). A ``big`` scan (every bucket, or a bucket set that held many names at
+        the last listing) always goes to the thread and its time is not used: it says
+        how big the listing was, not how fast the mount is.
+        """
+        if self.inline and not big:
+            if self._debt > YIELD_AFTER:
+                self._debt = 0.0
+                await self._take_turn()
+            if self.inline:
+                t0 = perf_counter()
+                try:
+                    return fn()
+                finally:
+                    took = perf_counter() - t0
+                    self._debt += took
+                    self.inline_scans += 1
+                    if took > SLOW:
+                        self._struck()
+
+        def timed() -> tuple[T, float]:
+            t0 = perf_counter()
+            result = fn()
+            return result, perf_counter() - t0
+
+        result, took = await anyio.to_thread.run_sync(timed)
+        self.thread_scans += 1
+        if not big:
+            self._timed_in_thread(took)
+        return result

@@ -1,0 +1,187 @@
+"""Where a scan lists and reads (``Offload.scan``): on the event loop while the mount is
+fast, in a worker thread while it is slow or the bus holds a big backlog, and back.
+
+Which path a scan took is read from the I/O seam: the thread each bucket listing ran on.
+The slow mount is a seam whose bucket listings sleep; where a test needs to know that
+something happened *during* a listing, the listing waits for it on an event (with a
+deadline), never on a timer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from fsbus import Bus
+from fsbus._bus import engine, offload
+from fsbus._bus.ops import Ops
+
+from .conftest import WAIT, Inbox, message_files
+
+PAYLOAD = b"x" * 100
+TRIES = 5000
+"""Messages a test may send waiting for the path to change (each a few µs on a fast
+mount); only a bus that never changes path gets near it."""
+
+
+@pytest.fixture(autouse=True)
+def thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thresholds for a busy test machine (as in ``test_async_offload``): a slow listing
+    sleeps 30 ms, past ``SLOW`` for certain; a fast one takes microseconds."""
+    monkeypatch.setattr(offload, "SLOW", 0.02)
+    monkeypatch.setattr(offload, "FAST", 0.005)
+
+
+class ListingSeam(Ops):
+    """Records the thread of every bucket listing; each sleeps ``delay`` seconds while it
+    is set. ``inside``: called once in the next listing (then cleared), its result kept."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.listings: list[int] = []  # thread id of each bucket listing, in order
+        self.inside: object = None
+        self.during: list[object] = []
+
+    def listdir(self, path: str) -> list[str]:
+        if "/messages/" in path:
+            self.listings.append(threading.get_ident())
+            if self.delay:
+                time.sleep(self.delay)
+            if callable(self.inside):
+                inside, self.inside = self.inside, None
+                self.during.append(inside())
+        return super().listdir(path)
+
+
+async def ping(bus: Bus, inbox: Inbox, topic: str = "t.ping") -> None:
+    """Publish one message and wait until the subscriber has it."""
+    count = len(inbox.messages)
+    await bus.publish(topic, PAYLOAD)
+    await inbox.wait_for(count + 1)
+
+
+async def ping_until_inline(bus: Bus, inbox: Inbox, seam: ListingSeam) -> None:
+    """Send messages until one's scan lists its bucket on this (the loop's) thread."""
+    me = threading.get_ident()
+    for _ in range(TRIES):
+        before = len(seam.listings)
+        await ping(bus, inbox)
+        if me in seam.listings[before:]:
+            return
+    pytest.fail(f"{TRIES} messages on a fast seam and no scan ran inline")
+
+
+@pytest.mark.anyio
+async def test_scans_run_inline_on_a_fast_mount(root: Path) -> None:
+    seam = ListingSeam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        inbox = Inbox()
+        await bus.subscribe("t.#", inbox)
+        assert me not in seam.listings  # the first listing (every bucket) is in the thread
+        await ping_until_inline(bus, inbox, seam)
+        assert bus._offload.inline_scans >= 1
+        sent = len(inbox.messages)
+    assert [m.topic for m in inbox.messages] == ["t.ping"] * sent
+    assert len(message_files(root)) == sent
+
+
+@pytest.mark.anyio
+async def test_slow_scans_move_to_the_thread_and_back(root: Path) -> None:
+    seam = ListingSeam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        inbox = Inbox()
+        await bus.subscribe("t.#", inbox)
+        await ping_until_inline(bus, inbox, seam)
+        seam.delay = 0.03  # every bucket listing now takes 30 ms: a slow scan
+        before = len(seam.listings)
+        for _ in range(5):
+            await ping(bus, inbox)
+        slow = seam.listings[before:]
+        # Two scans met the slow mount inline (one could be a hiccup); every later
+        # listing ran in a worker thread, and publishes moved there too (one policy).
+        assert slow.count(me) == 2
+        assert all(t != me for t in slow[slow.index(me, slow.index(me) + 1) + 1 :])
+        assert not bus._offload.inline
+        seam.delay = 0.0
+        before = len(seam.listings)
+        await ping_until_inline(bus, inbox, seam)  # after a run of fast ones, inline again
+        assert seam.listings[before] != me  # the first fast one still went to the thread
+        sent = len(inbox.messages)
+    # Each message was delivered once, on either path.
+    names = [m.name for m in inbox.messages]
+    assert len(set(names)) == len(names) == sent
+    assert len(message_files(root)) == sent
+
+
+@pytest.mark.anyio
+async def test_a_big_backlog_is_listed_in_the_thread(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine, "_INLINE_SCAN_NAMES", 50)
+    seam = ListingSeam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        inbox = Inbox()
+        await bus.subscribe("t.#", inbox)
+        await ping_until_inline(bus, inbox, seam)
+        # A backlog: more names in the buckets than the bus lists on the loop.
+        count = len(inbox.messages)
+        for i in range(60 - count):
+            await bus.publish(f"t.backlog{i}", PAYLOAD)
+        await inbox.wait_for(60)
+        before = len(seam.listings)
+        for _ in range(3):
+            await ping(bus, inbox)
+        assert seam.listings[before:]
+        assert me not in seam.listings[before:]
+        assert bus._offload.inline  # publishing stays inline: the mount is fast
+    assert len(inbox.messages) == 63
+
+
+@pytest.mark.anyio
+async def test_the_loop_keeps_running_while_a_scan_waits_on_a_slow_mount(root: Path) -> None:
+    """A ticker task counts loop turns; the slow listing itself checks that it counted on."""
+    seam = ListingSeam()
+    ticks = [0]
+    want = [1 << 62]
+    goal = threading.Event()
+
+    async def ticker() -> None:
+        while True:
+            ticks[0] += 1
+            if ticks[0] >= want[0]:
+                goal.set()
+            await anyio.lowlevel.checkpoint()
+
+    def inside() -> int:
+        # In the slow listing: wait (with a deadline) until the loop ticked 3 more times.
+        # Were this listing on the loop's thread, the ticker could not tick and this
+        # would time out.
+        start = ticks[0]
+        want[0] = start + 3
+        goal.clear()
+        reached = goal.wait(WAIT)
+        return ticks[0] - start if reached else -1
+
+    async with Bus(root, ops=seam) as bus:
+        inbox = Inbox()
+        await bus.subscribe("t.#", inbox)
+        await ping_until_inline(bus, inbox, seam)
+        seam.delay = 0.03
+        for _ in range(3):  # meet the slow mount (inline: two strikes)
+            await ping(bus, inbox)
+        assert not bus._offload.inline
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            seam.inside = inside
+            await ping(bus, inbox)
+            tg.cancel_scope.cancel()
+    assert seam.during
+    assert seam.during[0] >= 3
