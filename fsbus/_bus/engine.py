@@ -1364,6 +1364,9 @@ class Bus:
                             lambda: self._fs.release(claim, failed=False)
                         )
                     self._counts["released"] += 1
+                    # look at it again after retry_interval, not only at the next full
+                    # listing (settling failed, e.g. its dead letter met a full disk)
+                    self._retries.add(key, time.monotonic() + self.config.retry_interval)
                 self._settled(sub, key)
 
     def _acked(self, sub: Subscription, key: tuple[int, str], _result: object) -> None:
