@@ -104,6 +104,8 @@ def _spark(p: dict[str, Any]) -> None:
                 rounds=int(p["rounds"]),
                 scratch=scratch,
                 only=None,
+                latency_messages=500,
+                latency_rate=50.0,
             )
         )
         result(rates=out["rates"], seconds=time.monotonic() - t0)
