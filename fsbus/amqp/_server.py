@@ -25,7 +25,6 @@ from .. import (
     UsageError,
     __version__,
 )
-from .._core.space import free_space
 from ._channel import Channel
 from ._connection import Connection
 from ._routing import (
@@ -184,12 +183,13 @@ class Gateway:
         except OSError as exc:
             log.warning("cannot read the free space of %s: %s", self.root, exc)
             return self.alarm
-        # what a filesystem does not report (CephFS: no inode limit, and no size without
-        # a manager; btrfs: no inode count) is unknown, not full
-        free, _total, free_inodes, _inodes = free_space(st)
-        if free is not None and free < self.disk_free_limit:
+        # What a filesystem does not report is unknown, not full: CephFS reports 0 blocks
+        # without a manager and f_ffree -1 (no inode limit), btrfs no inode count (as
+        # `fsbus doctor` reads them).
+        if st.f_blocks > 0 and st.f_bavail * st.f_frsize < self.disk_free_limit:
             return "low on disk"
-        if free_inodes is not None and free_inodes < self.inode_free_limit:
+        inodes_known = 0 < st.f_files < (1 << 63) and 0 <= st.f_favail <= st.f_files
+        if inodes_known and st.f_favail < self.inode_free_limit:
             return "low on disk"
         return None
 
