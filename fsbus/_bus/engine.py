@@ -266,6 +266,7 @@ class Bus:
         self._max_payload = self.config.max_payload_size
         self._queues: QueueStore = open_store(self.layout, self.config, ops)
         self._queue_buses: dict[str, tuple[Bus, anyio.Event, list[object]]] = {}
+        self._queue_buses_starting: dict[str, anyio.Event] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
         # Topic and kind ("m" or "s") -> subscriptions wanting it; a new dict whenever the
@@ -1780,14 +1781,27 @@ class Bus:
 
     async def _queue_bus(self, name: str) -> Bus:
         """The bus of queue ``name`` in this process, hosted by the runner."""
-        entry = self._queue_buses.get(name)
-        if entry is not None:
-            return entry[0]
+        # One bus per queue, however many consumers subscribe at once: the first starts
+        # it and the others wait for it. (Two would compete through flock like two
+        # processes, and the one not recorded here would run on, unseen, until close.)
+        while True:
+            entry = self._queue_buses.get(name)
+            if entry is not None:
+                return entry[0]
+            starting = self._queue_buses_starting.get(name)
+            if starting is None:
+                break
+            await starting.wait()
         if self._tg is None:
             raise ClosedError("the bus is closed")
-        stop = anyio.Event()
-        inner: Bus = await self._tg.start(self._host_queue_bus, name, stop)
-        self._queue_buses[name] = (inner, stop, [])
+        starting = self._queue_buses_starting[name] = anyio.Event()
+        try:
+            stop = anyio.Event()
+            inner: Bus = await self._tg.start(self._host_queue_bus, name, stop)
+            self._queue_buses[name] = (inner, stop, [])
+        finally:
+            del self._queue_buses_starting[name]
+            starting.set()
         return inner
 
     async def _host_queue_bus(

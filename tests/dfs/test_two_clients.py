@@ -149,9 +149,13 @@ async def test_multi_and_single_cross_from_a_to_b(two_clients: TwoClients) -> No
 
         async def job_a(m: Message) -> None:
             got_a_jobs.append(m)
+            if len(got_a_jobs) == 1:
+                # A, on the publisher's client, sees each job first: it holds its first
+                # one (prefetch 1) until B has taken one, so B must claim across clients
+                await wait_until(lambda: bool(got_b_jobs))
 
         await sub_b.subscribe("jobs.#", job_b)
-        await worker_a.subscribe("jobs.#", job_a)
+        await worker_a.subscribe("jobs.#", job_a, prefetch=1)
         for i in range(n):
             await pub.publish(f"events.e{i % 7}", str(i))
             await pub.publish(f"jobs.j{i % 5}", str(i), single=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -98,6 +99,46 @@ async def test_consumers_of_one_queue_compete(root: Path) -> None:
         assert (await one.queue_info("work")).depth == 0
     got = Counter(p for x in inboxes for p in x.payloads)
     assert got == Counter(str(i).encode() for i in range(300))
+
+
+@pytest.mark.anyio
+async def test_consumers_subscribing_at_once_share_one_queue_bus(root: Path) -> None:
+    """Two consumers of one queue subscribing at the same moment in one Bus: both are
+    served, each message once, and the Bus accounts for every delivery (a second,
+    unrecorded bus for the queue would compete unseen and its counts would be lost)."""
+    first, second = Inbox(), Inbox()
+    holding = anyio.Event()
+
+    async def hold_until_the_other_has_one(msg: Message) -> None:
+        await first(msg)
+        if len(first.messages) == 1:
+            holding.set()
+            await second.wait_for(1)  # while this one holds its message, the other works
+
+    async with Bus(root) as bus:
+        await bus.declare_queue("work", ["jobs.#"])
+        subs = []
+
+        async def consume(handler: Callable[[Message], Awaitable[None]]) -> None:
+            subs.append(await bus.subscribe(None, handler, queue="work", prefetch=1))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume, hold_until_the_other_has_one)
+            tg.start_soon(consume, second)
+        assert (await bus.queue_info("work")).consumers == 2
+        for i in range(40):
+            await bus.publish("jobs.run", str(i).encode())
+        await wait_until(lambda: len(first.messages) + len(second.messages) >= 40)
+        await wait_until(lambda: bus.statistics().acked >= 40)
+        stats = bus.statistics()
+        assert (stats.delivered, stats.acked) == (40, 40)
+        for sub in subs:
+            await bus.unsubscribe(sub)
+        assert (await bus.queue_info("work")).consumers == 0
+    got = Counter(first.payloads + second.payloads)
+    assert got == Counter(str(i).encode() for i in range(40))
+    assert first.messages
+    assert second.messages
 
 
 @pytest.mark.anyio
