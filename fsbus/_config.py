@@ -59,7 +59,8 @@ class BusConfig(BaseModel):
         gt=0,
         le=60,
         description="Seconds between reads of update/UPDATE; when not set, 0.02 on network "
-        "and FUSE filesystems, where polling is how other hosts' messages are seen.",
+        "and FUSE filesystems, where polling is how other hosts' messages are seen; there, for "
+        "a second after a stamp changed, UPDATE is read four times as often.",
     )
     refresh_ttl: float = Field(
         10.0, gt=0, description="Seconds after which every bucket is listed even unstamped."
