@@ -2,11 +2,14 @@
 
 For each filesystem (a tmpfs and a journaled ext4 image, see ``bench/filesystems.py``),
 round after round, each round in new directories (one per kind), 100-byte payloads, the
-three kinds taking turns in slices of 1,000 publishes (rotated):
+four kinds taking turns in slices of 1,000 publishes (rotated):
 
 * ``blocking``    ``BlockingBus.publish`` in a plain loop (no event loop): the reference;
 * ``sequential``  ``await bus.publish`` one at a time from one task;
-* ``concurrent``  50 tasks, each awaiting its share of the publishes (50 in flight).
+* ``concurrent``  50 tasks, each awaiting its share of the publishes (50 in flight);
+* ``subscribed``  ``await bus.publish`` one at a time from a bus that is also subscribed
+  (to ``elsewhere.#``, which these publishes do not match), as a service publishes: its
+  scan loop runs and wakes at each of its own stamps, on the same event loop.
 
 Every figure is messages/s (publishes over the time spent in that kind's slices); the
 ratios (median over the rounds of async / blocking of the same round) are what to read on
@@ -34,8 +37,8 @@ that many holds the GIL long enough to show in the lag, so it is off there unles
     .venv/bin/python -m bench.bench_async [--quick] [--fs tmpfs,ext4loop] [--rounds R]
         [--messages N] [--lag-seconds S] [--lag-with-gc] [--json FILE]
 
-Targets: sequential >= 0.5x and concurrent >= 0.8x blocking on both filesystems; loop
-lag p99 <= 5 ms with the 10 ms seam.
+Targets: sequential (subscribed or not) >= 0.5x and concurrent >= 0.8x blocking on both
+filesystems; loop lag p99 <= 5 ms with the 10 ms seam.
 """
 
 from __future__ import annotations
@@ -76,10 +79,10 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------- throughput
-KINDS = ("blocking", "sequential", "concurrent")
+KINDS = ("blocking", "sequential", "concurrent", "subscribed")
 CHUNK = 1000
 """Publishes per slice: the kinds take turns slice by slice (a burst of load on a shared
-machine then hits all three alike, where whole runs of a second each drew different
+machine then hits all of them alike, where whole runs of a second each drew different
 bursts and swung a ratio by 2x)."""
 
 
@@ -90,18 +93,29 @@ async def _round(dirs: dict[str, Path], n: int) -> dict[str, float]:
     cpu = dict.fromkeys(KINDS, 0.0)
     done = dict.fromkeys(KINDS, 0)
     with BlockingBus(dirs["blocking"]) as blocking:
-        async with Bus(dirs["sequential"]) as seq_bus, Bus(dirs["concurrent"]) as conc_bus:
+        async with (
+            Bus(dirs["sequential"]) as seq_bus,
+            Bus(dirs["concurrent"]) as conc_bus,
+            Bus(dirs["subscribed"]) as sub_bus,
+        ):
+
+            async def elsewhere(_msg: object) -> None:
+                raise AssertionError("the subscribed bus got one of its own publishes")
+
+            await sub_bus.subscribe("elsewhere.#", elsewhere)
             for _ in range(WARMUP):  # the same for each (an async bus measures the mount)
                 blocking.publish(TOPIC, PAYLOAD)
                 await seq_bus.publish(TOPIC, PAYLOAD)
                 await conc_bus.publish(TOPIC, PAYLOAD)
+                await sub_bus.publish(TOPIC, PAYLOAD)
 
             async def worker(share: int) -> None:
                 for _ in range(share):
                     await conc_bus.publish(TOPIC, PAYLOAD)
 
             for i in range(max(1, n // CHUNK)):
-                for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
+                j = i % len(KINDS)
+                for kind in KINDS[j:] + KINDS[:j]:
                     t0, c0 = time.perf_counter(), time.process_time()
                     if kind == "blocking":
                         for _ in range(CHUNK):
@@ -109,6 +123,9 @@ async def _round(dirs: dict[str, Path], n: int) -> dict[str, float]:
                     elif kind == "sequential":
                         for _ in range(CHUNK):
                             await seq_bus.publish(TOPIC, PAYLOAD)
+                    elif kind == "subscribed":
+                        for _ in range(CHUNK):
+                            await sub_bus.publish(TOPIC, PAYLOAD)
                     else:
                         async with anyio.create_task_group() as tg:
                             for _ in range(IN_FLIGHT):
@@ -139,8 +156,10 @@ def throughput(place: Scratch, n: int, rounds: int) -> dict[str, Any]:
         for k, ref in (
             ("sequential", "blocking"),
             ("concurrent", "blocking"),
+            ("subscribed", "blocking"),
             ("sequential cpu", "blocking cpu"),
             ("concurrent cpu", "blocking cpu"),
+            ("subscribed cpu", "blocking cpu"),
         )
     }
     return {
@@ -441,18 +460,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n100 B publishes, {n:,} per figure, median of {rounds} rounds (messages/s)\n")
     print(
         "| filesystem | blocking | sequential await | ratio | 50 in flight | ratio "
-        "| CPU ratios (sequential, 50 in flight) |"
+        "| sequential, subscribed | ratio | CPU ratios (sequential, 50 in flight, subscribed) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for fs, r in results["fs"].items():
         if "skipped" in r:
-            print(f"| {fs} | skipped: {r['skipped']} | | | | | |")
+            print(f"| {fs} | skipped: {r['skipped']} | | | | | | | |")
             continue
         m, q = r["median"], r["ratio"]
         print(
             f"| {fs} ({r['fs']}) | {m['blocking']:,.0f} | {m['sequential']:,.0f} | "
             f"{q['sequential']:.2f}x | {m['concurrent']:,.0f} | {q['concurrent']:.2f}x | "
-            f"{q['sequential cpu']:.2f}x, {q['concurrent cpu']:.2f}x |"
+            f"{m['subscribed']:,.0f} | {q['subscribed']:.2f}x | "
+            f"{q['sequential cpu']:.2f}x, {q['concurrent cpu']:.2f}x, {q['subscribed cpu']:.2f}x |"
         )
     lag = results.get("lag")
     if lag:
