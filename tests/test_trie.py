@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsbus import InvalidPattern
+from fsbus._core import trie as trie_module
 from fsbus._core.topics import MAX_WORDS
 from fsbus._core.trie import ALL, TopicTrie
 
@@ -348,6 +351,166 @@ def test_add_remove_round_trips(bindings: list[tuple[str, int]], data: st.DataOb
 def _hash_nodes(node: Any) -> int:
     kids = [*node.children.values(), node.star, node.hash]
     return int(node.is_hash) + sum(_hash_nodes(k) for k in kids if k is not None)
+
+
+# --- the link cache (trie.Link) against the reference, with changes between -------
+
+LONG_TOPICS = st.lists(WORDS, min_size=1, max_size=12).map(".".join)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), PATTERNS, st.integers(0, 4)),
+        st.tuples(st.just("remove"), PATTERNS, st.one_of(st.none(), st.integers(0, 4))),
+        st.tuples(st.just("match"), LONG_TOPICS, st.none()),
+    ),
+    max_size=40,
+)
+
+
+def expected_match(bindings: list[tuple[str, int]], topic: str) -> list[int]:
+    """Each value once, ordered by its earliest matching binding (``bindings`` in add order)."""
+    return list(dict.fromkeys(v for p, v in bindings if reference_matches(p, topic)))
+
+
+@pytest.mark.parametrize(
+    ("limit", "merged", "wide"),
+    [
+        (trie_module.LINK_LIMIT, trie_module.MERGED, trie_module.WIDE),
+        (1, 64, 256),
+        (2, 0, 0),
+        (5, 1, 1),
+        (trie_module.LINK_LIMIT, 0, 0),
+    ],
+)
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS)
+def test_cached_matches_agree_with_reference_through_changes(
+    limit: int, merged: int, wide: int, ops: list[tuple[str, str, int | None]]
+) -> None:
+    # Matches build links; every add or remove must drop them (a small LINK_LIMIT sends
+    # some matches to the node-by-node walk part way through; a small MERGED leaves
+    # links holding their nodes' own value dicts; a small WIDE fills links word by word).
+    saved = trie_module.LINK_LIMIT, trie_module.MERGED, trie_module.WIDE
+    trie_module.LINK_LIMIT = limit  # type: ignore[misc]
+    trie_module.MERGED, trie_module.WIDE = merged, wide
+    try:
+        trie: TopicTrie[int] = TopicTrie()
+        bindings: list[tuple[str, int]] = []  # in binding order, as the trie numbers them
+        for op, text, value in ops:
+            if op == "add":
+                assert value is not None
+                trie.add(text, value)
+                if (text, value) not in bindings:
+                    bindings.append((text, value))
+            elif op == "remove":
+                gone = [b for b in bindings if b[0] == text and value in (None, b[1])]
+                assert trie.remove(text, ALL if value is None else value) == len(gone)
+                bindings = [b for b in bindings if b not in gone]
+            else:
+                expected = expected_match(bindings, text)
+                for _ in range(2):  # cold, then from the links the first match built
+                    assert trie.match(text) == expected, (bindings, text)
+                    assert trie.match_set(text) == set(expected)
+                    assert all(trie.test(text, v) is (v in expected) for v in range(5))
+    finally:
+        trie_module.LINK_LIMIT, trie_module.MERGED, trie_module.WIDE = saved  # type: ignore[misc]
+
+
+def test_links_follow_a_change_made_after_a_match() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("#.b", "x")
+    assert trie.match("a.b") == ["x"]
+    trie.add("a.#", "y")
+    trie.add("*.b", "x")
+    assert trie.match("a.b") == ["x", "y"]
+    trie.remove("#.b")
+    assert trie.match("a.b") == ["y", "x"]
+    trie.remove("*.b", "x")
+    assert trie.match("a.b") == ["y"]
+    trie.clear()
+    assert trie.match("a.b") == []
+    trie.add("#", "z")
+    assert trie.match("a.b") == ["z"]
+
+
+def test_topic_words_never_grow_the_link_cache() -> None:
+    # Links come from the trie's own words: ids in topics add none, however many.
+    trie: TopicTrie[str] = TopicTrie()
+    for pattern in ("orders.*.created", "orders.#", "#.created", "*.*.#.x"):
+        trie.add(pattern, pattern)
+    trie.match("orders.1.created")
+    trie.match("id.created.x")
+    assert trie._links is not None
+    before = len(trie._links.registry)
+    for i in range(2000):
+        assert trie.match(f"orders.{i}.created") == ["orders.*.created", "orders.#", "#.created"]
+        assert trie.match(f"id{i}.created.x") == ["*.*.#.x"]
+    assert len(trie._links.registry) == before
+
+
+def test_a_wide_link_fills_in_only_the_words_topics_use() -> None:
+    trie: TopicTrie[str] = TopicTrie()
+    trie.add("#.end", "end")
+    for i in range(trie_module.WIDE + 1):
+        trie.add(f"w{i}.#", f"w{i}")
+    assert trie.match("w7.x.end") == ["end", "w7"]
+    assert trie.match("nothing.x") == []
+    start = trie._links
+    assert start is not None
+    assert start.wide
+    assert set(start.go) == {"w7"}
+
+
+def test_links_stay_within_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trie_module, "LINK_LIMIT", 3)
+    trie: TopicTrie[int] = TopicTrie()
+    for i, pattern in enumerate(["#.a.*", "#.b.#.c", "*.#.a", "a.#", "#.b.b"]):
+        trie.add(pattern, i)
+    topics = [".".join(w) for w in itertools.product("abc", repeat=4)]
+    got = {t: trie.match(t) for t in topics}
+    assert trie._links is not None
+    assert len(trie._links.registry) <= 3
+    patterns = [p for p, _ in sorted(trie.bindings(), key=lambda b: b[1])]
+    for topic in topics:
+        assert got[topic] == [i for i, p in enumerate(patterns) if reference_matches(p, topic)]
+
+
+def test_matching_from_threads_builds_consistent_links() -> None:
+    # The bus and the queue store match from several threads at once (never while the
+    # trie changes): the links they build concurrently must give the same answers.
+    rnd = random.Random(7)
+    words = ["a", "b", "c", "d"]
+    patterns = []
+    for _ in range(60):
+        ws = [rnd.choice([*words, "*", "#"]) for _ in range(rnd.randint(1, 4))]
+        patterns.append(".".join(ws))
+    topics = [".".join(rnd.choice(words) for _ in range(rnd.randint(1, 6))) for _ in range(400)]
+    plain: TopicTrie[int] = TopicTrie()
+    for i, p in enumerate(patterns):
+        plain.add(p, i)
+    expected = [plain.match(t) for t in topics]
+    for _ in range(5):
+        shared: TopicTrie[int] = TopicTrie()
+        for i, p in enumerate(patterns):
+            shared.add(p, i)
+        errors: list[str] = []
+
+        def work(
+            order: list[int], shared: TopicTrie[int] = shared, errors: list[str] = errors
+        ) -> None:
+            for k in order:
+                if shared.match(topics[k]) != expected[k]:
+                    errors.append(topics[k])
+
+        threads = []
+        for _t in range(4):
+            order = list(range(len(topics)))
+            rnd.shuffle(order)
+            threads.append(threading.Thread(target=work, args=(order,)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
 
 
 # --- against the real qlobber (the matcher inside qlobber-fsq 14) ------------------------
