@@ -23,15 +23,14 @@ from .. import (
     UsageError,
 )
 from ._frames import (
+    EMPTY_PROPERTIES,
     FRAME_HEADER,
     RawFrame,
-    ack_fields,
     confirm_frame,
     content_frames,
-    content_header,
+    decode_properties,
     deliver_frame,
-    plain_properties,
-    publish_fields,
+    read_header,
 )
 from ._routing import (
     ACCESS_REFUSED,
@@ -98,7 +97,7 @@ class _Publish:
     mandatory: bool
     size: int = -1
     props: bytes = b""
-    """The raw property bytes, stored as they came."""
+    """The properties, as pamqp marshals what it read (stored with the message)."""
     headers: dict[str, Any] | None = None
     delivery_mode: int | None = None
     priority: int | None = None
@@ -169,21 +168,6 @@ class Channel:
             await handler(self, m)
         except QueueNotFound as exc:  # deleted meanwhile (auto-delete, another client)
             raise AmqpError(NOT_FOUND, f"NOT_FOUND - {exc}") from None
-
-    def fast_method(self, payload: bytes) -> bool:
-        """basic.ack and basic.publish, read by hand (a frame of each a message when
-        publishing or consuming); False for every other method (pamqp decodes it)."""
-        if self.closing or self._pub is not None:
-            return False  # the general path says what to do
-        ack = ack_fields(payload)
-        if ack is not None:
-            self._settle(ack[0], ack[1], "ack")
-            return True
-        publish = publish_fields(payload)
-        if publish is not None:
-            self._pub = _Publish(*publish)
-            return True
-        return False
 
     async def reply(self, *frames: Any) -> None:
         await self.conn.send(self.number, *frames)
@@ -515,24 +499,18 @@ class Channel:
                     UNEXPECTED_FRAME, "UNEXPECTED_FRAME - a second content header", connection=True
                 )
             try:
-                pub.size, pub.props = content_header(raw.payload)
-                plain = plain_properties(pub.props)
-                if plain is None:  # headers, or not well formed: pamqp reads them
-                    _n, _c, decoded = pframe.unmarshal(raw.data)
+                header = read_header(raw)
             except Exception as exc:
                 raise AmqpError(
                     COMMAND_INVALID, f"COMMAND_INVALID - bad content header: {exc}", connection=True
                 ) from None
-            if plain is not None:
-                pub.delivery_mode, pub.priority, pub.expiration, pub.reply_to = plain
-            else:
-                assert isinstance(decoded, pheader.ContentHeader)
-                props = decoded.properties
-                pub.headers = props.headers
-                pub.delivery_mode = props.delivery_mode
-                pub.priority = props.priority
-                pub.expiration = props.expiration
-                pub.reply_to = props.reply_to
+            props = header.properties
+            pub.size, pub.props = header.body_size, header.props
+            pub.headers = props.headers
+            pub.delivery_mode = props.delivery_mode
+            pub.priority = props.priority
+            pub.expiration = props.expiration
+            pub.reply_to = props.reply_to
             if pub.reply_to == DIRECT_REPLY_TO:
                 pub.props = self._direct_reply_props(raw)
         else:
@@ -565,7 +543,7 @@ class Channel:
         _n, _c, decoded = pframe.unmarshal(raw.data)
         assert isinstance(decoded, pheader.ContentHeader)
         decoded.properties.reply_to = self.reply_queue
-        return pheader.ContentHeader(0, decoded.body_size, decoded.properties).marshal()[12:]
+        return decoded.properties.marshal()
 
     async def _direct_reply_queue(self, m: spec.Basic.Consume) -> str:
         """Direct reply-to: a consumer of ``amq.rabbitmq.reply-to`` consumes a queue of
@@ -645,20 +623,20 @@ class Channel:
         self.prefetch = m.prefetch_count or 0
         await self.reply(spec.Basic.QosOk())
 
-    def _view(self, msg: Message) -> tuple[bytes, str, str]:
-        """(raw properties, exchange, routing key) a client sees for a bus message."""
+    def _view(self, msg: Message) -> tuple[bytes | spec.Basic.Properties, str, str]:
+        """(properties, marshalled or as pamqp properties; exchange; routing key) a client
+        sees for a bus message."""
         raw = msg.headers.get(PROPS)
         if raw is not None:
             try:
                 props = base64.b64decode(raw)
-            except ValueError:
-                props = b"\x00\x00"
+                decode_properties(props)  # pamqp's reading, kept for the content header
+            except Exception:  # not base64, or not properties pamqp can read
+                props = EMPTY_PROPERTIES
             return props, msg.headers.get(EXCHANGE, ""), msg.headers.get(ROUTING_KEY, msg.topic)
         # published by fsbus or qlobber-fsq: its headers become the headers table
         table: dict[str, Any] = dict(msg.headers) if msg.headers else {}
-        properties = spec.Basic.Properties(headers=table or None)
-        payload = pheader.ContentHeader(0, 0, properties).marshal()
-        return payload[12:], "amq.topic", msg.topic
+        return spec.Basic.Properties(headers=table or None), "amq.topic", msg.topic
 
     async def _consume(self, m: spec.Basic.Consume) -> None:
         if m.queue == DIRECT_REPLY_TO:
@@ -709,18 +687,7 @@ class Channel:
         if not consumer.no_ack:
             pending = Pending(msg, consumer.queue)
             self.unacked[tag] = pending
-        method = deliver_frame(
-            self.number, consumer.tag, tag, msg.delivery_count > 1, exchange, rk
-        ) or pframe.marshal(
-            spec.Basic.Deliver(
-                consumer_tag=consumer.tag,
-                delivery_tag=tag,
-                redelivered=msg.delivery_count > 1,
-                exchange=exchange,
-                routing_key=rk,
-            ),
-            self.number,
-        )
+        method = deliver_frame(self.number, consumer.tag, tag, msg.delivery_count > 1, exchange, rk)
         await self.conn.send_soon(
             method + content_frames(self.number, props, msg.payload, self.conn.frame_max)
         )

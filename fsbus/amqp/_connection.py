@@ -26,6 +26,8 @@ from ._frames import (
     HEARTBEAT,
     PROTOCOL_HEADER,
     FrameReader,
+    RawFrame,
+    decode_method,
 )
 from ._routing import (
     ACCESS_REFUSED,
@@ -218,24 +220,27 @@ class Connection:
             for raw in frames:
                 if raw.kind == FRAME_HEARTBEAT:
                     continue
-                if self.publishes and not _publishing(raw):
-                    # what came before this frame is done first (confirms, counts)
-                    await self.route_publishes()
-                    if self._closing:
-                        return
+                method = None
                 try:
+                    if raw.kind == FRAME_METHOD or not opened:
+                        method = self._decode(raw)
+                    if self.publishes and not _publishing(raw, method):
+                        # what came before this frame is done first (confirms, counts)
+                        await self.route_publishes()
+                        if self._closing:
+                            return
                     if not opened:
-                        opened = await self._handshake(raw, reader, tg)
+                        opened = await self._handshake(method, reader, tg)
                     else:
-                        await self._dispatch(raw)
+                        await self._dispatch(raw, method)
                 except AmqpError as exc:
                     await self.route_publishes()
                     if self._closing:
                         return
                     if exc.connection or raw.channel == 0:
-                        await self.close_connection(exc, _method_id(raw))
+                        await self.close_connection(exc, _method_id(raw, method))
                         return
-                    await self._channel_error(raw.channel, exc, _method_id(raw))
+                    await self._channel_error(raw.channel, exc, _method_id(raw, method))
                 if self._closing:
                     return
             await self.route_publishes()
@@ -307,8 +312,7 @@ class Connection:
             except RuntimeError:  # the connection is ending
                 pass
 
-    async def _handshake(self, raw: Any, reader: FrameReader, tg: anyio.abc.TaskGroup) -> bool:
-        method = self._decode(raw)
+    async def _handshake(self, method: Any, reader: FrameReader, tg: anyio.abc.TaskGroup) -> bool:
         if isinstance(method, spec.Connection.StartOk):
             self.client_properties = dict(method.client_properties or {})
             self.capabilities = dict(self.client_properties.get("capabilities") or {})
@@ -353,16 +357,16 @@ class Connection:
             connection=True,
         )
 
-    def _decode(self, raw: Any) -> Any:
+    def _decode(self, raw: RawFrame) -> Any:
+        """pamqp's reading of a frame; a frame pamqp cannot read is a syntax error."""
         try:
-            _used, _channel, value = pframe.unmarshal(raw.data)
+            return decode_method(raw)
         except Exception as exc:  # pamqp raises its own errors, ValueError, struct.error
             raise AmqpError(
                 SYNTAX_ERROR, f"SYNTAX_ERROR - cannot decode the frame: {exc}", connection=True
             ) from None
-        return value
 
-    async def _dispatch(self, raw: Any) -> None:
+    async def _dispatch(self, raw: RawFrame, method: Any) -> None:
         if raw.kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY):
             raise AmqpError(
                 FRAME_ERROR, f"FRAME_ERROR - unknown frame type {raw.kind}", connection=True
@@ -374,7 +378,6 @@ class Connection:
                     "UNEXPECTED_FRAME - content frame on channel 0",
                     connection=True,
                 )
-            method = self._decode(raw)
             if isinstance(method, spec.Connection.Close):
                 await self.send(0, spec.Connection.CloseOk())
                 await self.flush()
@@ -396,9 +399,6 @@ class Connection:
                 )
             await ch.content(raw)
             return
-        if ch is not None and ch.fast_method(raw.payload):
-            return
-        method = self._decode(raw)
         if isinstance(method, spec.Channel.Open):
             if ch is not None:
                 raise AmqpError(
@@ -497,19 +497,19 @@ class Connection:
                 pass
 
 
-_PUBLISH_ID = (60, 40)
-_PUBLISH = _PUBLISH_ID[0].to_bytes(2, "big") + _PUBLISH_ID[1].to_bytes(2, "big")
+_PUBLISH_ID = (spec.Basic.Publish.index >> 16, spec.Basic.Publish.index & 0xFFFF)
 
 
-def _publishing(raw: Any) -> bool:
+def _publishing(raw: RawFrame, method: Any) -> bool:
     """Is this frame part of a publish (basic.publish, a content header or body)?"""
-    return bool(raw.kind != FRAME_METHOD or raw.payload[:4] == _PUBLISH)
+    return raw.kind != FRAME_METHOD or type(method) is spec.Basic.Publish
 
 
-def _method_id(raw: Any) -> tuple[int, int]:
-    """(class id, method id) of a method frame, for close replies; (0, 0) otherwise."""
-    if raw.kind == FRAME_METHOD and len(raw.payload) >= 4:
-        return int.from_bytes(raw.payload[:2], "big"), int.from_bytes(raw.payload[2:4], "big")
+def _method_id(raw: RawFrame, method: Any) -> tuple[int, int]:
+    """(class id, method id) of a method frame, for close replies: pamqp's, of the method
+    it read; (0, 0) for other frames and for a method pamqp could not read."""
+    if raw.kind == FRAME_METHOD and isinstance(method, Frame):
+        return method.index >> 16, method.index & 0xFFFF
     return 0, 0
 
 

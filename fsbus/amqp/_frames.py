@@ -1,19 +1,32 @@
-"""AMQP 0-9-1 framing around pamqp: cutting the byte stream into frames, and content
-frames written from the raw property bytes a publisher sent (never re-encoded)."""
+"""AMQP 0-9-1 framing around pamqp.
+
+Ours is only the framing: cutting the received byte stream into frames
+(:class:`FrameReader`, with RabbitMQ's error texts), the heartbeat frame, and cutting a
+body into body frames of at most ``frame_max``. Every method frame and every content
+header (class, weight, body size and properties) is marshalled and unmarshalled by pamqp
+(the codec aiormq and aio-pika use); what repeats from message to message (the
+basic.publish of a publisher, its content header, the header a consumer is sent for the
+same properties and body size) is pamqp's output kept, not encoded or read again.
+"""
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from pamqp import commands as spec
+from pamqp import frame as pframe
+from pamqp import header as pheader
 
 from ._routing import FRAME_ERROR, AmqpError
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
 FRAME_END = 0xCE
-BASIC_CLASS = 60
 _HEAD = struct.Struct(">BHI")
-_CONTENT = struct.Struct(">HHQ")
+CACHE_SIZE = 1024
+"""Entries each cache of pamqp's outputs holds before it starts afresh."""
 
 
 @dataclass(frozen=True)
@@ -60,150 +73,137 @@ class FrameReader:
         return out
 
 
-def content_header(payload: bytes) -> tuple[int, bytes]:
-    """(body size, raw property bytes) of a content header frame's payload."""
-    if len(payload) < _CONTENT.size:
-        raise ValueError("content header too short")
-    _cls, _weight, size = _CONTENT.unpack_from(payload)
-    return size, payload[_CONTENT.size :]
+HEARTBEAT = _HEAD.pack(FRAME_HEARTBEAT, 0, 0) + b"\xce"
 
 
-def content_frames(channel: int, props: bytes, body: bytes, frame_max: int) -> bytes:
-    """The header frame (with ``props`` as they came) and the body frames of a message."""
-    header = _CONTENT.pack(BASIC_CLASS, 0, len(body)) + props
-    parts = [_HEAD.pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
+def body_frames(channel: int, body: bytes, frame_max: int) -> bytes:
+    """The body frames carrying ``body``, each at most ``frame_max`` octets."""
     room = max(frame_max - 8, 1)
+    parts = []
     for i in range(0, len(body), room):
         chunk = body[i : i + room]
         parts += [_HEAD.pack(FRAME_BODY, channel, len(chunk)), chunk, b"\xce"]
     return b"".join(parts)
 
 
-HEARTBEAT = _HEAD.pack(FRAME_HEARTBEAT, 0, 0) + b"\xce"
+def _bounded(cache: dict[Any, Any]) -> dict[Any, Any]:
+    if len(cache) >= CACHE_SIZE:
+        cache.clear()
+    return cache
 
-_DELIVER = struct.Struct(">HH")
-_TAG = struct.Struct(">QB")
-_ACK = struct.Struct(">HHQB")
+
+# ---------------------------------------------------------------------- method frames
+_PUBLISHES: dict[bytes, spec.Basic.Publish] = {}
 
 
-def _short(text: str) -> bytes | None:
-    data = text.encode("utf-8")
-    return None if len(data) > 255 else bytes((len(data),)) + data
+def decode_method(raw: RawFrame) -> Any:
+    """pamqp's reading of a frame (pamqp's errors raised). A basic.publish is kept by its
+    bytes: a publisher sends the same one for every message to the same place (the kept
+    object is shared, not to be changed)."""
+    publish = _PUBLISHES.get(raw.payload)
+    if publish is not None:
+        return publish
+    _used, _channel, method = pframe.unmarshal(raw.data)
+    if isinstance(method, spec.Basic.Publish):
+        _bounded(_PUBLISHES)[raw.payload] = method
+    return method
+
+
+class _Deliver(spec.Basic.Deliver):
+    """pamqp's basic.deliver without its check of the exchange name against the spec's
+    domain: a delivery names the exchange the message was published to, whatever name
+    that exchange was declared with (RabbitMQ delivers any name a short string holds)."""
+
+    __slots__ = spec.Basic.Deliver.__slots__
+
+    def validate(self) -> None:
+        pass
 
 
 def deliver_frame(
     channel: int, consumer_tag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
-) -> bytes | None:
-    """The method frame of basic.deliver, encoded here (the hot path of consuming);
-    None when a name is too long for a short string (the caller lets pamqp say so)."""
-    ctag, ex, rk = _short(consumer_tag), _short(exchange), _short(routing_key)
-    if ctag is None or ex is None or rk is None:
-        return None
-    payload = b"".join(
-        (_DELIVER.pack(BASIC_CLASS, 60), ctag, _TAG.pack(tag, 1 if redelivered else 0), ex, rk)
+) -> bytes:
+    """The method frame of basic.deliver, marshalled by pamqp."""
+    method = _Deliver(
+        consumer_tag=consumer_tag,
+        delivery_tag=tag,
+        redelivered=redelivered,
+        exchange=exchange,
+        routing_key=routing_key,
     )
-    return _HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+    return pframe.marshal(method, channel)
 
 
 def confirm_frame(channel: int, tag: int, ok: bool) -> bytes:
-    """The method frame of basic.ack (``ok``) or basic.nack confirming publish ``tag``."""
-    if ok:
-        payload = _ACK.pack(BASIC_CLASS, 80, tag, 0)
+    """The method frame of basic.ack (``ok``) or basic.nack confirming publish ``tag``,
+    marshalled by pamqp (a nack with pamqp's defaults)."""
+    method = spec.Basic.Ack(delivery_tag=tag) if ok else spec.Basic.Nack(delivery_tag=tag)
+    return pframe.marshal(method, channel)
+
+
+# ---------------------------------------------------------------------- content headers
+class Header(NamedTuple):
+    """What the gateway uses of a content header a publisher sent, read by pamqp."""
+
+    body_size: int
+    properties: spec.Basic.Properties
+    """pamqp's reading of the properties (shared between the publishes that sent the same
+    header: not to be changed)."""
+    props: bytes
+    """The properties as pamqp marshals them (what is stored with the message)."""
+
+
+_HEADERS: dict[bytes, Header] = {}
+
+
+def read_header(raw: RawFrame) -> Header:
+    """The body size and properties of a content header frame, unmarshalled by pamqp
+    (kept by the frame's payload: a publisher sends the same header for messages of the
+    same size and properties). pamqp's errors are raised."""
+    header = _HEADERS.get(raw.payload)
+    if header is not None:
+        return header
+    _used, _channel, decoded = pframe.unmarshal(raw.data)
+    if not isinstance(decoded, pheader.ContentHeader):
+        raise ValueError(f"not a content header: {decoded.name}")
+    header = Header(decoded.body_size, decoded.properties, decoded.properties.marshal())
+    _bounded(_HEADERS)[raw.payload] = header
+    return header
+
+
+EMPTY_PROPERTIES = spec.Basic.Properties().marshal()
+_HEADER_START = pheader.ContentHeader().marshal()[: -len(EMPTY_PROPERTIES)]
+"""pamqp's content header of no body before its properties: what turns marshalled
+properties back into a content header pamqp can unmarshal."""
+
+_PROPERTIES: dict[bytes, spec.Basic.Properties] = {}
+
+
+def decode_properties(props: bytes) -> spec.Basic.Properties:
+    """pamqp's reading of marshalled basic properties (kept by their bytes; shared: not to
+    be changed). pamqp's errors are raised."""
+    properties = _PROPERTIES.get(props)
+    if properties is None:
+        decoded = pheader.ContentHeader()
+        decoded.unmarshal(_HEADER_START + props)
+        properties = _bounded(_PROPERTIES)[props] = decoded.properties
+    return properties
+
+
+_HEADER_FRAMES: dict[tuple[int, bytes, int], bytes] = {}
+
+
+def content_frames(
+    channel: int, props: bytes | spec.Basic.Properties, body: bytes, frame_max: int
+) -> bytes:
+    """The content header frame (marshalled by pamqp, from the marshalled properties
+    ``props`` or a pamqp properties object) and the body frames of a message."""
+    if isinstance(props, bytes):
+        key = (channel, props, len(body))
+        header = _HEADER_FRAMES.get(key)
+        if header is None:
+            content = pheader.ContentHeader(0, len(body), decode_properties(props))
+            header = _bounded(_HEADER_FRAMES)[key] = pframe.marshal(content, channel)
     else:
-        payload = _ACK.pack(BASIC_CLASS, 120, tag, 2)  # the requeue bit set, as pamqp sets it
-    return _HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
-
-
-_ACK_ID = _DELIVER.pack(BASIC_CLASS, 80)
-_PUBLISH_ID = _DELIVER.pack(BASIC_CLASS, 40)
-
-
-def ack_fields(payload: bytes) -> tuple[int, bool] | None:
-    """(delivery tag, multiple) of a basic.ack method frame's payload; None for any
-    other method (the hot path of consuming: one ack a message)."""
-    if len(payload) != 13 or payload[:4] != _ACK_ID:
-        return None
-    tag, bits = _TAG.unpack_from(payload, 4)
-    return tag, bool(bits & 1)
-
-
-def publish_fields(payload: bytes) -> tuple[str, str, bool] | None:
-    """(exchange, routing key, mandatory) of a basic.publish method frame's payload; None
-    for any other method, or one that is not well formed (pamqp then says why)."""
-    if payload[:4] != _PUBLISH_ID:
-        return None
-    try:
-        at = 6  # after the class, the method and the reserved short
-        size = payload[at]
-        exchange = payload[at + 1 : at + 1 + size].decode("utf-8")
-        at += 1 + size
-        size = payload[at]
-        routing_key = payload[at + 1 : at + 1 + size].decode("utf-8")
-        at += 1 + size
-        if at + 1 != len(payload):
-            return None
-        return exchange, routing_key, bool(payload[at] & 1)
-    except (IndexError, UnicodeDecodeError):
-        return None
-
-
-# the basic properties in their order: (flag, kind) with kind "s" a short string,
-# "t" a field table, "o" an octet, "q" a 64-bit timestamp
-_PROPERTIES = (
-    (0x8000, "s"),  # content-type
-    (0x4000, "s"),  # content-encoding
-    (0x2000, "t"),  # headers
-    (0x1000, "o"),  # delivery-mode
-    (0x0800, "o"),  # priority
-    (0x0400, "s"),  # correlation-id
-    (0x0200, "s"),  # reply-to
-    (0x0100, "s"),  # expiration
-    (0x0080, "s"),  # message-id
-    (0x0040, "q"),  # timestamp
-    (0x0020, "s"),  # type
-    (0x0010, "s"),  # user-id
-    (0x0008, "s"),  # app-id
-    (0x0004, "s"),  # cluster-id
-)
-
-
-def plain_properties(
-    props: bytes,
-) -> tuple[int | None, int | None, str | None, str | None] | None:
-    """(delivery mode, priority, expiration, reply-to) of raw basic properties with no headers
-    table, read by hand (the hot path of publishing); None when they carry headers or
-    are not well formed: pamqp then decodes them (or says what is wrong)."""
-    if len(props) < 2:
-        return None
-    flags = int.from_bytes(props[:2], "big")
-    if flags & 0x2003:  # headers, or flag bits past the last property
-        return None
-    values: dict[int, int | str] = {}
-    at = 2
-    try:
-        for flag, kind in _PROPERTIES:
-            if not flags & flag:
-                continue
-            if kind == "s":
-                size = props[at]
-                if at + 1 + size > len(props):
-                    return None
-                if flag in (0x0100, 0x0200):
-                    values[flag] = props[at + 1 : at + 1 + size].decode("utf-8")
-                at += 1 + size
-            elif kind == "o":
-                values[flag] = props[at]
-                at += 1
-            else:
-                at += 8
-    except (IndexError, UnicodeDecodeError):
-        return None
-    if at != len(props):
-        return None
-    mode, priority = values.get(0x1000), values.get(0x0800)
-    expiration, reply_to = values.get(0x0100), values.get(0x0200)
-    assert mode is None or isinstance(mode, int)
-    assert priority is None or isinstance(priority, int)
-    assert expiration is None or isinstance(expiration, str)
-    assert reply_to is None or isinstance(reply_to, str)
-    return mode, priority, expiration, reply_to
+        header = pframe.marshal(pheader.ContentHeader(0, len(body), props), channel)
+    return header + body_frames(channel, body, frame_max)
