@@ -346,31 +346,52 @@ class Stream:
         (``bytes``, an Arrow buffer) is written from where it lies; a writable one
         (``bytearray``, a NumPy array) is copied once first.
         """
-        if isinstance(lengths, array) and lengths.typecode == "I":
-            lens = lengths
-        else:
-            try:
-                lens = array("I", lengths)
-            except (OverflowError, TypeError) as exc:
+        return self.append_value_chunks(((data, lengths),), first_headers=first_headers)
+
+    def append_value_chunks(
+        self,
+        chunks: Iterable[tuple[bytes | bytearray | memoryview, Sequence[int] | array[int]]],
+        *,
+        first_headers: Mapping[str, str] | None = None,
+    ) -> range:
+        """:meth:`append_values` of values held in several buffers, in one append.
+
+        ``chunks`` are ``(data, lengths)`` pairs as :meth:`append_values` takes them (the
+        Arrow batches of a column, say): their records are appended in order, with one
+        hold of the append lock and the durability of one append, and no buffer is joined
+        to another (a frame never spans two chunks). ``first_headers`` go to the first
+        record of all. Returns the offsets.
+        """
+        pairs: list[tuple[memoryview, array[int]]] = []
+        for data, lengths in chunks:
+            if isinstance(lengths, array) and lengths.typecode == "I":
+                lens = lengths
+            else:
+                try:
+                    lens = array("I", lengths)
+                except (OverflowError, TypeError) as exc:
+                    raise UsageError(
+                        f"lengths must be ints from 0 to 2**32 - 1 (one per value): {exc}"
+                    ) from exc
+            view = memoryview(data).cast("B")
+            total = sum(lens)
+            if total != len(view):
                 raise UsageError(
-                    f"lengths must be ints from 0 to 2**32 - 1 (one per value): {exc}"
-                ) from exc
-        view = memoryview(data).cast("B")
-        total = sum(lens)
-        if total != len(view):
-            raise UsageError(
-                f"the lengths add up to {total} bytes but data holds {len(view)}; "
-                "give one length per value, values back to back"
-            )
-        if not lens:
+                    f"the lengths add up to {total} bytes but data holds {len(view)}; "
+                    "give one length per value, values back to back"
+                )
+            if lens:
+                pairs.append((view, lens))
+        if not pairs:
             end = self.end_offset
             return range(end, end)
         max_bytes = self._config.max_record_bytes
-        biggest = max(lens)
+        biggest = max(max(lens) for _, lens in pairs)
         if biggest > max_bytes:
             raise _too_large(biggest, max_bytes)
         head = None
         if first_headers:
+            view, lens = pairs[0]
             head = prepare_parts(
                 bytes(view[: lens[0]]),
                 key=None,
@@ -378,33 +399,40 @@ class Stream:
                 timestamp=None,
                 max_record_bytes=max_bytes,
             )
+            pairs[0] = (view[lens[0] :], lens[1:])
         writer = self._get_writer()
         if self._config.durability == "record":
             # a frame and a sync per record: the general path does that already
-            starts = list(accumulate(lens, initial=0))
-            items: list[Any] = [bytes(view[a:e]) for a, e in pairwise(starts)]
-            if head is not None:
-                items[0] = head
+            items: list[Any] = [] if head is None else [head]
+            for view, lens in pairs:
+                starts = accumulate(lens, initial=0)
+                items += (bytes(view[a:e]) for a, e in pairwise(starts))
             offsets = writer.append(items, now_us=self._now_us)
         else:
             max_frame = self._config.max_frame_bytes
 
             def encode(_: object, base: int, now: int) -> Encoded:
-                if head is None:
-                    return encode_packed(view, lens, base, now_us=now, max_frame_bytes=max_frame)
-                one = encode_frames([head], base, now_us=now, max_frame_bytes=max_frame)
-                if len(lens) == 1:
-                    return one
-                rest = encode_packed(
-                    view[lens[0] :], lens[1:], base + 1, now_us=now, max_frame_bytes=max_frame
-                )
-                shift = one.size
-                return Encoded(
-                    one.parts + rest.parts,
-                    one.frames + tuple((o, p + shift, t) for o, p, t in rest.frames),
-                    rest.next_offset,
-                    one.size + rest.size,
-                )
+                pieces: list[Encoded] = []
+                if head is not None:
+                    pieces.append(
+                        encode_frames([head], base, now_us=now, max_frame_bytes=max_frame)
+                    )
+                    base += 1
+                for view, lens in pairs:
+                    if lens:
+                        enc = encode_packed(view, lens, base, now_us=now, max_frame_bytes=max_frame)
+                        pieces.append(enc)
+                        base = enc.next_offset
+                if len(pieces) == 1:
+                    return pieces[0]
+                parts: list[Any] = []
+                frames: list[tuple[int, int, int]] = []
+                shift = 0
+                for enc in pieces:
+                    parts += enc.parts
+                    frames += ((o, p + shift, t) for o, p, t in enc.frames)
+                    shift += enc.size
+                return Encoded(tuple(parts), tuple(frames), base, shift)
 
             offsets = writer.append((None,), now_us=self._now_us, encode=encode)
         self._after_append(writer)

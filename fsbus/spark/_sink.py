@@ -361,20 +361,21 @@ def _append_plain(stream: Stream, rows: _Rows, *, skip: int, mark: str | None) -
     if rows.keys is None and rows.headers is None:
         assert rows.value_column is not None
         marker = {BATCH_HEADER: mark} if mark is not None else None
-        stream.append_values(*packed_values(rows.value_column, skip), first_headers=marker)
+        stream.append_value_chunks(value_chunks(rows.value_column, skip), first_headers=marker)
     else:
         stream.append_batch(_records(rows, skip, mark))
     return len(rows)
 
 
-def packed_values(column: pa.ChunkedArray, skip: int = 0) -> tuple[bytes | memoryview, array[int]]:
-    """The values of a binary column from row ``skip`` on, back to back, and their lengths.
+def value_chunks(column: pa.ChunkedArray, skip: int = 0) -> list[tuple[memoryview, array[int]]]:
+    """The values of a binary column from row ``skip`` on: per Arrow chunk, its values back
+    to back and their lengths.
 
-    Read from the Arrow buffers as they are (no object per value; a copy only to join
-    several chunks): what :meth:`fsbus.Stream.append_values` takes.
+    Read from the Arrow buffers as they are (no object per value, and no copy: the chunks
+    of a memory-mapped staged file are written from its pages): what
+    :meth:`fsbus.Stream.append_value_chunks` takes.
     """
-    datas: list[memoryview] = []
-    lengths: list[np.ndarray[Any, Any]] = []
+    out: list[tuple[memoryview, array[int]]] = []
     for chunk in column.slice(skip).chunks:
         n = len(chunk)
         if n == 0:
@@ -382,13 +383,11 @@ def packed_values(column: pa.ChunkedArray, skip: int = 0) -> tuple[bytes | memor
         _, offsets_buf, data_buf = chunk.buffers()
         ends = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=4 * chunk.offset)
         first, last = int(ends[0]), int(ends[-1])
-        datas.append(memoryview(data_buf)[first:last] if data_buf is not None else memoryview(b""))
-        lengths.append(np.diff(ends))
-    lens = array("I")
-    if lengths:
-        lens.frombytes(np.concatenate(lengths).astype(np.uint32).tobytes())
-    data: bytes | memoryview = datas[0] if len(datas) == 1 else b"".join(datas)
-    return data, lens
+        lens = array("I")
+        lens.frombytes(np.diff(ends).astype(np.uint32).tobytes())
+        data = memoryview(data_buf)[first:last] if data_buf is not None else memoryview(b"")
+        out.append((data, lens))
+    return out
 
 
 def _records(rows: _Rows, skip: int, mark: str | None) -> list[bytes | RecordIn]:

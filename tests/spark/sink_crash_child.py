@@ -45,13 +45,13 @@ def main() -> None:
 
         _sink._records = records  # type: ignore[assignment]
         if n == 0:
-            real_packed = _sink.packed_values
+            real_chunks = _sink.value_chunks
 
-            def packed(*args: Any) -> Any:
+            def chunks(*args: Any) -> Any:
                 die()
-                return real_packed(*args)
+                return real_chunks(*args)
 
-            _sink.packed_values = packed  # type: ignore[assignment]
+            _sink.value_chunks = chunks  # type: ignore[assignment]
     elif point == "done":
         real_write = _sink.atomic_write_json
 

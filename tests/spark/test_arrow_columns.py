@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fsbus import InvalidConfig, RecordIn, Stream, StreamConfig
+from fsbus import InvalidConfig, RecordIn, Stream, StreamConfig, UsageError
 
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
@@ -30,7 +31,7 @@ from fsbus.spark._schema import (  # noqa: E402
     columns_batch,
     stream_columns,
 )
-from fsbus.spark._sink import packed_values  # noqa: E402
+from fsbus.spark._sink import value_chunks  # noqa: E402
 from fsbus.spark._stream_source import StreamBatchReader  # noqa: E402
 
 
@@ -156,15 +157,51 @@ def test_reading_does_not_import_pandas(tmp_path: Path) -> None:
     assert out.stdout.split() == ["20", "False"]
 
 
-def test_packed_values_reads_arrow_buffers() -> None:
+def _joined(chunks: list[tuple[memoryview, Any]]) -> tuple[bytes, list[int]]:
+    return b"".join(bytes(d) for d, _ in chunks), [n for _, lens in chunks for n in lens]
+
+
+def test_value_chunks_read_arrow_buffers() -> None:
     chunks = [
         pa.array([b"a", b"", b"ccc"], pa.binary()),
         pa.array([b"dd", b"eeeee", b"f"], pa.binary()).slice(1),
     ]
     column = pa.chunked_array(chunks)
-    data, lengths = packed_values(column)
-    assert (bytes(data), list(lengths)) == (b"accceeeeef", [1, 0, 3, 5, 1])
-    data, lengths = packed_values(column, 2)
-    assert (bytes(data), list(lengths)) == (b"ccceeeeef", [3, 5, 1])
-    data, lengths = packed_values(pa.chunked_array([pa.array([b""] * 3, pa.binary())]))
-    assert (bytes(data), list(lengths)) == (b"", [0, 0, 0])
+    got = value_chunks(column)
+    assert [(bytes(d), list(n)) for d, n in got] == [(b"accc", [1, 0, 3]), (b"eeeeef", [5, 1])]
+    assert _joined(value_chunks(column, 2)) == (b"ccceeeeef", [3, 5, 1])
+    assert _joined(value_chunks(column, 4)) == (b"f", [1])
+    assert _joined(value_chunks(pa.chunked_array([pa.array([b""] * 3, pa.binary())]))) == (
+        b"",
+        [0, 0, 0],
+    )
+
+
+@pytest.mark.parametrize("durability", ["none", "batch", "record"])
+def test_staged_chunks_are_appended_as_one_batch(tmp_path: Path, durability: str) -> None:
+    # what the sink's commit does: each Arrow chunk written from where it lies, in one
+    # append, the marker on the first record only (an empty chunk and a chunk cut
+    # short by the marker are fine)
+    chunks = [
+        pa.array([b"a", b"bb"], pa.binary()),
+        pa.array([], pa.binary()),
+        pa.array([b"ccc", b"", b"dddd"], pa.binary()),
+    ]
+    config = StreamConfig(durability=durability, max_frame_bytes=300)  # type: ignore[arg-type]
+    with Stream.open(tmp_path, "s", config=config) as s:
+        s.append(b"before")
+        got = s.append_value_chunks(
+            value_chunks(pa.chunked_array(chunks, pa.binary())), first_headers={"m": "1"}
+        )
+        assert got == range(1, 6)
+        records = list(s.read(1))
+    assert [r.value for r in records] == [b"a", b"bb", b"ccc", b"", b"dddd"]
+    assert [dict(r.headers) for r in records] == [{"m": "1"}, {}, {}, {}, {}]
+
+
+def test_a_bad_chunk_appends_nothing(tmp_path: Path) -> None:
+    with Stream.open(tmp_path, "s") as s:
+        with pytest.raises(UsageError, match="add up to 3 bytes but data holds 2"):
+            s.append_value_chunks([(b"ab", [1, 1]), (b"cd", [1, 2])])
+        assert s.append_value_chunks([]) == range(0)
+        assert s.end_offset == 0
