@@ -20,6 +20,10 @@ from .checks import (
 )
 from .harness import PowerCut
 
+# Each test replays the workload at every cut point on a FUSE filesystem: minutes on a
+# slow machine. The limit guards against a hang, it is not a speed assertion.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def bus_root(pfs: PowerCut) -> str:

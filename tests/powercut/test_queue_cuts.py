@@ -10,6 +10,10 @@ from fsbus import BlockingBus, QueueNotFound
 from .checks import BUS_CONFIG, Tally, count_ops, cut_points, quiet_close, run_until_cut
 from .harness import PowerCut
 
+# Each test replays the workload at every cut point on a FUSE filesystem: minutes on a
+# slow machine. The limit guards against a hang, it is not a speed assertion.
+pytestmark = pytest.mark.timeout(900)
+
 QUEUES = [("billing", "orders.*"), ("audit", "#"), ("ship", "orders.eu.*")]
 
 

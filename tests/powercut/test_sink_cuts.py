@@ -39,6 +39,10 @@ from fsbus.spark._sink import SinkColumns, StagedFile, publish, stage
 from .checks import Tally, count_ops, cut_points, run_until_cut
 from .harness import PowerCut
 
+# Each test replays the workload at every cut point on a FUSE filesystem: minutes on a
+# slow machine. The limit guards against a hang, it is not a speed assertion.
+pytestmark = pytest.mark.timeout(900)
+
 SINK = "q1"
 BASE = 2  # records in the target stream before every run (synced)
 PARTS = 3  # Spark partitions (staged files) per batch

@@ -11,6 +11,10 @@ from fsbus import Stream, StreamConfig, StreamQueue
 from .checks import Tally, count_ops, cut_points, quiet_close, run_until_cut
 from .harness import PowerCut
 
+# Each test replays the workload at every cut point on a FUSE filesystem: minutes on a
+# slow machine. The limit guards against a hang, it is not a speed assertion.
+pytestmark = pytest.mark.timeout(900)
+
 BASE = 3  # records appended (and synced) before every run
 
 
