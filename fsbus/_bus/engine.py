@@ -237,6 +237,10 @@ _SPARE_CANDIDATES = 4
 """Claim candidates beyond the free handler slots, for claims that fail."""
 _LOST_ENOUGH = 4
 """Claims lost in one round (and more than twice those won) after which it stops."""
+_CLAIM_ROUND_SECONDS = 0.05
+"""How long one round of claims may take before what it won is handed out: hundreds of
+claims on a local disk, a handful on a network filesystem, where a claim waits for the
+server (the first message then reaches its handler after one claim, not after all)."""
 
 
 class Bus:
@@ -1196,8 +1200,15 @@ class Bus:
 
         The heap holds singles seen in listings; an entry is dropped when it is gone from
         its bucket's latest listing, in flight here, or backing off after a busy claim
-        (the retry re-lists its bucket and pushes it again).
+        (the retry re-lists its bucket and pushes it again). Claims go in rounds of at
+        most ``_CLAIM_ROUND_SECONDS``, each round's messages handed out when it ends.
         """
+        while await self._claim_round():
+            pass
+
+    async def _claim_round(self) -> bool:
+        """One round of :meth:`_claim_ready`; whether it ran out of time with candidates
+        and free handlers left (another round should follow at once)."""
         capacity = self._free
         if capacity <= 0 or not any(
             s.kind != "multi" and not s.closed and (s.prefetch is None or s.in_flight < s.prefetch)
@@ -1206,7 +1217,7 @@ class Bus:
             # No handler free, or every work-queue subscription at its prefetch: nothing
             # can be claimed, so leave the heap as it is (popping and pushing back every
             # candidate cost more than the claims when consumers are busy).
-            return
+            return False
         now = time.monotonic()
         now_ms = int(time.time() * 1000)
         # Candidates: the best ones in order, a few spare for claims that fail. When other
@@ -1246,7 +1257,7 @@ class Bus:
         for e in deferred:
             self._push_ready(e)
         if not picked:
-            return
+            return False
         buckets = self.layout.buckets
 
         ordered = picked
@@ -1257,11 +1268,15 @@ class Bus:
                 start = random.randrange(same)
                 ordered = picked[start:same] + picked[:start] + picked[same:]
 
+        timed_out = False
+
         def claim_some() -> tuple[list[tuple[Entry, Subscription, Claim | None]], list[Entry]]:
+            nonlocal timed_out
             got: list[tuple[Entry, Subscription, Claim | None]] = []
             untried: list[Entry] = []
             taken = lost = 0
             per_sub: dict[Subscription, int] = {}
+            until = time.monotonic() + _CLAIM_ROUND_SECONDS
             for e, sub in ordered:
                 room = None if sub.prefetch is None else sub.prefetch - sub.in_flight
                 if (
@@ -1271,6 +1286,10 @@ class Bus:
                 ):
                     # done, or the listing these came from is stale: others are taking
                     # them as they come (the contention wait sorts that out)
+                    untried.append(e)
+                    continue
+                if got and time.monotonic() > until:
+                    timed_out = True  # hand out what this round won first
                     untried.append(e)
                     continue
                 c = self._fs.claim(
@@ -1310,6 +1329,7 @@ class Bus:
             self._counts["delivered"] += 1
             sub.in_flight += 1
             self._jobs.put((self._run_single, (sub, msg, claim, e.key)))
+        return timed_out and self._free > 0 and not self._closed
 
     async def _run_single(
         self, sub: Subscription, msg: Message, claim: Claim, key: tuple[int, str]
