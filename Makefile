@@ -33,14 +33,15 @@ spark-demo: $(STAMP)
 	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	$(PY) docs/examples/spark_pipeline.py $(ARGS)
 
-## test: lint, type-check, then the whole suite (unit, multi-process, interop, stress smoke, Spark)
+## test: lint, type-check, then the whole suite (unit, multi-process, interop, stress smoke, Spark,
+##       CephFS and GlusterFS, power cuts) in two processes; the 25 slowest tests are listed
 test: $(STAMP) $(NODE_PEER) $(SYS_STAMP)
 	@java -version >/dev/null 2>&1 || { echo "Java 17 is needed for the Spark tests: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
 
 ## docs: build the documentation site into site/ (strict: any warning fails the build)
 docs: $(STAMP)

@@ -1,15 +1,57 @@
 """Suite-wide settings.
 
 A guard: a test that failed with a forked child still running must not keep the test
-run from exiting (multiprocessing joins its children at interpreter exit). And the event
+run from exiting (multiprocessing joins its children at interpreter exit). The event
 loops of the async tests: those marked ``@pytest.mark.anyio`` run on asyncio and trio.
+And the groups ``make test`` keeps together when it runs the suite in two processes
+(pytest-xdist, ``--dist loadgroup``): the tests sharing a costly service (a Spark
+cluster, CephFS and GlusterFS, a RabbitMQ broker, a power-cut filesystem, a browser) run
+in one process, which starts the service once.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+from pathlib import Path
 
 import pytest
+
+_HERE = Path(__file__).parent
+
+_DIRECTORY_GROUPS = {"spark": "spark-and-dfs", "dfs": "spark-and-dfs", "powercut": "powercut"}
+"""Tests under these directories, by group: the Spark tests share one cluster with the
+distributed-filesystem tests (one of which runs Spark on CephFS)."""
+
+_FIXTURE_GROUPS = {"rabbitmq": "rabbitmq", "chromium": "browser"}
+"""Tests using these session fixtures, by group."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = None
+        parts = item.path.relative_to(_HERE).parts
+        if len(parts) > 1:
+            group = _DIRECTORY_GROUPS.get(parts[0])
+        if group is None:
+            fixtures = getattr(item, "fixturenames", ())
+            group = next((g for f, g in _FIXTURE_GROUPS.items() if f in fixtures), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+_WORKER_LINES: list[str] = []
+"""Summary lines the pytest-xdist workers sent (e.g. the power-cut totals)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    _WORKER_LINES.extend(getattr(node, "workeroutput", {}).get("summary_lines", ()))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _WORKER_LINES:
+        terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

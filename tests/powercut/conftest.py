@@ -48,9 +48,24 @@ def fresh(pfs: PowerCut) -> PowerCut:
     return pfs
 
 
+def _summary() -> str | None:
+    if not TOTALS["cuts"]:
+        return None
+    return (
+        f"power cuts: {TOTALS['cuts']} crash states checked, "
+        f"{TOTALS['lost']} acknowledged writes lost, {TOTALS['corrupt']} corrupt states"
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # in a pytest-xdist worker: the line goes to the main process, which prints it
+    out = getattr(session.config, "workeroutput", None)
+    line = _summary()
+    if out is not None and line is not None:
+        out.setdefault("summary_lines", []).append(line)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if TOTALS["cuts"]:
-        terminalreporter.write_line(
-            f"power cuts: {TOTALS['cuts']} crash states checked, "
-            f"{TOTALS['lost']} acknowledged writes lost, {TOTALS['corrupt']} corrupt states"
-        )
+    line = _summary()
+    if line is not None and not hasattr(terminalreporter.config, "workeroutput"):
+        terminalreporter.write_line(line)
