@@ -4,9 +4,9 @@ A guard: a test that failed with a forked child still running must not keep the 
 run from exiting (multiprocessing joins its children at interpreter exit). The event
 loops of the async tests: those marked ``@pytest.mark.anyio`` run on asyncio and trio.
 And the groups ``make test`` keeps together when it runs the suite in two processes
-(pytest-xdist, ``--dist loadgroup``): the tests sharing a costly service (a Spark
-cluster, CephFS and GlusterFS, a RabbitMQ broker, a power-cut filesystem, a browser) run
-in one process, which starts the service once.
+(pytest-xdist, ``--dist loadgroup``): the tests sharing a costly service (Spark,
+CephFS and GlusterFS, a RabbitMQ broker, a power-cut filesystem, a browser) run in one
+process, which starts the service once.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import pytest
 
 _HERE = Path(__file__).parent
 
-_DIRECTORY_GROUPS = {"spark": "spark-and-dfs", "dfs": "spark-and-dfs", "powercut": "powercut"}
-"""Tests under these directories, by group: the Spark tests share one cluster with the
-distributed-filesystem tests (one of which runs Spark on CephFS)."""
+_DIRECTORY_GROUPS = {"spark": "spark", "dfs": "dfs", "powercut": "powercut"}
+"""Tests under these directories, by group: the Spark tests share a local session and a
+standalone cluster, the distributed-filesystem tests CephFS and GlusterFS (their Spark
+test starts a cluster of its own in that process)."""
 
 _FIXTURE_GROUPS = {"rabbitmq": "rabbitmq", "chromium": "browser"}
 """Tests using these session fixtures, by group."""
