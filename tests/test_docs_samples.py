@@ -152,7 +152,9 @@ def test_sample_runs(sample: Sample, tmp_path: Path) -> None:
     if sample.kind == "pytest":
         script = tmp_path / "test_sample.py"
         script.write_text(sample.code, encoding="utf-8")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", script.name]
+        # its own temporary directory, or it cleans up old runs under the system's
+        base = f"--basetemp={tmp_path / 'basetemp'}"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", base, script.name]
     else:
         code = sample.code
         if sample.kind == "spark":

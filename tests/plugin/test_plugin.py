@@ -113,6 +113,9 @@ def run_user_suite(tmp_path: Path, files: dict[str, str]) -> tuple[dict[str, str
             "-o",
             "asyncio_default_fixture_loop_scope=function",
             f"--junitxml={report}",
+            # its own temporary directory: the default one would make it clean up old
+            # runs under the system's, which can take minutes and is none of its business
+            f"--basetemp={tmp_path / 'basetemp'}",
             "-q",
         ],
         cwd=project,
