@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 NODE_PEER := tests/interop/node_modules/qlobber-fsq/package.json
 SYS_STAMP := $(VENV)/.system-packages
 
-.PHONY: demo test lint typecheck pytest bench bench-quick docs spark-demo clean
+.PHONY: demo test test-long lint typecheck pytest bench bench-quick docs spark-demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,11 @@ test: $(STAMP) $(NODE_PEER) $(SYS_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=25
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25
+
+## test-long: the same with the long runs too (tests marked long: the kill tests on local[2])
+test-long: $(STAMP) $(NODE_PEER) $(SYS_STAMP)
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --durations=25 --long
 
 ## docs: build the documentation site into site/ (strict: any warning fails the build)
 docs: $(STAMP)

@@ -12,24 +12,51 @@ process, which starts the service once.
 from __future__ import annotations
 
 import multiprocessing
+import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
 
 _HERE = Path(__file__).parent
 
-_DIRECTORY_GROUPS = {"spark": "spark", "dfs": "dfs", "powercut": "powercut"}
-"""Tests under these directories, by group: the Spark tests share a local session and a
-standalone cluster, the distributed-filesystem tests CephFS and GlusterFS (their Spark
-test starts a cluster of its own in that process)."""
+_DIRECTORY_GROUPS = {"dfs": "dfs", "powercut": "powercut", "amqp_gateway": "rabbitmq"}
+"""Tests under these directories, by group: the distributed-filesystem tests share
+CephFS and GlusterFS (their Spark test starts a cluster of its own in that process), the
+gateway's tests a rabbitmq-server. tests/spark/conftest.py groups the Spark tests, by
+session."""
 
-_FIXTURE_GROUPS = {"rabbitmq": "rabbitmq", "chromium": "browser"}
+LONG = "FSBUS_LONG_TESTS"
+"""Set (or ``--long``) to run the tests marked ``long`` too (``make test-long``)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help=f"also run the tests marked long (also {LONG}=1)",
+    )
+
+
+_FIXTURE_GROUPS = {"chromium": "browser"}
 """Tests using these session fixtures, by group."""
 
+_FIRST = ("spark-cluster", "dfs", "spark-local", "powercut", "rabbitmq")
+"""The longest groups, longest first: ``make test`` hands them out in this order (its
+``--no-loadscope-reorder``), so that the longest starts at once, and the short tests
+fill in around them."""
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
+    # before the other hooks (pytest-xdist reads the groups in its own)
+    long = config.getoption("--long") or os.environ.get(LONG, "") not in ("", "0")
     for item in items:
+        if not long and item.get_closest_marker("long") is not None:
+            item.add_marker(pytest.mark.skip(reason="a long run: make test-long runs it"))
         group = None
         parts = item.path.relative_to(_HERE).parts
         if len(parts) > 1:
@@ -39,6 +66,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = next((g for f, g in _FIXTURE_GROUPS.items() if f in fixtures), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    yield
+    # after them (the Spark tests' groups are marked by tests/spark/conftest.py)
+    if getattr(config.option, "loadgroup", False):  # in a pytest-xdist worker
+
+        def rank(item: pytest.Item) -> int:
+            mark = item.get_closest_marker("xdist_group")
+            group = mark.args[0] if mark is not None else None
+            return _FIRST.index(group) if group in _FIRST else len(_FIRST)
+
+        items.sort(key=rank)  # stable: each group keeps its order
 
 
 _WORKER_LINES: list[str] = []

@@ -5,7 +5,9 @@ server on it, each started once per test session and only when a test asks for i
 A test runs on the cluster too when it is parametrized so:
 ``@pytest.mark.parametrize("spark", ["local", "cluster"], indirect=True)``. A process can
 hold one SparkSession at a time, so the tests that ask for the cluster run after all the
-others (see ``pytest_collection_modifyitems``): the session switches once.
+others (see ``pytest_collection_modifyitems``): the session switches once. In the two
+processes of ``make test`` (pytest-xdist), the local tests run in one and the cluster's
+in one, each holding one session.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from spark_cluster import Cluster, ConnectServer, connect_server, standalone_clu
 from spark_helpers import build_spark
 
 KINDS = ("local", "cluster")
+HERE = Path(__file__).parent
 
 
 def needs_spark() -> None:
@@ -38,8 +41,14 @@ def on_cluster(item: pytest.Item) -> bool:
     return "cluster" in params or "spark_cluster" in fixtures or "spark_connect" in fixtures
 
 
+@pytest.hookimpl(tryfirst=True)  # the groups: before pytest-xdist reads them
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=on_cluster)  # stable: the local tests keep their order, then the cluster's
+    # make test's two processes: the local tests in one, the cluster's in one
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            kind = "cluster" if on_cluster(item) else "local"
+            item.add_marker(pytest.mark.xdist_group(f"spark-{kind}"))
 
 
 class Sessions:

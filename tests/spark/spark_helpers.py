@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import pytest
+
 from fsbus import BlockingBus, Stream
 
 if TYPE_CHECKING:
@@ -158,6 +160,9 @@ SLOW_PAUSE = 0.1
 """The same for the publisher the kill interrupts: 1.4 s of rests after its first 20."""
 WAIT = 300.0
 """Upper bound of any one wait on Spark (a healthy run needs well under a minute)."""
+LOCAL = pytest.param("local", marks=pytest.mark.long)
+"""A kill test's local[2] case, a long run (make test-long): its cluster case runs the
+same scenario, with an executor's death too, on every make test."""
 
 Publish = Callable[[range, float], "JsonLinesPeer"]
 """Starts a publisher process of the messages numbered in the range, resting the given

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from spark_cluster import Cluster
 from spark_helpers import (
+    LOCAL,
     PATTERN,
     QUEUE,
     kill_restart_and_count,
@@ -40,7 +41,7 @@ from fsbus import BlockingBus
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("where", ["local", "cluster"])
+@pytest.mark.parametrize("where", [LOCAL, "cluster"])
 def test_driver_sigkill_while_publishing_then_restart(
     tmp_path: Path, where: str, request: pytest.FixtureRequest
 ) -> None:
@@ -55,6 +56,7 @@ def test_driver_sigkill_while_publishing_then_restart(
 
 
 @pytest.mark.interop
+@pytest.mark.long  # tests/dfs/test_spark_two_clients.py runs a qlobber-fsq peer so, on CephFS
 def test_a_qlobber_peers_messages_reach_the_output_once(tmp_path: Path) -> None:
     node = node_with_qlobber()
     root = tmp_path / "bus"

@@ -17,7 +17,7 @@ from typing import IO
 
 import pytest
 from spark_cluster import Cluster
-from spark_helpers import spark_env, wait_until
+from spark_helpers import LOCAL, spark_env, wait_until
 
 from fsbus import RecordIn, Stream
 
@@ -88,7 +88,7 @@ def kill_when_copying(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("where", ["local", "cluster"])
+@pytest.mark.parametrize("where", [LOCAL, "cluster"])
 def test_driver_sigkill_mid_stream_then_restart(
     tmp_path: Path, where: str, request: pytest.FixtureRequest
 ) -> None:
