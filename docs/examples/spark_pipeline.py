@@ -55,7 +55,7 @@ TRIGGER = "1 second"
 WINDOW = 5  # seconds of event time per window
 LATENESS = 10  # seconds: the watermark's delay (an event this late would be dropped)
 ALERT_ERRORS = 10  # errors in one window of one service that raise an alert
-TIMEOUT = 180.0  # seconds any one step may take before the demo gives up
+TIMEOUT = 300.0  # seconds any one step may take before the demo gives up (a bound, not a pace)
 
 
 def say(**what: Any) -> None:
