@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(
         if not long and item.get_closest_marker("long") is not None:
             item.add_marker(pytest.mark.skip(reason="a long run: make test-long runs it"))
         group = None
-        parts = item.path.relative_to(_HERE).parts
+        parts = item.path.relative_to(_HERE).parts if item.path.is_relative_to(_HERE) else ()
         if len(parts) > 1:
             group = _DIRECTORY_GROUPS.get(parts[0])
         if group is None:
