@@ -200,3 +200,14 @@ def test_append_values_first_headers(tmp_path: Path, durability: str) -> None:
     assert records[0].headers
     assert records[-1].headers
     assert all(r.key is None for r in records)
+
+
+def test_append_value_chunks_refuses_a_value_too_large_in_any_chunk(tmp_path: Path) -> None:
+    small = StreamConfig(durability="none", max_record_bytes=4)
+    with Stream.open(tmp_path, "s", config=small) as s:
+        # chunks larger than max_record_bytes whose values all fit are taken
+        assert s.append_value_chunks([(b"abcdefgh", [4, 4]), (b"ij", [2])]) == range(3)
+        # a value too large in the second chunk refuses the whole append
+        with pytest.raises(PayloadTooLarge):
+            s.append_value_chunks([(b"ab", [1, 1]), (b"abcdef", [1, 5])])
+        assert [r.value for r in s.read()] == [b"abcd", b"efgh", b"ij"]
