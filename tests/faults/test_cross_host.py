@@ -139,14 +139,22 @@ async def test_publish_on_one_mount_is_delivered_on_the_other_by_polling(
 
 
 async def _compete(a: Path, b: Path, cfg: BusConfig, count: int) -> Counter[str]:
-    """Consumers on both mounts share a queue; returns how often each payload ran."""
+    """Consumers on both mounts share a queue; returns how often each payload ran.
+
+    The wait is for every handler to *finish*, not to start: a handler still running
+    when its bus closes is cancelled and its message given back, and the other bus
+    may then rightly run it again (at-least-once), which is not what this counts.
+    """
     runs: Counter[str] = Counter()
+    finished: set[str] = set()
     done = anyio.Event()
 
     async def handle(msg: Message) -> None:
-        runs[msg.payload.decode()] += 1
+        key = msg.payload.decode()
+        runs[key] += 1
         await anyio.sleep(0.005)  # overlap the two consumers
-        if len(runs) >= count:
+        finished.add(key)
+        if len(finished) >= count:
             done.set()
 
     async with Bus(a, config=cfg) as bus_a, Bus(b, config=cfg) as bus_b:
