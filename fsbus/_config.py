@@ -87,7 +87,8 @@ class BusConfig(BaseModel):
         False,
         description="Record each delivery of a work-queue message before its handler runs, "
         "so one redelivered after its consumer crashed has delivery_count > 1 (costs one "
-        "small write per delivery; durable queues always do it).",
+        "one-byte write into the held message file per delivery; durable queues always do "
+        "it).",
     )
     dead_letter_prefix: str = Field(
         "dead-letter", min_length=1, description="Dead-lettered messages go to '<prefix>.<topic>'."

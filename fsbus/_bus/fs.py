@@ -60,6 +60,12 @@ _REWRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | _O_NOFOLLOW
 _READ = os.O_RDONLY | os.O_NONBLOCK | _O_CLOEXEC | _O_NOFOLLOW
 _CLAIM = os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW
 _LEADING = b"\x00"
+# The leading byte of a message file is ours: qlobber-fsq writes 0 and reads from byte 1.
+# A consumer holding a work-queue message stores there how many deliveries were recorded
+# (one pwrite on the fd it holds, instead of a counter file per delivery). It saturates
+# at _COUNT_MAX; from there the counter file under fsbus/attempts/ holds the count.
+_COUNT_MAX = 255
+_SPLIT_READ = 1 << 16  # above this a payload is read apart from its leading byte
 _MISSING = (errno.ENOENT, errno.ESTALE)
 # Files a reader passes over: links, unreadable files, directories, sockets.
 _SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO)
@@ -136,11 +142,13 @@ class Claim:
     meta: bytes | None
     """The headers sidecar, if any."""
     attempts: int
-    """Failed deliveries recorded before this one."""
+    """Deliveries recorded before this one (failed, or cut off with their consumer)."""
     renamed: bool = False
     """Claimed by renaming it into ``fsbus/claims/`` (locking "rename"), not by flock."""
     counted: bool = False
-    """This delivery is already in the failure counter (:meth:`BusFS.count_deliveries`)."""
+    """This delivery is already in the count (:meth:`BusFS.count_deliveries`)."""
+    counter_file: bool = True
+    """Whether a counter file may exist under ``fsbus/attempts/`` (False once looked)."""
 
 
 class BusFS:
@@ -1021,14 +1029,13 @@ class BusFS:
                 self.quarantine(bucket, name, int(st.st_mtime * 1000))
                 self._unlock_close(fd)
                 return None
-            payload = self._pread_all(fd, st.st_size - 1, 1)
+            lead, payload = self._read_counted(fd, st.st_size)
             if len(payload) != st.st_size - 1:
                 # Truncated since our fstat: another consumer acked it (a mount's
                 # cached attributes can show the old size). It is done: skip it.
                 self._unlock_close(fd)
                 return None
             meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
-            count = self._read_attempts(bucket, name) if attempts else 0
         except OSError as exc:
             self._unlock_close(fd)
             if exc.errno in _MISSING:
@@ -1037,7 +1044,10 @@ class BusFS:
         except BaseException:
             self._unlock_close(fd)
             raise
-        return Claim(bucket, name, fd, payload, meta, count)
+        claim = Claim(bucket, name, fd, payload, meta, lead)
+        if attempts:
+            self.fill_attempts((claim,))
+        return claim
 
     def fill_attempts(self, claims: Iterable[Claim]) -> None:
         """Read the failure counts of claims made with ``attempts=False``.
@@ -1049,6 +1059,11 @@ class BusFS:
         """
         by_bucket: dict[str, list[Claim]] = {}
         for c in claims:
+            if 0 < c.attempts < _COUNT_MAX:
+                # Counted in its leading byte, which is never behind a counter file
+                # (whoever wrote the byte had read the file first).
+                c.counter_file = False
+                continue
             by_bucket.setdefault(c.bucket, []).append(c)
         for bucket, group in by_bucket.items():
             present: set[str] | None = None
@@ -1062,9 +1077,13 @@ class BusFS:
             for c in group:
                 if present is None or c.name in present:
                     try:
-                        c.attempts = self._read_attempts(bucket, c.name)
+                        counted = self._read_attempts(bucket, c.name)
                     except StorageError:
-                        c.attempts = 0  # the count is advisory, as when writing it
+                        continue  # the count is advisory, as when writing it
+                    c.attempts = max(c.attempts, counted)
+                    c.counter_file = counted > 0 or present is not None
+                else:
+                    c.counter_file = False
 
     def _claim_by_rename(
         self, bucket: str, name: str, *, has_meta: bool, read_attempts: bool = True
@@ -1099,14 +1118,35 @@ class BusFS:
                 self._unlink_quiet(dst)
                 self._remove_message(bucket, name)
                 return None
-            payload = self._pread_all(fd, st.st_size - 1, 1)
+            lead, payload = self._read_counted(fd, st.st_size)
             meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
-            attempts = self._read_attempts(bucket, name) if read_attempts else 0
+            claim = Claim(bucket, name, fd, payload, meta, lead, renamed=True)
+            if read_attempts:
+                self.fill_attempts((claim,))
         except BaseException:
             self.ops.close(fd)
             self._return_claim(bucket, name)
             raise
-        return Claim(bucket, name, fd, payload, meta, attempts, renamed=True)
+        return claim
+
+    def _read_counted(self, fd: int, size: int) -> tuple[int, bytes]:
+        """The leading byte (deliveries recorded in the file) and the payload after it."""
+        if size <= _SPLIT_READ:
+            data = self._pread_all(fd, size, 0)
+            return (data[0], data[1:]) if data else (0, b"")
+        lead = self.ops.pread(fd, 1, 0)
+        return (lead[0] if lead else 0), self._pread_all(fd, size - 1, 1)
+
+    def _record_delivery(self, claim: Claim) -> None:
+        """Count one more delivery of a held message: its leading byte, in place (the
+        counter file as well once the byte is full). Raises OSError."""
+        n = claim.attempts + 1
+        self.ops.pwrite(claim.fd, bytes((min(n, _COUNT_MAX),)), 0)
+        if n >= _COUNT_MAX:
+            self._write_file(
+                self.layout.attempts_path(claim.bucket, claim.name), str(n).encode(), False
+            )
+            claim.counter_file = True
 
     def renew(self, claims: Iterable[Claim]) -> list[Claim]:
         """Renew the leases of claims made by rename; returns the ones found lost.
@@ -1146,16 +1186,14 @@ class BusFS:
         if claim.renamed:
             try:
                 self._unlink_quiet(self._claim_path(claim.bucket, claim.name))
-                self._remove_message(claim.bucket, claim.name)
+                self._remove_message(claim.bucket, claim.name, attempts=claim.counter_file)
             finally:
                 self.ops.close(claim.fd)
             return
         try:
             self.ops.ftruncate(claim.fd, 0)
-            # The failure counter is only written under the lock we hold: we know.
-            self._remove_message(
-                claim.bucket, claim.name, attempts=claim.attempts > 0 or claim.counted
-            )
+            # A counter file is only written under the lock we hold: we know.
+            self._remove_message(claim.bucket, claim.name, attempts=claim.counter_file)
         finally:
             self._unlock_close(claim.fd)
 
@@ -1164,11 +1202,7 @@ class BusFS:
         dies holding it leaves a count behind (its redelivery is not a first delivery)."""
         for c in claims:
             try:
-                self._write_file(
-                    self.layout.attempts_path(c.bucket, c.name),
-                    str(c.attempts + 1).encode(),
-                    durable=False,
-                )
+                self._record_delivery(c)
             except OSError:
                 continue  # the count is advisory; never hold a message back over it
             c.counted = True
@@ -1177,11 +1211,7 @@ class BusFS:
         """Give a claimed message back for redelivery, counting a failure if asked."""
         try:
             if failed and not claim.counted:
-                self._write_file(
-                    self.layout.attempts_path(claim.bucket, claim.name),
-                    str(claim.attempts + 1).encode(),
-                    durable=False,
-                )
+                self._record_delivery(claim)
         except OSError:
             pass  # the count is advisory; never lose the message over it
         finally:

@@ -7,7 +7,7 @@
     <root>/topics/<bucket>/<name>    the rest of a long topic (hex, ASCII)
     <root>/update/UPDATE             num_buckets x stamp_size random bytes
     <root>/fsbus/meta/<bucket>/<name>      headers of a message (JSON), fsbus only
-    <root>/fsbus/attempts/<bucket>/<name>  failed deliveries of a single message
+    <root>/fsbus/attempts/<bucket>/<name>  deliveries of a single message past 255
     <root>/fsbus/hosts/<host id>           the host name behind a host id
     <root>/fsbus/quarantine/               foreign or corrupt files moved aside
     <root>/streams/<name>/                 streams (see the streams modules)
@@ -108,7 +108,7 @@ class Layout:
         return f"{self.root}/fsbus/meta/{bucket}/{name}"
 
     def attempts_path(self, bucket: str, name: str) -> str:
-        """Path of a single message's failed-delivery counter."""
+        """Path of a single message's delivery counter (counts its leading byte cannot hold)."""
         return f"{self.root}/fsbus/attempts/{bucket}/{name}"
 
     def stamp_offset(self, bucket_index: int) -> int:

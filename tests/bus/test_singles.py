@@ -113,13 +113,30 @@ async def test_failures_are_counted_on_disk(root: Path, fast: BusConfig) -> None
         await bus.subscribe("count.me", handler)
         with anyio.fail_after(WAIT):
             await first_failed.wait()
-        attempts = root / "fsbus" / "attempts" / info.bucket / info.name
         await wait_until(lambda: len(calls) == 2)
-        assert attempts.read_text() == "1"
+        # The count is the message file's leading byte (qlobber-fsq reads from byte 1):
+        # no counter file per delivery.
+        assert (root / "messages" / info.bucket / info.name).read_bytes() == b"\x01x"
+        assert not (root / "fsbus" / "attempts" / info.bucket / info.name).exists()
         assert is_flocked(info.path)  # the second delivery holds the lock
         hold.set()
-        await wait_until(lambda: not attempts.exists())
+        await wait_until(lambda: not (root / "messages" / info.bucket / info.name).exists())
     assert calls == [1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_counter_file_is_still_read_and_taken_over(root: Path, fast: BusConfig) -> None:
+    """A count kept in fsbus/attempts/ (older fsbus, or past 255 deliveries) counts."""
+    seen = Inbox()
+    async with Bus(root, config=fast) as bus:
+        info = await bus.publish("count.old", b"y", single=True)
+        attempts = root / "fsbus" / "attempts" / info.bucket / info.name
+        attempts.write_text("300")
+        await bus.subscribe("count.old", seen)
+        await seen.wait_for(1)
+        message = root / "messages" / info.bucket / info.name
+        await wait_until(lambda: not message.exists() and not attempts.exists())
+    assert seen.messages[0].delivery_count == 301
 
 
 @pytest.mark.anyio

@@ -483,6 +483,29 @@ async def test_a_dead_lettered_qlobber_job_reaches_a_qlobber_subscriber_intact(
     assert left_on_disk(bus_root, kind="s") == []
 
 
+@pytest.mark.asyncio
+async def test_a_job_fsbus_failed_reaches_a_qlobber_worker_intact(
+    qlobber: Callable[..., JsonLinesPeer], bus_root: Path
+) -> None:
+    """fsbus counts a failed delivery in the file's leading byte; qlobber-fsq reads after it."""
+    payload = b"\x00\x01" + bytes(range(256))
+    with BlockingBus(bus_root) as bus:
+        info = bus.publish("jobs.retry", payload, single=True)
+        with bus.messages("jobs.#") as it:
+            msg = it.get(timeout=TIMEOUT)
+            assert msg.delivery_count == 1
+            it.release(msg)  # a failure, counted
+    assert (bus_root / "messages" / info.bucket / info.name).read_bytes()[0] == 1
+    worker = qlobber("sub", subscriptions=[{"id": "w", "pattern": "jobs.#"}])
+    await in_thread(lambda: worker.wait_count("message", 1))
+    await eventually(lambda: left_on_disk(bus_root, kind="s") == [], what="job consumed")
+    assert worker.stop() == 0
+    (event,) = worker.of("message")
+    assert event["fname"] == info.name
+    assert base64.b64decode(str(event["payload"])) == payload
+    assert event["size"] == len(payload)
+
+
 # --------------------------------------------------------------------------- existing
 @pytest.mark.asyncio
 async def test_messages_already_there_reach_only_subscribers_asking_for_existing_ones(
