@@ -252,6 +252,9 @@ async def test_dead_letter_after_max_deliveries(root: Path, fast: BusConfig) -> 
         await bus.subscribe(None, dead, queue="dlq")
         (msg,) = await dead.wait_for(1)
         await wait_until(lambda: bus.statistics().dead_lettered == 1)
+        # The handler returns once the dead letter is out; the ack follows it (and the
+        # ack of "ok" may still be on its way): wait for both before looking at depth.
+        await wait_until(lambda: bus.statistics().acked >= 2)
         assert (await bus.queue_info("work")).depth == 0
     attempts = [m.delivery_count for m in failing.messages if m.payload == b"poison"]
     assert attempts == [1, 2, 3]
