@@ -3,7 +3,8 @@
 ::
 
     <root>/staging/                  messages being written (O_EXCL), renamed when complete
-    <root>/messages/<bucket>/<name>  one file per message: 0x00 then the payload
+    <root>/messages/<bucket>/<name>  one file per message: a leading byte (0x00 when
+                                     published; a delivery count once claimed), then the payload
     <root>/topics/<bucket>/<name>    the rest of a long topic (hex, ASCII)
     <root>/update/UPDATE             num_buckets x stamp_size random bytes
     <root>/fsbus/meta/<bucket>/<name>      headers of a message (JSON), fsbus only
