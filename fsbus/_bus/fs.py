@@ -1050,12 +1050,14 @@ class BusFS:
         return claim
 
     def fill_attempts(self, claims: Iterable[Claim]) -> None:
-        """Read the failure counts of claims made with ``attempts=False``.
+        """Complete the delivery counts of held claims from their counter files.
 
-        Where a bucket has several claims its counter directory is listed once and only
-        the counters present are opened (most messages never failed), instead of one
-        ``open`` per claim. Safe because the claims are held: a counter is written only
-        by a holder, before it lets go, so it is in the directory before our claim.
+        A claim's count starts as its leading byte; only a claim whose byte is 0 (never
+        counted, or counted in a file by an older version) or full (255) needs its file.
+        Where a bucket has several such claims its counter directory is listed once and
+        only the counters present are opened, instead of one ``open`` per claim. Safe
+        because the claims are held: a counter is written only by a holder, before it
+        lets go, so it is in the directory before our claim.
         """
         by_bucket: dict[str, list[Claim]] = {}
         for c in claims:
