@@ -104,16 +104,17 @@ async def test_zero_byte_messages_are_never_delivered_and_gc_removes_them(
     root = tmp_path / "bus"
     inbox = Inbox()
     async with Bus(root, config=FAST) as bus:
+        # A consumer killed between ftruncate and unlink leaves an empty file. It is made
+        # before anyone subscribes: a subscriber could otherwise take it first.
+        leftover = await bus.publish("z.single", b"s2", ttl=3600, single=True)
+        os.truncate(leftover.path, 0)
         await bus.subscribe("#", inbox, existing=True)
         multi = await bus.publish("z.multi", b"m", ttl=3600)
         single = await bus.publish("z.single", b"s", single=True)
         await inbox.wait(2)
         await until(lambda: not Path(single.path).exists())
-        # A consumer killed between ftruncate and unlink leaves an empty file; so does
-        # a peer's truncated multi message.
-        leftover = await bus.publish("z.single", b"s2", ttl=3600, single=True)
-        for info in (multi, leftover):
-            os.truncate(info.path, 0)
+        # So does a peer's truncated multi message.
+        os.truncate(multi.path, 0)
         await bus.gc(debris_age=0)
         assert not os.path.exists(multi.path)  # noqa: ASYNC240
         assert not os.path.exists(leftover.path)  # noqa: ASYNC240
