@@ -135,6 +135,7 @@ class Channel:
         self.last_queue = ""
         self._pub: _Publish | None = None
         self._last_info: QueueInfo | None = None
+        self._last_held = 0
         self.reply_queue: str | None = None
         """The queue of this channel's direct reply-to consumer, if it has one."""
 
@@ -281,6 +282,7 @@ class Channel:
         """The AMQP side of queue ``name``, if the bus has the queue (its bus info as
         :attr:`_last_info`)."""
         self._last_info = None
+        self._last_held = self.gateway.held(name)  # before the listing: see ready_count
         try:
             info = await self.bus.queue_info(bus_queue_name(name))
         except QueueNotFound:
@@ -395,7 +397,9 @@ class Channel:
         self.last_queue = name
         # the queue is listed once: a declare of a queue that was there (a client
         # polling its depth with passive declares) counts what _queue_meta found
-        ready, consumers = await self.gateway.ready_count(name, self._last_info)
+        ready, consumers = await self.gateway.ready_count(
+            name, self._last_info, self._last_held
+        )
         if not m.nowait:
             await self.reply(
                 spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)

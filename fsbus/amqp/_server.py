@@ -329,19 +329,30 @@ class Gateway:
             if not subs:
                 del self._subs[queue]
 
-    async def ready_count(self, queue: str, info: QueueInfo | None = None) -> tuple[int, int]:
+    def held(self, queue: str) -> int:
+        """The messages of ``queue`` this gateway's consumers hold: delivered, and not
+        yet settled on disk."""
+        return sum(s.in_flight for s in self._subs.get(queue, {}))
+
+    async def ready_count(
+        self, queue: str, info: QueueInfo | None = None, held: int | None = None
+    ) -> tuple[int, int]:
         """(messages ready, consumers) of ``queue``, as RabbitMQ counts them: the
         messages held by a consumer, not yet acknowledged, are left out.
 
         Those this gateway holds are counted by its subscriptions; when another process
-        consumes the queue too, the messages it holds are told by their locks.
+        consumes the queue too, the messages it holds are told by their locks. ``held``
+        must be counted before ``info`` was listed: a message acked in between is then
+        left out of both, never counted as ready (RabbitMQ answers a passive declare
+        after an ack on the channel without that message).
         """
         name = bus_queue_name(queue)
-        if info is None:
+        if info is None or held is None:
+            held = self.held(queue)
             info = await self.bus.queue_info(name)
         subs = self._subs.get(queue, {})
         if info.consumers <= len(subs):
-            return max(0, info.depth - sum(s.in_flight for s in subs)), info.consumers
+            return max(0, info.depth - held), info.consumers
         ready = 0
         async for m in self.bus.browse(queue=name):
             ready += not m.locked
