@@ -379,6 +379,9 @@ class Connection:
                     connection=True,
                 )
             if isinstance(method, spec.Connection.Close):
+                # close-ok says the connection is gone: its exclusive queues with it, so
+                # that a client that declares one again next sees no trace of them
+                await self._release()
                 await self.send(0, spec.Connection.CloseOk())
                 await self.flush()
                 raise _Closed
@@ -483,13 +486,17 @@ class Connection:
         except ValueError:
             return True
 
-    async def _cleanup(self) -> None:
+    async def _release(self) -> None:
+        """Close the channels and drop the exclusive queues (safe to repeat)."""
         for ch in list(self.channels.values()):
             await ch.close()
         self.channels.clear()
         for queue in list(self.exclusive):
             await self.gateway.drop_exclusive(queue)
         self.exclusive.clear()
+
+    async def _cleanup(self) -> None:
+        await self._release()
         with anyio.CancelScope(shield=True):
             try:
                 await self.stream.aclose()
