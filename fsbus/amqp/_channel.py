@@ -397,9 +397,7 @@ class Channel:
         self.last_queue = name
         # the queue is listed once: a declare of a queue that was there (a client
         # polling its depth with passive declares) counts what _queue_meta found
-        ready, consumers = await self.gateway.ready_count(
-            name, self._last_info, self._last_held
-        )
+        ready, consumers = await self.gateway.ready_count(name, self._last_info, self._last_held)
         if not m.nowait:
             await self.reply(
                 spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)
