@@ -1210,14 +1210,24 @@ class Bus:
         """One round of :meth:`_claim_ready`; whether it ran out of time with candidates
         and free handlers left (another round should follow at once)."""
         capacity = self._free
-        if capacity <= 0 or not any(
-            s.kind != "multi" and not s.closed and (s.prefetch is None or s.in_flight < s.prefetch)
-            for s in self._subs
-        ):
+        room = 0  # what the work-queue subscriptions can take, at most capacity
+        for s in self._subs:
+            if s.kind != "multi" and not s.closed:
+                room += capacity if s.prefetch is None else max(0, s.prefetch - s.in_flight)
+                if room >= capacity:
+                    break
+        if capacity <= 0 or room <= 0:
             # No handler free, or every work-queue subscription at its prefetch: nothing
             # can be claimed, so leave the heap as it is (popping and pushing back every
             # candidate cost more than the claims when consumers are busy).
             return False
+        # Subscriptions at their prefetch take no more than their room, however many
+        # handlers are free: pick candidates for that many only (a consumer with a
+        # prefetch of 100 on a bus of 1,000 handlers acks a few at a time, and each
+        # round would otherwise pop, and push back, thousands of entries for those few).
+        # Entries of full subscriptions are still passed over (deferred) as deep as the
+        # free handlers allow, so that another subscription's work behind them is found.
+        claimable = min(capacity, room)
         now = time.monotonic()
         now_ms = int(time.time() * 1000)
         # Candidates: the best ones in order, a few spare for claims that fail. When other
@@ -1225,7 +1235,7 @@ class Bus:
         # place among those of the best priority, so that they collide less.
         contended = self._contention.active
         per_slot = 2 if contended else 1
-        wanted = capacity * per_slot + _SPARE_CANDIDATES
+        wanted = claimable * per_slot + _SPARE_CANDIDATES
         picked: list[tuple[Entry, Subscription]] = []
         deferred: list[Entry] = []
         picks: dict[Subscription, int] = {}

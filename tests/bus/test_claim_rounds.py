@@ -14,8 +14,14 @@ import threading
 import time
 from pathlib import Path
 
-from fsbus import BlockingBus, BusConfig
+import anyio
+import anyio.lowlevel
+import pytest
+
+from fsbus import BlockingBus, Bus, BusConfig, Message
 from fsbus._bus.ops import Ops
+
+from .conftest import WAIT
 
 N = 120
 SLOW = 0.02
@@ -55,3 +61,66 @@ def test_the_first_message_comes_after_one_round_not_after_every_claim(tmp_path:
     # the old engine claimed all N (N x 20 ms) before the first reached the reader
     assert claims_at_first < N // 2, claims_at_first
     assert ops.claims >= N
+
+
+@pytest.mark.anyio
+async def test_a_full_subscription_does_not_hide_another_ones_work(tmp_path: Path) -> None:
+    """Claim rounds pick candidates only for the room subscriptions have, but pass over
+    the work of a full one (here: 60 messages ahead of the others by priority) to find
+    what another subscription can take."""
+    root = tmp_path / "bus"
+    release = anyio.Event()
+    busy: list[Message] = []
+    other: list[Message] = []
+    got_other = anyio.Event()
+
+    async def stuck(msg: Message) -> None:
+        busy.append(msg)
+        await release.wait()
+
+    async def free(msg: Message) -> None:
+        other.append(msg)
+        if len(other) == 5:
+            got_other.set()
+
+    async with Bus(root, config=BusConfig(handler_concurrency=64)) as bus:
+        for i in range(60):
+            await bus.publish("a.job", str(i), single=True, priority=0)
+        for i in range(5):
+            await bus.publish("b.job", str(i), single=True, priority=9)
+        await bus.subscribe("a.#", stuck, kind="single", prefetch=1)
+        await bus.subscribe("b.#", free, kind="single", prefetch=1)
+        with anyio.fail_after(WAIT):
+            await got_other.wait()
+        assert len(busy) == 1  # the full one held its one message all along
+        release.set()
+    assert sorted(int(m.payload) for m in other) == list(range(5))
+
+
+@pytest.mark.anyio
+async def test_a_small_prefetch_on_many_handlers_gets_each_message_once(tmp_path: Path) -> None:
+    root = tmp_path / "bus"
+    n, prefetch = 300, 4
+    seen: list[int] = []
+    held = 0
+    most = 0
+    done = anyio.Event()
+
+    async def handler(msg: Message) -> None:
+        nonlocal held, most
+        held += 1
+        most = max(most, held)
+        await anyio.lowlevel.checkpoint()  # let the engine run claim rounds meanwhile
+        held -= 1
+        seen.append(int(msg.payload))
+        if len(seen) == n:
+            done.set()
+
+    async with Bus(root, config=BusConfig(handler_concurrency=500)) as bus:
+        for i in range(n):
+            await bus.publish("jobs.x", str(i), single=True)
+        await bus.subscribe("jobs.#", handler, kind="single", prefetch=prefetch)
+        with anyio.fail_after(WAIT):
+            await done.wait()
+    assert sorted(seen) == list(range(n))
+    assert most <= prefetch
