@@ -184,7 +184,8 @@ def remove_tree(path: Path) -> None:
 def subdirs(path: Path) -> list[str]:
     """Names of the directories in ``path`` (none if it does not exist)."""
     try:
-        return [e.name for e in os.scandir(path) if e.is_dir()]
+        with os.scandir(path) as it:  # closed even if an entry's stat fails midway
+            return [e.name for e in it if e.is_dir()]
     except FileNotFoundError:
         return []
 
@@ -192,7 +193,8 @@ def subdirs(path: Path) -> list[str]:
 def marker_names(path: Path) -> list[str]:
     """Names of the files in ``path`` (none if it does not exist)."""
     try:
-        return [e.name for e in os.scandir(path) if e.is_file()]
+        with os.scandir(path) as it:
+            return [e.name for e in it if e.is_file()]
     except FileNotFoundError:
         return []
 
