@@ -21,7 +21,7 @@ import os
 import random
 import time
 import typing
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -238,6 +238,11 @@ _SPARE_CANDIDATES = 4
 _LOST_ENOUGH = 4
 """Claims lost in one round (and more than twice those won) after which it stops."""
 _CLAIM_ROUND_SECONDS = 0.05
+_ROUTER_POLL = 0.25
+"""Seconds between a waiting queue consumer's tries to take over routing peers' messages."""
+_ROUTER_SLACK = 2.0
+"""Seconds before it began to wait from which a new router routes what it finds unrouted
+(clocks of the hosts on a shared mount, and of the filesystem, may differ a little)."""
 """How long one round of claims may take before what it won is handed out: hundreds of
 claims on a local disk, a handful on a network filesystem, where a claim waits for the
 server (the first message then reaches its handler after one claim, not after all)."""
@@ -310,6 +315,8 @@ class Bus:
         # task per message. Slots (_free) bound what is queued plus what runs.
         self._jobs = _JobQueue()
         self._scanning = False
+        self._router_waiting = False  # a task waits to route peers' messages (_await_router)
+        self._route_since: float | None = None  # a new router's first listing routes from
         self._open = False
         self._closed = False
         # Plain publishes: inline on the loop while the mount is fast, else in a thread.
@@ -942,7 +949,11 @@ class Bus:
         if decision.expired or decision.foreign:
             await self._housekeep(decision.expired, decision.foreign)
         if not baseline:
-            await self._route_peer_messages(decision)
+            await self._route_peer_messages((*decision.new_multi, *decision.new_singles))
+        elif self._route_since is not None:
+            # a router taking over: what the old one left, since this one began to wait
+            since, self._route_since = self._route_since, None
+            await self._route_peer_messages((*decision.present_multi, *decision.singles), since)
         # Work items already on the heap, in flight or backing off need no second look:
         # new ones go on the heap, and a full listing or a bucket listed again for a
         # retry puts back everything it holds (what was dropped while busy, released...).
@@ -977,12 +988,15 @@ class Bus:
         if self._ready_keys and self._free > 0:
             await self._claim_ready()
 
-    async def _route_peer_messages(self, decision: ScanDecision) -> None:
-        """Copy new messages of qlobber-fsq peers (which do not route) into the durable
-        queues bound to their topics; the first fsbus process to see one does it, once.
+    async def _route_peer_messages(
+        self, entries: Iterable[Entry], since: float | None = None
+    ) -> None:
+        """Copy messages of qlobber-fsq peers (which do not route) into the durable queues
+        bound to their topics; the first fsbus process to see one does it, once.
+        ``since``: only those published (renamed into their bucket) since that time.
         """
         routed = []
-        for e in (*decision.new_multi, *decision.new_singles):
+        for e in entries:
             if e.parsed.fields is None and e.topic is not None:
                 targets = self._queues.targets(e.topic)
                 if targets:
@@ -997,8 +1011,14 @@ class Bus:
             for e, targets in routed:
                 bucket = buckets[e.bucket_index]
                 ttl = (e.parsed.expires_ms - now_ms) / 1000
-                if ttl <= 0 or not self._queues.mark_routed(bucket, e.name):
-                    continue  # expired, or another process routes it
+                if ttl <= 0:
+                    continue
+                if since is not None:
+                    changed = self._fs.changed_at(bucket, e.name)
+                    if changed is None or changed < since:
+                        continue  # gone, or older than this router's watch
+                if not self._queues.mark_routed(bucket, e.name):
+                    continue  # another process routes it
                 got = self._fs.read_multi(bucket, e.name, has_meta=False)
                 if got.payload is None:
                     continue  # a peer consumed it first
@@ -1747,10 +1767,8 @@ class Bus:
         except BaseException:
             self._release_queue_bus(name, entry, token)
             raise
-        if not self._scanning and self._tg is not None:
-            # a consumer's process routes the messages of qlobber-fsq peers (who do not)
-            with contextlib.suppress(FsBusError, OSError):
-                await self._start_scanning(self._tg)
+        if not self._scanning and not self._router_waiting and self._tg is not None:
+            await self._route_peers(self._tg)
         max_deliveries = d.options.max_deliveries
         dead_letter = d.options.dead_letter
 
@@ -1798,6 +1816,54 @@ class Bus:
 
         sub.on_close = leave
         return sub
+
+    async def _route_peers(self, tg: anyio.abc.TaskGroup) -> None:
+        """Route the messages of qlobber-fsq peers (who do not) into the queues, from the
+        process elected for it (:meth:`QueueStore.take_router`), or wait for a turn.
+
+        Routing means listing the main bus: a process that scans it anyway (it
+        subscribes there) routes as it goes; of the processes that only consume queues,
+        one lists it for all, not each of them.
+        """
+        if await anyio.to_thread.run_sync(self._queues.take_router):
+            with contextlib.suppress(FsBusError, OSError):
+                await self._start_scanning(tg)
+            if not self._scanning:
+                await anyio.to_thread.run_sync(self._queues.drop_router)
+            return
+        self._router_waiting = True
+        tg.start_soon(self._await_router, time.time())
+
+    async def _await_router(self, since: float) -> None:
+        """Take over routing peers' messages when the router lets go (it closed, or its
+        process died: its flock went with it), unless this bus scans for itself first.
+
+        The new router's first listing routes the peers' messages it finds that no
+        router has marked and that were published since this consumer began to wait
+        (less :data:`_ROUTER_SLACK`): those the old router had not reached when it went.
+        The markers keep each copy single if it had.
+        """
+        try:
+            while not self._scanning:
+                await anyio.sleep(_ROUTER_POLL)
+                if self._scanning:
+                    return  # a subscription of its own started a scan: it routes as it goes
+                if not await anyio.to_thread.run_sync(self._queues.take_router):
+                    continue
+                tg = self._tg
+                if tg is None:
+                    return  # closing
+                self._route_since = since - _ROUTER_SLACK
+                try:
+                    await self._start_scanning(tg)
+                except (FsBusError, OSError) as exc:
+                    log.warning("cannot list %s to route peers' messages: %s", self.root, exc)
+                    await anyio.to_thread.run_sync(self._queues.drop_router)
+                    self._route_since = None
+                    continue
+                return
+        finally:
+            self._router_waiting = False
 
     def _release_queue_bus(
         self, name: str, entry: tuple[Bus, anyio.Event, list[object]], token: object

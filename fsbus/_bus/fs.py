@@ -953,6 +953,14 @@ class BusFS:
         meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
         return ReadResult(payload, meta)
 
+    def changed_at(self, bucket: str, name: str) -> float | None:
+        """When a message's name last changed (its ``st_ctime``: a rename sets it, so for
+        a message this is when it was published); None when it is gone."""
+        try:
+            return self.ops.lstat(self.layout.message_path(bucket, name)).st_ctime
+        except OSError:
+            return None
+
     def _too_large(self, path: str, size: int) -> bool:
         """A payload over ``max_payload_size`` is not read into memory (said once)."""
         limit = self.config.max_payload_size

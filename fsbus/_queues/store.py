@@ -9,6 +9,8 @@ Layout, under the bus directory::
     fsbus/queues/<name>/consumers/*   one file per consumer, flocked while it lives
     fsbus/queues/<name>/bus/          the queue's messages: a bus of its own holding one
                                       work-queue (single) message per queued copy
+    fsbus/queues/.router              flock held by the process that routes peers' messages
+    fsbus/queues/.routed/             markers of peers' messages already routed
 
 Publishers route: before a publish returns, a copy goes into every queue with a
 matching binding, as a single message of the queue's own bus. Consumers of a queue are
@@ -110,6 +112,7 @@ class QueueStore:
         self._routes: dict[str, tuple[Definition, ...]] = {}
         self._publishers: dict[str, QueueBus] = {}
         self._bad: set[str] = set()
+        self._router_fd: int | None = None
         self.sub_config = config.model_copy(
             update={
                 "max_deliveries": None,
@@ -310,6 +313,38 @@ class QueueStore:
             pub.remove(pub.oldest(excess))
 
     # ------------------------------------------------------------------ peers' messages
+    def take_router(self) -> bool:
+        """Become the process that routes peers' messages for the queue consumers of the
+        bus, unless another one is: an exclusive ``flock`` on ``fsbus/queues/.router``, held
+        until :meth:`close` (a process that dies lets it go). True when this store holds
+        it, or when the lock cannot be had at all (no flock on this mount, no right to
+        create the file): then this process routes as if elected, and the markers of
+        :meth:`mark_routed` still keep every copy single."""
+        with self._lock:
+            if self._router_fd is not None:
+                return True
+            try:
+                fd = os.open(f"{self.base}/.router", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError:
+                return True
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False  # another process routes
+            except OSError:
+                os.close(fd)
+                return True
+            self._router_fd = fd
+            return True
+
+    def drop_router(self) -> None:
+        """Let another process route peers' messages (idempotent)."""
+        with self._lock:
+            fd, self._router_fd = self._router_fd, None
+        if fd is not None:
+            os.close(fd)
+
     def mark_routed(self, bucket: str, name: str) -> bool:
         """Claim the routing of a qlobber-fsq peer's message (which routes nothing):
         True for the one process, on any host, that creates its marker first."""
@@ -562,6 +597,7 @@ class QueueStore:
             pubs, self._publishers = list(self._publishers.values()), {}
         for p in pubs:
             p.close()
+        self.drop_router()
 
 
 def copy_ttl(d: Definition, ttl: float | None) -> float:

@@ -50,19 +50,29 @@ function stopOnRequest(fsq) {
 }
 
 // Publish params.messages ([{topic, payload (base64), single, ttl}]) one after another,
-// so the order of "published" lines is the order of the list.
+// so the order of "published" lines is the order of the list. With params.pause_at = k,
+// it stops before message k ({"event": "paused"}) until a line "GO" comes on stdin.
 function pub() {
   const fsq = open();
   fsq.on('start', () => {
     emit({ event: 'ready' });
     const messages = params.messages;
     let i = 0;
+    let resumed = false;
     const next = () => {
       if (i >= messages.length) {
         emit({ event: 'done' });
         fsq.stop_watching(() => {
           emit({ event: 'stopped' });
           process.exit(0);
+        });
+        return;
+      }
+      if (i === params.pause_at && !resumed) {
+        // wait for "GO" on stdin (the test does something between the two parts)
+        emit({ event: 'paused', i });
+        process.stdin.once('data', (d) => {
+          if (d.toString().includes('GO')) { resumed = true; next(); }
         });
         return;
       }

@@ -3,6 +3,8 @@
 qlobber-fsq knows nothing of queues: the fsbus processes on the bus route its messages,
 the first to list one making the copies (a marker created with O_EXCL under
 ``fsbus/queues/.routed/`` says who). Each queue gets one copy, whichever process saw it.
+Of the processes that only consume queues, one (holding a flock on
+``fsbus/queues/.router``) lists the main bus for this; another takes over when it dies.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -140,3 +143,53 @@ def test_a_peer_worker_may_take_a_single_first(
     copies = handled(queue)
     assert set(copies.values()) <= {1}
     assert set(copies) <= {str(i) for i in range(100)}
+
+
+def test_another_consumer_takes_over_routing_when_the_router_is_killed(
+    bus_root: Path,
+    qlobber: Callable[..., JsonLinesPeer],
+    consumer: Callable[..., JsonLinesPeer],
+) -> None:
+    """Of the processes that only consume queues, one lists the main bus and routes the
+    peer's messages. SIGKILL it: another takes over (its flock on fsbus/queues/.router went
+    with the process), and what the peer publishes meanwhile still reaches the queue, one
+    copy each."""
+    with BlockingBus(bus_root) as bus:
+        bus.declare_queue("q", ["peer.#"])
+    router = consumer("q")  # the first to consume: elected
+    router.wait_count("ready", 1)
+    others = [consumer("q"), consumer("q")]
+    for c in others:
+        c.wait_count("ready", 1)
+    everyone = [router, *others]
+
+    def batch(first: int, count: int) -> list[dict[str, Any]]:
+        return [
+            {
+                "topic": "peer.x",
+                "payload": base64.b64encode(str(i).encode()).decode(),
+                "single": False,
+            }
+            for i in range(first, first + count)
+        ]
+
+    publisher = qlobber("pub", messages=batch(0, 300), pause_at=100)
+    publisher.wait_count("paused", 1)
+    wait_handled(everyone, {str(i) for i in range(100)})
+    router.proc.send_signal(signal.SIGKILL)
+    assert router.wait_exit() == -signal.SIGKILL
+    # the rest at once: the first while no one routes (a waiting consumer tries to take
+    # over every quarter second), the others after the takeover
+    publisher.send("GO")
+    publisher.wait_count("done", 1)
+    ids = {str(i) for i in range(300)}
+    wait_handled(everyone, ids)
+    with BlockingBus(bus_root) as bus:
+        deadline = time.monotonic() + 30
+        while bus.queue_info("q").depth and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bus.queue_info("q").depth == 0
+    # one copy each: a copy is delivered first once (a later delivery of it, if the
+    # killed router held it unacknowledged, counts its deliveries on)
+    firsts = Counter(e["id"] for p in everyone for e in p.of("done") if e["delivery_count"] == 1)
+    assert firsts == Counter(ids)

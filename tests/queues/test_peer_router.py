@@ -1,0 +1,127 @@
+"""One process routes peers' messages for the queue consumers of a bus, and another takes
+over when it goes.
+
+qlobber-fsq peers do not route into queues: an fsbus process that lists the main bus
+copies their messages. A process that only consumes queues lists the main bus for that
+alone, so of those, one is elected (a flock on ``fsbus/queues/.router``) and the others
+wait for their turn. These tests plant files exactly as qlobber-fsq writes them (the
+vectors of tests/bus/data); tests/interop/test_qlobber_queues.py does it with the real
+npm peer and ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from fsbus import BlockingBus, Bus, BusConfig
+from fsbus._bus import engine
+from fsbus._bus.layout import Layout
+
+from .conftest import Inbox, wait_until
+
+FAST = BusConfig(poll_interval=0.05, retry_interval=0.05, gc_interval=0.2)
+
+_VECTORS: list[dict[str, Any]] = json.loads(
+    (Path(__file__).parent.parent / "bus" / "data" / "qlobber_fsq_names.json").read_text()
+)["messages"]
+PEER = next(v for v in _VECTORS if v["topic"] == "foo.bar" and not v["single"])
+"""A multi message as qlobber-fsq 14 names it (no spill)."""
+
+
+def plant_peer_message(root: Path, payload: bytes) -> str:
+    """Publish ``payload`` on ``foo.bar`` as a qlobber-fsq peer does: a name of its form
+    (32 random hex digits, no fsbus fields), staged, renamed into a bucket, stamped."""
+    at = PEER["name"].rindex("@")
+    expires = int((time.time() + 600) * 1000)
+    name = f"{PEER['name'][:at]}@s+{expires:x}+m+{secrets.token_hex(16)}"
+    staged = root / "staging" / f"peer-{secrets.token_hex(4)}"
+    staged.write_bytes(b"\x00" + payload)
+    os.rename(staged, root / "messages" / PEER["bucket"] / name)
+    # and stamps the bucket's slot in UPDATE, which wakes the processes that watch it
+    layout = Layout.of(str(root), FAST)
+    index = layout.buckets.index(PEER["bucket"])
+    with open(layout.update_file, "r+b") as update:
+        update.seek(layout.stamp_offset(index))
+        update.write(secrets.token_bytes(layout.stamp_size))
+    return name
+
+
+def scans(bus: Bus) -> int:
+    """Listings of the main bus this process made (its queues' buses not counted)."""
+    return bus.statistics().scans
+
+
+@pytest.mark.anyio
+async def test_one_queue_consumer_lists_the_main_bus_and_another_takes_over(
+    root: Path,
+) -> None:
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    first, second = Inbox(), Inbox()
+    both = (first, second)
+
+    def received() -> Counter[bytes]:
+        return Counter(p for inbox in both for p in inbox.payloads)
+
+    async with Bus(root, config=FAST) as b:
+        await b.subscribe(None, second, queue="q")
+        async with Bus(root, config=FAST) as a:
+            await a.subscribe(None, first, queue="q")
+            # b consumed first: it routes; a only consumes, and never lists the main bus
+            await a.publish("foo.fsbus", b"from fsbus")
+            await wait_until(lambda: received()[b"from fsbus"])
+            await anyio.to_thread.run_sync(plant_peer_message, root, b"peer 1")
+            await wait_until(lambda: received()[b"peer 1"])
+            assert scans(b) > 0
+            assert scans(a) == 0
+        async with Bus(root, config=FAST) as a:
+            await a.subscribe(None, first, queue="q")
+            assert scans(a) == 0
+            # the router goes; a message a peer publishes before anyone took over
+            # is routed by the one that does, once
+            await b.aclose()
+            await anyio.to_thread.run_sync(plant_peer_message, root, b"peer 2")
+            await wait_until(lambda: scans(a) > 0)
+            await wait_until(lambda: received()[b"peer 2"])
+            await anyio.to_thread.run_sync(plant_peer_message, root, b"peer 3")
+            await wait_until(lambda: received()[b"peer 3"])
+    assert await anyio.to_thread.run_sync(depth, root) == 0
+    assert received() == Counter([b"from fsbus", b"peer 1", b"peer 2", b"peer 3"])
+
+
+@pytest.mark.anyio
+async def test_a_new_router_leaves_what_was_published_before_it_began_to_wait(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer's message no router took (it came before any consumer) stays unrouted when
+    a router takes over later: queues get what peers publish while routing runs."""
+    monkeypatch.setattr(engine, "_ROUTER_SLACK", 0.0)
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    await anyio.to_thread.run_sync(plant_peer_message, root, b"before")
+    inbox = Inbox()
+    async with Bus(root, config=FAST) as a:
+        await a.subscribe(None, inbox, queue="q")
+        async with Bus(root, config=FAST) as b:
+            await b.subscribe(None, inbox, queue="q")
+            assert scans(b) == 0  # a routes
+            await a.aclose()
+            await wait_until(lambda: scans(b) > 0)
+            await anyio.to_thread.run_sync(plant_peer_message, root, b"after")
+            await wait_until(lambda: b"after" in inbox.payloads)
+    assert await anyio.to_thread.run_sync(depth, root) == 0
+    assert inbox.payloads == [b"after"]
+
+
+def depth(root: Path) -> int:
+    with BlockingBus(root) as admin:
+        return admin.queue_info("q").depth
