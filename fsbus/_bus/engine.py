@@ -315,6 +315,7 @@ class Bus:
         # task per message. Slots (_free) bound what is queued plus what runs.
         self._jobs = _JobQueue()
         self._scanning = False
+        self._watching = False  # UPDATE watched (from the first scan on: _watch)
         self._router_waiting = False  # a task waits to route peers' messages (_await_router)
         self._route_since: float | None = None  # a new router's first listing routes from
         self._open = False
@@ -396,14 +397,6 @@ class Bus:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                if self._waker.start():
-                    tg.start_soon(self._waker.run)
-                if self._poll_thread:
-                    # Polling is how other hosts are seen here: a thread reads UPDATE
-                    # every tick and wakes the scanner only when it changed; the scan
-                    # loop itself then looks at least once a second.
-                    self._waker.start_poller(self._fs.read_update, self._poll_interval)
-                    self._scan_every = max(self._poll_interval, _POLLED_SCAN_EVERY)
                 tg.start_soon(self._offload.run)
                 tg.start_soon(self._finisher.run)
                 tg.start_soon(self._gc_loop)
@@ -774,10 +767,26 @@ class Bus:
             self._waker.wake()
         return sub
 
+    def _watch(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start watching UPDATE, once: when the bus first scans. A bus that only
+        publishes watches nothing (its own stamps would wake its loop for nothing)."""
+        if self._watching:
+            return
+        self._watching = True
+        if self._waker.start():
+            tg.start_soon(self._waker.run)
+        if self._poll_thread:
+            # Polling is how other hosts are seen here: a thread reads UPDATE every
+            # tick and wakes the scanner only when it changed; the scan loop itself
+            # then looks at least once a second.
+            self._waker.start_poller(self._fs.read_update, self._poll_interval)
+            self._scan_every = max(self._poll_interval, _POLLED_SCAN_EVERY)
+
     async def _start_scanning(self, tg: anyio.abc.TaskGroup) -> None:
-        # List every bucket now, so that anything published after this call
-        # returns is new to this bus (and anything before it is "existing").
+        # Watch first, then list every bucket, so that anything published after this
+        # call returns is new to this bus and wakes it (anything before is "existing").
         self._scanning = True
+        self._watch(tg)
         if not self._workers_started:
             # Handlers of the first scan (existing messages) need the pool running.
             self._workers_started = True

@@ -133,7 +133,8 @@ class BusStatistics:
     in_flight: int
     """Handlers running now."""
     inotify: bool
-    """Whether inotify wake-ups are active (else polling only)."""
+    """Whether inotify wakes this bus's scanner (else it polls). False too while the bus
+    scans nothing: a bus that only publishes watches nothing."""
     claims_lost: int = 0
     """Work-queue claims lost to other consumers (or to a message gone meanwhile).
 

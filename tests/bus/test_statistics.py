@@ -104,7 +104,15 @@ async def test_a_claim_lost_to_another_holder_is_counted_and_tried_again(root: P
 
 @pytest.mark.anyio
 async def test_inotify_is_reported(root: Path) -> None:
+    async def nothing(msg: Message) -> None:
+        pass
+
     async with Bus(root, config=BusConfig(force_polling=False)) as bus:
+        assert not bus.statistics().inotify  # it only publishes: it watches nothing
+        await bus.publish("t", b"x")
+        assert not bus.statistics().inotify
+        await bus.subscribe("#", nothing)
         assert bus.statistics().inotify
     async with Bus(root, config=BusConfig(force_polling=True)) as bus:
+        await bus.subscribe("#", nothing)
         assert not bus.statistics().inotify
