@@ -238,14 +238,15 @@ _SPARE_CANDIDATES = 4
 _LOST_ENOUGH = 4
 """Claims lost in one round (and more than twice those won) after which it stops."""
 _CLAIM_ROUND_SECONDS = 0.05
-_ROUTER_POLL = 0.25
-"""Seconds between a waiting queue consumer's tries to take over routing peers' messages."""
-_ROUTER_SLACK = 2.0
-"""Seconds before it began to wait from which a new router routes what it finds unrouted
-(clocks of the hosts on a shared mount, and of the filesystem, may differ a little)."""
 """How long one round of claims may take before what it won is handed out: hundreds of
 claims on a local disk, a handful on a network filesystem, where a claim waits for the
 server (the first message then reaches its handler after one claim, not after all)."""
+_ROUTER_POLL = 0.25
+"""Seconds between a waiting queue consumer's tries to take over routing peers' messages."""
+_ROUTER_SLACK = 2.0
+"""Seconds before the old router's last progress from which a new router routes what it
+finds unrouted (clocks of the hosts on a shared mount, and of the filesystem, may differ
+a little)."""
 
 
 class Bus:
@@ -922,6 +923,7 @@ class Bus:
         whose buffer fills before its owner starts reading); the scan loop delivers.
         """
         now = time.monotonic()
+        wall = time.time()
         full = (
             baseline
             or self._force_full
@@ -963,6 +965,9 @@ class Bus:
             # a router taking over: what the old one left, since this one began to wait
             since, self._route_since = self._route_since, None
             await self._route_peer_messages((*decision.present_multi, *decision.singles), since)
+        if self._queues.progress_due():
+            # as the router: what was renamed before this listing began has been seen
+            await anyio.to_thread.run_sync(self._queues.note_progress, wall)
         # Work items already on the heap, in flight or backing off need no second look:
         # new ones go on the heap, and a full listing or a bucket listed again for a
         # retry puts back everything it holds (what was dropped while busy, released...).
@@ -1848,9 +1853,10 @@ class Bus:
         process died: its flock went with it), unless this bus scans for itself first.
 
         The new router's first listing routes the peers' messages it finds that no
-        router has marked and that were published since this consumer began to wait
-        (less :data:`_ROUTER_SLACK`): those the old router had not reached when it went.
-        The markers keep each copy single if it had.
+        router has marked and that were published since the old router's last recorded
+        progress (:meth:`QueueStore.note_progress`; without one, since this consumer
+        began to wait), less :data:`_ROUTER_SLACK`: those the old router had not reached
+        when it went. The markers keep each copy single if it had.
         """
         try:
             while not self._scanning:
@@ -1862,7 +1868,10 @@ class Bus:
                 tg = self._tg
                 if tg is None:
                     return  # closing
-                self._route_since = since - _ROUTER_SLACK
+                # from where the old router had got to (or, if it never said, from
+                # when this one began to wait)
+                progress = await anyio.to_thread.run_sync(self._queues.router_progress)
+                self._route_since = (since if progress is None else progress) - _ROUTER_SLACK
                 try:
                     await self._start_scanning(tg)
                 except (FsBusError, OSError) as exc:

@@ -26,8 +26,10 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import shutil
+import struct
 import threading
 import time
 import uuid
@@ -113,6 +115,7 @@ class QueueStore:
         self._publishers: dict[str, QueueBus] = {}
         self._bad: set[str] = set()
         self._router_fd: int | None = None
+        self._progress_at = 0.0  # when note_progress last wrote (time.monotonic)
         self.sub_config = config.model_copy(
             update={
                 "max_deliveries": None,
@@ -337,6 +340,38 @@ class QueueStore:
                 return True
             self._router_fd = fd
             return True
+
+    def progress_due(self) -> bool:
+        """Whether, as the router, it is time to record its progress again (first at
+        once, then at most every :data:`PROGRESS_EVERY` seconds)."""
+        return self._router_fd is not None and (
+            not self._progress_at or time.monotonic() - self._progress_at >= PROGRESS_EVERY
+        )
+
+    def note_progress(self, wall: float) -> None:
+        """As the router: every peer's message renamed into its bucket before ``wall``
+        (``time.time()``) has been looked at. Kept in ``.router`` for the next router."""
+        fd = self._router_fd
+        if fd is None:
+            return
+        self._progress_at = time.monotonic()
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, struct.pack("<d", wall), 0)
+
+    def router_progress(self) -> float | None:
+        """The last progress a router recorded (see :meth:`note_progress`), read by the
+        router that takes over; None when there is none."""
+        fd = self._router_fd
+        if fd is None:
+            return None
+        try:
+            data = os.pread(fd, 8, 0)
+        except OSError:
+            return None
+        if len(data) != 8:
+            return None
+        (wall,) = struct.unpack("<d", data)
+        return wall if math.isfinite(wall) and wall > 0 else None
 
     def drop_router(self) -> None:
         """Let another process route peers' messages (idempotent)."""
@@ -598,6 +633,10 @@ class QueueStore:
         for p in pubs:
             p.close()
         self.drop_router()
+
+
+PROGRESS_EVERY = 0.5
+"""Seconds between two records of the router's progress in ``.router``."""
 
 
 def copy_ttl(d: Definition, ttl: float | None) -> float:

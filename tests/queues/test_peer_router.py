@@ -99,11 +99,12 @@ async def test_one_queue_consumer_lists_the_main_bus_and_another_takes_over(
 
 
 @pytest.mark.anyio
-async def test_a_new_router_leaves_what_was_published_before_it_began_to_wait(
+async def test_a_new_router_leaves_what_the_old_one_had_passed(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A peer's message no router took (it came before any consumer) stays unrouted when
-    a router takes over later: queues get what peers publish while routing runs."""
+    """A new router routes from where the old one had got to (its progress, kept in
+    ``fsbus/queues/.router``): a peer's message that came before any router ran stays
+    unrouted, as it was, and one published after the takeover is routed."""
     monkeypatch.setattr(engine, "_ROUTER_SLACK", 0.0)
     with BlockingBus(root) as admin:
         admin.declare_queue("q", ["foo.#"])
