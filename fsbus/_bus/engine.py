@@ -980,8 +980,16 @@ class Bus:
             ]
         else:
             again = decision.new_singles
-        for e in again:
-            self._push_ready(e)
+        if any(s.kind != "multi" and not s.closed for s in self._subs):
+            for e in again:
+                self._push_ready(e)
+        elif self._ready:
+            # No subscription here takes work-queue messages (a bus that only routes
+            # peers' messages, or whose subscriptions are all multi): keep none of them
+            # on the heap, where nothing would ever pop them. A work-queue subscription
+            # that comes later makes the next listing a full one, which pushes them all.
+            self._ready.clear()
+            self._ready_keys.clear()
         if not deliver:
             return
         multis = decision.new_multi
