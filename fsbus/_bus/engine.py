@@ -1879,7 +1879,10 @@ class Bus:
                 # from where the old router had got to (or, if it never said, from
                 # when this one began to wait)
                 progress = await anyio.to_thread.run_sync(self._queues.router_progress)
-                self._route_since = (since if progress is None else progress) - _ROUTER_SLACK
+                # (never later than now: a router on a host whose clock runs ahead
+                # would otherwise have the new one skip what came in between)
+                start = since if progress is None else min(progress, time.time())
+                self._route_since = start - _ROUTER_SLACK
                 try:
                     await self._start_scanning(tg)
                 except (FsBusError, OSError) as exc:
