@@ -37,13 +37,14 @@ from .._core.topics import validate_pattern, validate_topic
 from .._core.trie import TopicTrie
 from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
-from .._queues.definition import QueueInfo, QueueOptions
+from .._queues.definition import Definition, QueueInfo, QueueOptions
+from .._queues.routed import RouteMark
 from .._queues.store import QueueStore
 from .fs import BusFS, Claim, Go, NameClash, ReadResult, decode_meta
 from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer, new_publish_info
-from .names import FLAG_META
+from .names import FLAG_META, parse_name
 from .offload import Offload
 from .ops import Ops
 from .plan import PublishPlan
@@ -1029,31 +1030,56 @@ class Bus:
 
         def work() -> int:
             made = 0
-            now_ms = int(time.time() * 1000)
             for e, targets in routed:
                 bucket = buckets[e.bucket_index]
-                ttl = (e.parsed.expires_ms - now_ms) / 1000
-                if ttl <= 0:
+                if e.parsed.expires_ms <= time.time() * 1000:
                     continue
                 if since is not None:
                     changed = self._fs.changed_at(bucket, e.name)
                     if changed is None or changed < since:
                         continue  # gone, or older than this router's watch
-                if not self._queues.mark_routed(bucket, e.name):
-                    continue  # another process routes it
-                got = self._fs.read_multi(bucket, e.name, has_meta=False)
-                if got.payload is None:
-                    continue  # a peer consumed it first
                 assert e.topic is not None
-                made += self._queues.route(
-                    targets,
-                    e.topic,
-                    got.payload,
-                    ttl=ttl,
-                    durable=False,
-                    headers=None,
-                    priority=None,
-                )
+                mark = self._queues.claim_route(bucket, e.name, e.topic)
+                if mark is not None:  # else another process routes it
+                    made += self._copy_peer_message(mark, e.parsed.expires_ms, targets)
+            return made
+
+        self._counts["peer_routed"] += await anyio.to_thread.run_sync(work)
+
+    def _copy_peer_message(
+        self, mark: RouteMark, expires_ms: int, targets: tuple[Definition, ...] | None = None
+    ) -> int:
+        """Blocking: copy a peer's message claimed by ``mark`` into its queues (those not
+        already holding their copy), write each down, then mark it done; returns the
+        copies made. An error leaves the marker half done, for a later router."""
+        try:
+            if targets is None:
+                targets = self._queues.targets(mark.topic)
+            ttl = (expires_ms - time.time() * 1000) / 1000
+            todo = [d for d in targets if d.name not in mark.copied]
+            made = 0
+            if ttl > 0 and todo:
+                got = self._fs.read_multi(mark.bucket, mark.name, has_meta=False)
+                if got.payload is not None:  # else a peer consumed it first
+                    for d in todo:
+                        made += self._queues.enqueue(d, mark.topic, got.payload, ttl=ttl)
+                        mark.copied_into(d.name)
+            mark.done()
+            return made
+        finally:
+            mark.close()
+
+    async def _finish_peer_routes(self) -> None:
+        """Route the peers' messages whose router died (or failed) half way through."""
+
+        def work() -> int:
+            made = 0
+            for mark in self._queues.abandoned_routes():
+                parsed = parse_name(mark.name)
+                if parsed is None:
+                    mark.close()
+                    continue
+                made += self._copy_peer_message(mark, parsed.expires_ms)
             return made
 
         self._counts["peer_routed"] += await anyio.to_thread.run_sync(work)
@@ -1581,6 +1607,7 @@ class Bus:
             try:
                 await self.gc()
                 await anyio.to_thread.run_sync(self._queues.expire_unused)
+                await self._finish_peer_routes()
             except ClosedError:
                 return  # the bus is closing under us: not a failure worth a warning
             except Exception as exc:  # keep the bus running; say what went wrong

@@ -10,7 +10,7 @@ Layout, under the bus directory::
     fsbus/queues/<name>/bus/          the queue's messages: a bus of its own holding one
                                       work-queue (single) message per queued copy
     fsbus/queues/.router              flock held by the process that routes peers' messages
-    fsbus/queues/.routed/             markers of peers' messages already routed
+    fsbus/queues/.routed/             markers of peers' messages routed (see routed.py)
 
 Publishers route: before a publish returns, a copy goes into every queue with a
 matching binding, as a single message of the queue's own bus. Consumers of a queue are
@@ -39,7 +39,9 @@ from typing import Protocol
 from .._config import BusConfig
 from .._core.trie import TopicTrie
 from .._errors import FsBusError, QueueFull, QueueMismatch, QueueNotFound, UsageError
+from . import routed
 from .definition import Definition, QueueInfo, QueueOptions, validate_queue_name
+from .routed import RouteMark
 
 
 class QueueBus(Protocol):
@@ -380,42 +382,22 @@ class QueueStore:
         if fd is not None:
             os.close(fd)
 
-    def mark_routed(self, bucket: str, name: str) -> bool:
-        """Claim the routing of a qlobber-fsq peer's message (which routes nothing):
-        True for the one process, on any host, that creates its marker first."""
-        folder = f"{self.base}/.routed/{bucket}"
-        path = f"{folder}/{name}"
-        for _ in range(2):
-            try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
-                return True
-            except FileExistsError:
-                return False
-            except FileNotFoundError:
-                os.makedirs(folder, exist_ok=True)
-        return False
+    def claim_route(self, bucket: str, name: str, topic: str) -> RouteMark | None:
+        """Claim the routing of a qlobber-fsq peer's message (which routes nothing): a
+        claim for the one process, on any host, that creates its marker first or finds it
+        left half done by a router that died; None otherwise (see :mod:`.routed`)."""
+        return routed.claim(self.base, bucket, name, topic)
+
+    def abandoned_routes(self) -> list[RouteMark]:
+        """Claims on the peers' messages whose router died before it was done."""
+        if self._messages is None:
+            return []
+        return routed.abandoned(self.base, self._messages)
 
     def sweep_routed(self, messages: str, min_age: float = 60.0) -> int:
         """Remove the routing markers of peers' messages that are gone (older than
         ``min_age``: a process may still be listing the message as new)."""
-        removed = 0
-        top = f"{self.base}/.routed"
-        try:
-            buckets = os.listdir(top)
-        except FileNotFoundError:
-            return 0
-        now = time.time()
-        for bucket in buckets:
-            with contextlib.suppress(OSError):
-                for name in os.listdir(f"{top}/{bucket}"):
-                    path = f"{top}/{bucket}/{name}"
-                    with contextlib.suppress(OSError):
-                        if now - os.stat(path).st_mtime < min_age:
-                            continue
-                        if not os.path.lexists(f"{messages}/{bucket}/{name}"):
-                            os.unlink(path)
-                            removed += 1
-        return removed
+        return routed.sweep(self.base, messages, min_age)
 
     # ------------------------------------------------------------------ definitions
     @contextlib.contextmanager
