@@ -1027,6 +1027,7 @@ class Bus:
         if not routed:
             return
         buckets = self.layout.buckets
+        resumable = self._fs.locking == "flock"  # see routed.claim
 
         def work() -> int:
             made = 0
@@ -1039,7 +1040,7 @@ class Bus:
                     if changed is None or changed < since:
                         continue  # gone, or older than this router's watch
                 assert e.topic is not None
-                mark = self._queues.claim_route(bucket, e.name, e.topic)
+                mark = self._queues.claim_route(bucket, e.name, e.topic, resumable)
                 if mark is not None:  # else another process routes it
                     made += self._copy_peer_message(mark, e.parsed.expires_ms, targets)
             return made
@@ -1074,7 +1075,7 @@ class Bus:
 
         def work() -> int:
             made = 0
-            for mark in self._queues.abandoned_routes():
+            for mark in self._queues.abandoned_routes(self._fs.locking == "flock"):
                 parsed = parse_name(mark.name)
                 if parsed is None:
                     mark.close()

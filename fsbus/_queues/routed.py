@@ -65,10 +65,16 @@ class RouteMark:
             os.close(fd)
 
 
-def claim(base: str, bucket: str, name: str, topic: str) -> RouteMark | None:
+def claim(
+    base: str, bucket: str, name: str, topic: str, resumable: bool = True
+) -> RouteMark | None:
     """Claim the routing of a peer's message: a :class:`RouteMark` for the one process,
     on any host, that creates its marker first, or that finds it left half done by a
-    router that died; None when it is routed, or being routed, by another."""
+    router that died; None when it is routed, or being routed, by another.
+
+    ``resumable``: whether ``flock`` crosses every host of the mount. Where it does not
+    (the bus claims work by rename there), a free lock says nothing of a router on
+    another host, so a marker is never taken over: whoever creates it routes it."""
     folder = f"{base}/.routed/{bucket}"
     path = f"{folder}/{name}"
     tmp = f"{folder}/{_TMP}{uuid.uuid4().hex}"
@@ -87,7 +93,7 @@ def claim(base: str, bucket: str, name: str, topic: str) -> RouteMark | None:
     except FileExistsError:
         os.close(fd)
         _unlink(tmp)
-        return resume(base, bucket, name)
+        return resume(base, bucket, name) if resumable else None
     except OSError:
         # no hard links (or no flock) here: the marker says only "routed", as it always did
         os.close(fd)
@@ -135,10 +141,13 @@ def resume(base: str, bucket: str, name: str) -> RouteMark | None:
     return RouteMark(fd, bucket, name, topic, {x.decode("ascii", "replace") for x in lines[1:]})
 
 
-def abandoned(base: str, messages: str) -> list[RouteMark]:
+def abandoned(base: str, messages: str, resumable: bool = True) -> list[RouteMark]:
     """Claims on the markers whose router died before it was done, while their message is
-    still in the bus (each locked: copy, then :meth:`RouteMark.done` and close)."""
-    out = []
+    still in the bus (each locked: copy, then :meth:`RouteMark.done` and close); none
+    where ``flock`` does not cross hosts (see :func:`claim`)."""
+    out: list[RouteMark] = []
+    if not resumable:
+        return out
     top = f"{base}/.routed"
     for bucket in _listdir(top):
         for name in _listdir(f"{top}/{bucket}"):

@@ -382,17 +382,19 @@ class QueueStore:
         if fd is not None:
             os.close(fd)
 
-    def claim_route(self, bucket: str, name: str, topic: str) -> RouteMark | None:
+    def claim_route(
+        self, bucket: str, name: str, topic: str, resumable: bool = True
+    ) -> RouteMark | None:
         """Claim the routing of a qlobber-fsq peer's message (which routes nothing): a
         claim for the one process, on any host, that creates its marker first or finds it
         left half done by a router that died; None otherwise (see :mod:`.routed`)."""
-        return routed.claim(self.base, bucket, name, topic)
+        return routed.claim(self.base, bucket, name, topic, resumable)
 
-    def abandoned_routes(self) -> list[RouteMark]:
+    def abandoned_routes(self, resumable: bool = True) -> list[RouteMark]:
         """Claims on the peers' messages whose router died before it was done."""
         if self._messages is None:
             return []
-        return routed.abandoned(self.base, self._messages)
+        return routed.abandoned(self.base, self._messages, resumable)
 
     def sweep_routed(self, messages: str, min_age: float = 60.0) -> int:
         """Remove the routing markers of peers' messages that are gone (older than

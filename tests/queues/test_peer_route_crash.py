@@ -165,3 +165,21 @@ def test_markers_that_are_not_half_done_routings_are_left_alone(tmp_path: Path) 
     for name in ("empty", "garbled", "unfinished", "link"):
         assert routed.claim(base, bucket, name, "foo") is None
     assert routed.abandoned(base, str(tmp_path / "messages")) == []
+
+
+def test_no_marker_is_taken_over_where_flock_stays_on_one_host(tmp_path: Path) -> None:
+    """Where the bus claims work by rename (flock does not cross the mount's hosts), a
+    free lock says nothing of a router on another host: a half-done marker is left."""
+    base, bucket, name = str(tmp_path), "00", "m"
+    (tmp_path / "messages" / bucket).mkdir(parents=True)
+    (tmp_path / "messages" / bucket / name).write_bytes(b"\0x")
+    first = routed.claim(base, bucket, name, "foo.bar", resumable=False)
+    assert first is not None
+    first.copied_into("a")
+    first.close()
+    assert routed.claim(base, bucket, name, "foo.bar", resumable=False) is None
+    assert routed.abandoned(base, str(tmp_path / "messages"), resumable=False) == []
+    # where flock crosses hosts, the same marker is finished
+    [mark] = routed.abandoned(base, str(tmp_path / "messages"))
+    assert mark.copied == {"a"}
+    mark.close()
