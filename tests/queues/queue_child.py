@@ -17,7 +17,9 @@ options. Every step is one JSON line on stdout:
 Roles:
 
 * ``consumer``: ``queue``, ``work`` (seconds each message takes), ``fail`` (ids whose
-  handler raises), ``face`` ("async" or "blocking"), ``prefetch``;
+  handler raises), ``face`` ("async" or "blocking"), ``prefetch``, ``hang_after`` (the
+  async handler never returns from the message after that many, so the process can be
+  killed with one in hand);
 * ``pub``: ``messages`` ([[topic, id], ...]), ``single``, ``durable``; then waits for
   "STOP";
 * ``pub-lines``: publishes one message per stdin line "TOPIC ID" until "STOP".
@@ -53,6 +55,8 @@ def describe(msg: Message) -> dict[str, Any]:
 def consumer(params: dict[str, Any], config: BusConfig) -> None:
     work = float(params.get("work", 0))
     fail = set(params.get("fail", ()))
+    hang_after = params.get("hang_after")
+    handled = 0
     if params.get("face", "async") == "blocking":
         stop = threading.Event()
 
@@ -82,7 +86,11 @@ def consumer(params: dict[str, Any], config: BusConfig) -> None:
         return
 
     async def handle(msg: Message) -> None:
+        nonlocal handled
         emit("start", **describe(msg))
+        if hang_after is not None and handled >= hang_after:
+            await anyio.sleep_forever()
+        handled += 1
         if msg.payload.decode() in fail:
             raise RuntimeError(f"job {msg.payload!r} always fails")
         if work:
