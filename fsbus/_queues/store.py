@@ -38,7 +38,14 @@ from typing import Protocol
 
 from .._config import BusConfig
 from .._core.trie import TopicTrie
-from .._errors import FsBusError, QueueFull, QueueMismatch, QueueNotFound, UsageError
+from .._errors import (
+    FsBusError,
+    QueueFull,
+    QueueMismatch,
+    QueueNotFound,
+    StorageError,
+    UsageError,
+)
 from . import routed
 from .definition import Definition, QueueInfo, QueueOptions, validate_queue_name
 from .routed import RouteMark
@@ -117,6 +124,7 @@ class QueueStore:
         self._publishers: dict[str, QueueBus] = {}
         self._bad: set[str] = set()
         self._router_fd: int | None = None
+        self._router_warned = False
         self._progress_at = 0.0  # when note_progress last wrote (time.monotonic)
         self.sub_config = config.model_copy(
             update={
@@ -329,7 +337,12 @@ class QueueStore:
             if self._router_fd is not None:
                 return True
             try:
-                fd = os.open(f"{self.base}/.router", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                fd = _open_own(f"{self.base}/.router")
+            except StorageError as exc:
+                if not self._router_warned:
+                    self._router_warned = True
+                    log.warning("%s; until then every queue consumer routes", exc)
+                return True
             except OSError:
                 return True
             try:
@@ -405,7 +418,7 @@ class QueueStore:
     @contextlib.contextmanager
     def _changing(self) -> Iterator[None]:
         os.makedirs(self.base, exist_ok=True)
-        fd = os.open(f"{self.base}/LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = _open_own(f"{self.base}/LOCK")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -519,9 +532,8 @@ class QueueStore:
     def touch(self, name: str) -> None:
         path = f"{self.dir(name)}/used"
         with contextlib.suppress(OSError):
-            with open(path, "ab"):
-                pass
-            os.utime(path)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
+            os.utime(path, follow_symlinks=False)
 
     def attach(self, name: str) -> int:
         """Register a consumer of ``name``: a flocked file; returns its descriptor."""
@@ -632,6 +644,22 @@ def copy_ttl(d: Definition, ttl: float | None) -> float:
     if o.message_ttl is not None:
         life = min(life, o.message_ttl)
     return life
+
+
+def _open_own(path: str) -> int:
+    """Open (or create) one of the store's lock files for reading and writing, never
+    through a symbolic link: a link planted in the bus directory would have this process
+    lock, and write into, a file elsewhere."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise StorageError(
+            f"{path} is a symbolic link, which fsbus never makes: someone planted it in the "
+            "bus directory; remove it (fsbus creates the file again)",
+            path,
+        ) from exc
 
 
 def _write_atomic(folder: str, name: str, data: bytes) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig, InvalidHeader, InvalidTopic
+from fsbus import BlockingBus, Bus, BusConfig, InvalidHeader, InvalidTopic, StorageError
 from fsbus._bus.names import encode_topic, make_name
 
 from .conftest import Inbox, until
@@ -232,3 +232,50 @@ def test_a_rename_a_power_cut_left_half_done_is_still_a_message(
         assert not (root / "fsbus" / "quarantine").exists() or not any(
             (root / "fsbus" / "quarantine").iterdir()
         )
+
+
+def test_a_planted_link_for_the_queue_lock_is_refused_clearly(tmp_path: Path) -> None:
+    """``fsbus/queues/LOCK``, held while a definition changes, is opened without following
+    a symbolic link: one planted there would make fsbus lock a file elsewhere."""
+    root = tmp_path / "bus"
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["a.#"])
+    lock = root / "fsbus" / "queues" / "LOCK"
+    lock.unlink()
+    lock.symlink_to(outside)
+    with BlockingBus(root) as bus, pytest.raises(StorageError, match="symbolic link") as caught:
+        bus.declare_queue("other", ["b.#"])
+    assert caught.value.path == str(lock)
+    assert "remove it" in str(caught.value)
+    lock.unlink()
+    with BlockingBus(root) as bus:
+        bus.declare_queue("other", ["b.#"])  # and once it is gone, all is well
+        assert sorted(q.name for q in bus.queues()) == ["other", "q"]
+    assert outside.read_bytes() == b"precious"
+
+
+@pytest.mark.anyio
+async def test_a_planted_link_for_the_router_file_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    """``fsbus/queues/.router`` is locked, and written (its progress), by the process that
+    routes peers' messages: a symbolic link planted there is not followed, and the queue's
+    consumer routes anyway, as where no flock can be had."""
+    root = tmp_path / "bus"
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["a.#"])
+    router = root / "fsbus" / "queues" / ".router"
+    router.unlink(missing_ok=True)
+    router.symlink_to(outside)
+    inbox = Inbox()
+    async with Bus(root, config=FAST) as bus:
+        await bus.subscribe(None, inbox, queue="q")
+        await bus.publish("a.x", b"one")
+        await inbox.wait_for(lambda got: [m.payload for m in got] == [b"one"])
+        assert bus.statistics().scans > 0  # it lists the main bus: it routes
+    assert outside.read_bytes() == b"precious"
+    assert router.is_symlink()
