@@ -18,12 +18,15 @@ The first four are qlobber-fsq 14's layout; peers ignore the rest.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .._config import BusConfig
 from .names import format_bucket
 
 __all__ = ["Layout", "changed_buckets"]
+
+_NONZERO = re.compile(rb"[^\x00]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,19 +153,17 @@ def changed_buckets(old: bytes | None, new: bytes, stamp_size: int, count: int) 
         return list(range(count))
     if old == new:
         return []
-    # Usually one or two buckets changed: halve the range while its halves differ
-    # (each comparison is one memcmp), instead of comparing every stamp in Python.
+    # XOR the snapshots as two big integers (C), then find the runs of non-zero bytes
+    # (one regular-expression search in C): each run covers the stamps that changed.
+    # Comparing stamp by stamp, or halving the range, costs a Python step per stamp or
+    # per comparison: with tens of buckets stamped between two scans, ten times as much.
+    diff = (int.from_bytes(old[:size], "little") ^ int.from_bytes(new[:size], "little")).to_bytes(
+        size, "little"
+    )
     out: list[int] = []
-    a, b = memoryview(old), memoryview(new)
-    todo = [(0, count)]
-    while todo:
-        lo, hi = todo.pop()
-        if a[lo * stamp_size : hi * stamp_size] == b[lo * stamp_size : hi * stamp_size]:
-            continue
-        if hi - lo == 1:
-            out.append(lo)
-            continue
-        mid = (lo + hi) // 2
-        todo.append((mid, hi))
-        todo.append((lo, mid))
+    for run in _NONZERO.finditer(diff):
+        first, last = run.start() // stamp_size, (run.end() - 1) // stamp_size
+        if out and out[-1] == first:
+            first += 1  # the run before ended in the same stamp
+        out.extend(range(first, last + 1))
     return out
