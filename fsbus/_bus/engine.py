@@ -69,6 +69,10 @@ R = TypeVar("R")
 _READ_BATCH = 256
 _POLLED_SCAN_EVERY = 1.0  # seconds: the longest a polled bus goes without a scan
 _READ_BATCH_BYTES = 64 << 20
+_OWN_RELIST = 1.0
+"""Seconds after which a bucket left unlisted for this bus's own stamps is listed anyway."""
+_OWN_NAMES_MAX = 65536
+"""Own names remembered at most (listings forget them; this bounds the rest)."""
 _INLINE_SCAN_NAMES = 2048
 """A bus whose buckets held more names than this at their last listings scans in a worker
 thread: a scan's listings and decisions then take long enough to stall the event loop."""
@@ -283,6 +287,12 @@ class Bus:
         # Topic and kind ("m" or "s") -> subscriptions wanting it; a new dict whenever the
         # subscriptions change (a worker thread may still read the previous one).
         self._target_cache: dict[tuple[str, str], list[Subscription]] = {}
+        self._want_cache: dict[str, bool] = {}
+        # Own multi messages no subscription here wanted (see BusFS.stamp_own): their
+        # names, until a listing sees them (never delivered here, then), and the buckets
+        # left unlisted for their stamps, with when that began.
+        self._own_names: set[str] = set()
+        self._own_dirty: dict[int, float] = {}
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
         self._state = ScanState()
@@ -533,8 +543,13 @@ class Bus:
                 data = payload.encode("utf-8") if isinstance(payload, str) else payload
                 if len(data) <= self._max_payload:
                     name, bi, expires_ms = named
+                    # A multi message none of this bus's subscriptions wants: its stamp
+                    # need not make this bus list its bucket again (see BusFS.stamp_own).
+                    own = self._fs.track_own and not single and not self._wanted_here(topic)
+                    if own:
+                        self._note_own(name)
                     try:
-                        placed = await self._offload.publish_plain(name, bi, data)
+                        placed = await self._offload.publish_plain(name, bi, data, own)
                     except NameClash:  # astronomically rare: the general path renames it
                         placed = None
                     if placed is not None:
@@ -558,6 +573,9 @@ class Bus:
             # The routing table looks at its VERSION file every few milliseconds: on a
             # slow mount, not from the loop.
             targets = await anyio.to_thread.run_sync(self._queues.targets, topic)
+        if not targets and not single and self._fs.track_own and not self._wanted_here(topic):
+            plan = plan._replace(own=True)  # as on the fast path above
+            self._note_own(plan.name)
         if targets:
             # Durable queues are bound to it: a copy goes into each before this returns.
             if not isinstance(payload, bytes | bytearray | memoryview):
@@ -756,6 +774,7 @@ class Bus:
         self._trie.add(pattern, sub)
         self._subs.append(sub)
         self._target_cache = {}
+        self._want_cache = {}
         if existing:
             self._existing_pending.append(sub)
         if not self._scanning:
@@ -788,6 +807,9 @@ class Bus:
         # Watch first, then list every bucket, so that anything published after this
         # call returns is new to this bus and wakes it (anything before is "existing").
         self._scanning = True
+        # Own stamps are told apart only where every stamp is a local write seen at once
+        # (on a shared mount, reads of UPDATE may lag other hosts' writes).
+        self._fs.track_own = not self._fs.platform.shared
         self._watch(tg)
         if not self._workers_started:
             # Handlers of the first scan (existing messages) need the pool running.
@@ -815,6 +837,7 @@ class Bus:
         self._trie.remove(sub.pattern, sub)
         self._subs.remove(sub)
         self._target_cache = {}
+        self._want_cache = {}
         if sub in self._existing_pending:
             self._existing_pending.remove(sub)
 
@@ -1109,6 +1132,17 @@ class Bus:
         seen = self._state.seen
         before = 0 if full else sum(len(seen.get(bi, ())) for bi in listings)
         decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
+        own = self._own_names
+        if own and decision.new_multi:
+            # This bus's own, which none of its subscriptions wanted when it published
+            # them: not new to a subscription made since.
+            kept = []
+            for e in decision.new_multi:
+                if e.name in own:
+                    own.discard(e.name)
+                else:
+                    kept.append(e)
+            decision.new_multi = kept
         if full:
             self._known_names = sum(len(names) for names in seen.values())
         else:
@@ -1130,12 +1164,32 @@ class Bus:
         fs = self._fs
         update = fs.read_update(reopen=full)
         count = len(self.layout.buckets)
+        dirty = self._own_dirty
         if full or update is None:
             wanted: set[int] | list[int] = list(range(count))
+            dirty.clear()
         else:
             wanted = set(changed_buckets(self._last_update, update, self.layout.stamp_size, count))
+            if fs.track_own and wanted:
+                # Buckets whose only change is this bus's own stamp hold nothing new for
+                # it; they are listed again within _OWN_RELIST all the same (a stamp of
+                # another publisher's that this bus overwrote in between is rare, not
+                # impossible: see BusFS.stamp_own).
+                mine = fs.own_only(wanted, update)
+                if mine:
+                    wanted -= mine
+                    now = time.monotonic()
+                    for bi in mine:
+                        dirty.setdefault(bi, now)
             wanted |= retry
+            if dirty:
+                now = time.monotonic()
+                for bi in [bi for bi, t in dirty.items() if bi in wanted or now - t >= _OWN_RELIST]:
+                    del dirty[bi]
+                    wanted.add(bi)
         listings = fs.list_buckets(sorted(wanted))
+        if fs.track_own:
+            fs.note_listed(listings, update)
         spills = fs.read_spills(long_names(self._state, listings))
         return update, listings, spills
 
@@ -1168,6 +1222,23 @@ class Bus:
             )
         for bi, name in foreign:
             self._state.parsed.pop((bi, name), None)
+
+    def _note_own(self, name: str) -> None:
+        """Remember one of this bus's messages that none of its subscriptions wants."""
+        if len(self._own_names) >= _OWN_NAMES_MAX:
+            self._own_names.clear()  # unlisted for long: forget them
+        self._own_names.add(name)
+
+    def _wanted_here(self, topic: str) -> bool:
+        """Whether a subscription of this bus matches ``topic`` (cached per topic)."""
+        cache = self._want_cache
+        wanted = cache.get(topic)
+        if wanted is None:
+            wanted = bool(self._trie.match(topic))
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[topic] = wanted
+        return wanted
 
     def _targets(self, entry: Entry) -> list[Subscription]:
         """The subscriptions a message goes to (cached per topic and kind; do not mutate)."""

@@ -180,6 +180,14 @@ class BusFS:
         self._stamp_size = layout.stamp_size
         self._stamp_bits = layout.stamp_size * 8
         self._getrandbits = self._rand.getrandbits
+        # Own stamps (see stamp_own): bucket -> the stamp value this bus has accounted
+        # for (listed after it, or wrote itself with nothing else between), and bucket ->
+        # the last stamp it wrote while that held.
+        self.track_own = False
+        """Set by the engine once it scans, on a local filesystem only."""
+        self._own_lock = threading.Lock()
+        self._known: dict[int, bytes] = {}
+        self._own: dict[int, bytes] = {}
         # The hot path calls the system directly unless a test injected its own Ops.
         plain = all(getattr(type(self.ops), n) is getattr(Ops, n) for n in _HOT_OPS)
         self._plain_ops = plain
@@ -476,16 +484,17 @@ class BusFS:
             fd = self._stage(f"{self._staging}/{plan.name}", payload)
             self.commit(plan, fd, go)
         else:
-            self.publish_plain(plan.name, plan.bucket_index, payload, go)
+            self.publish_plain(plan.name, plan.bucket_index, payload, go, own=plan.own)
         return len(payload)
 
     def publish_plain(
-        self, name: str, bucket_index: int, payload: bytes, go: Go | None = None
+        self, name: str, bucket_index: int, payload: bytes, go: Go | None = None, own: bool = False
     ) -> str:
         """Publish a plain message (no sync, spill or sidecar); returns its path.
 
         The hot path: open, one writev, close, rename into the bucket, stamp. ``go`` as
-        in :meth:`publish`.
+        in :meth:`publish`; ``own``: no subscription of this bus wants it (see
+        :meth:`stamp_own`).
         """
         path = f"{self._staging}/{name}"
         fd = self._stage(path, payload)
@@ -506,7 +515,10 @@ class BusFS:
         except OSError as exc:
             self._unlink_quiet(path)
             raise storage_error("publishing a message", exc, path) from exc
-        self.stamp(bucket_index)
+        if own:
+            self.stamp_own(bucket_index)
+        else:
+            self.stamp(bucket_index)
         return final
 
     def _stage(self, path: str, payload: bytes) -> int:
@@ -626,7 +638,10 @@ class BusFS:
             raise storage_error("publishing a message", exc, exc.filename or staging) from exc
         if plan.durable:
             self._fsync_dir(f"{lay.messages}/{plan.bucket}")
-        self.stamp(plan.bucket_index)
+        if plan.own:
+            self.stamp_own(plan.bucket_index)
+        else:
+            self.stamp(plan.bucket_index)
 
     def _place(self, staged: str, final: str) -> None:
         """Move a complete message into its bucket (one atomic rename).
@@ -651,6 +666,62 @@ class BusFS:
     def abort(self, plan: PublishPlan, fd: int) -> None:
         """Give up a staged message: close and remove the staging file."""
         self._discard(fd, f"{self.layout.staging}/{plan.name}")
+
+    def stamp_own(self, bucket_index: int) -> None:
+        """:meth:`stamp`, for a message no subscription of this bus wants: remember the
+        stamp as this bus's own when, just before it, the stamp still held the value this
+        bus had accounted for (nobody else stamped the bucket since this bus listed it,
+        or since its own last stamp there). A later scan then need not list the bucket
+        for it (:meth:`own_only`).
+
+        Between the read and the write (two system calls) another publisher's stamp can
+        land and be overwritten unseen; the engine lists such buckets again within
+        ``_OWN_RELIST`` seconds all the same, so that message is late, never lost.
+        """
+        fd = self._update_fd
+        if fd is None or not self.track_own or self._stamp_reopen:
+            self.stamp(bucket_index)
+            return
+        size = self._stamp_size
+        offset = bucket_index * size
+        data = self._getrandbits(self._stamp_bits).to_bytes(size, "little")
+        try:
+            with self._own_lock:
+                before = self.ops.pread(fd, size, offset)
+                self._pwrite(fd, data, offset)
+                if before == self._known.get(bucket_index):
+                    self._known[bucket_index] = self._own[bucket_index] = data
+                else:
+                    self._own.pop(bucket_index, None)
+        except OSError as exc:
+            raise storage_error("stamping the UPDATE file", exc, self.layout.update_file) from exc
+
+    def own_only(self, indexes: Iterable[int], update: bytes) -> set[int]:
+        """Of these buckets (stamps changed in ``update``), those whose stamp in it is
+        this bus's own clean stamp (:meth:`stamp_own`): nothing of another publisher's
+        can be new there."""
+        size = self._stamp_size
+        out = set()
+        with self._own_lock:
+            own, known = self._own, self._known
+            for bi in indexes:
+                mine = own.get(bi)
+                if mine is not None and known.get(bi) == mine:
+                    if update[bi * size : bi * size + size] == mine:
+                        out.add(bi)
+        return out
+
+    def note_listed(self, indexes: Iterable[int], update: bytes | None) -> None:
+        """These buckets were listed after ``update`` was read: what their stamps held
+        then is accounted for."""
+        size = self._stamp_size
+        with self._own_lock:
+            if update is None or len(update) < self.layout.update_size:
+                self._known.clear()
+                self._own.clear()
+                return
+            for bi in indexes:
+                self._known[bi] = update[bi * size : bi * size + size]
 
     def stamp(self, bucket_index: int) -> None:
         """Write fresh random bytes into a bucket's UPDATE stamp."""

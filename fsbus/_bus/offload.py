@@ -190,7 +190,9 @@ class Offload:
                     self._struck()
         return await self._offload(plan, data)
 
-    async def publish_plain(self, name: str, bucket_index: int, data: bytes) -> str | None:
+    async def publish_plain(
+        self, name: str, bucket_index: int, data: bytes, own: bool = False
+    ) -> str | None:
         """A plain message (``BusFS.publish_plain``), inline; its path.
 
         None when publishing is not inline (now, or after this task's turn came): the
@@ -204,7 +206,7 @@ class Offload:
             return None
         t0 = perf_counter()
         try:
-            return self._fs.publish_plain(name, bucket_index, data)
+            return self._fs.publish_plain(name, bucket_index, data, own=own)
         finally:
             took = perf_counter() - t0
             self._debt += took

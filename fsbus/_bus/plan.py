@@ -55,6 +55,8 @@ class PublishPlan(NamedTuple):
     """Work-queue message."""
     expires_ms: int
     """Expiry, milliseconds since the epoch."""
+    own: bool = False
+    """No subscription of the publishing bus wants it (see ``BusFS.stamp_own``)."""
 
 
 def validate_headers(headers: object) -> dict[str, str]:
