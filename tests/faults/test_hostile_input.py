@@ -234,17 +234,24 @@ def test_a_rename_a_power_cut_left_half_done_is_still_a_message(
         )
 
 
-def test_a_planted_link_for_the_queue_lock_is_refused_clearly(tmp_path: Path) -> None:
-    """``fsbus/queues/LOCK``, held while a definition changes, is opened without following
-    a symbolic link: one planted there would make fsbus lock a file elsewhere."""
+def _plant_queue_link(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:
+    """A bus with queue ``q`` whose ``fsbus/queues/<name>`` is a symbolic link to a file
+    outside it; (the bus root, that file, the link)."""
     root = tmp_path / "bus"
     outside = tmp_path / "outside"
     outside.write_bytes(b"precious")
     with BlockingBus(root) as bus:
         bus.declare_queue("q", ["a.#"])
-    lock = root / "fsbus" / "queues" / "LOCK"
-    lock.unlink()
-    lock.symlink_to(outside)
+    link = root / "fsbus" / "queues" / name
+    link.unlink(missing_ok=True)
+    link.symlink_to(outside)
+    return root, outside, link
+
+
+def test_a_planted_link_for_the_queue_lock_is_refused_clearly(tmp_path: Path) -> None:
+    """``fsbus/queues/LOCK``, held while a definition changes, is opened without following
+    a symbolic link: one planted there would make fsbus lock a file elsewhere."""
+    root, outside, lock = _plant_queue_link(tmp_path, "LOCK")
     with BlockingBus(root) as bus, pytest.raises(StorageError, match="symbolic link") as caught:
         bus.declare_queue("other", ["b.#"])
     assert caught.value.path == str(lock)
@@ -263,14 +270,7 @@ async def test_a_planted_link_for_the_router_file_is_never_written_through(
     """``fsbus/queues/.router`` is locked, and written (its progress), by the process that
     routes peers' messages: a symbolic link planted there is not followed, and the queue's
     consumer routes anyway, as where no flock can be had."""
-    root = tmp_path / "bus"
-    outside = tmp_path / "outside"
-    outside.write_bytes(b"precious")
-    with BlockingBus(root) as bus:
-        bus.declare_queue("q", ["a.#"])
-    router = root / "fsbus" / "queues" / ".router"
-    router.unlink(missing_ok=True)
-    router.symlink_to(outside)
+    root, outside, router = _plant_queue_link(tmp_path, ".router")
     inbox = Inbox()
     async with Bus(root, config=FAST) as bus:
         await bus.subscribe(None, inbox, queue="q")
