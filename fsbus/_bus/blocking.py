@@ -23,13 +23,7 @@ from .._config import BusConfig, make_config
 from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
-from .engine import (
-    Bus,
-    Kind,
-    MessageIterator,
-    browse_messages,
-    collect_garbage,
-)
+from .engine import Bus, Kind, MessageIterator, browse_messages
 from .fs import BusFS, Go, NameClash
 from .layout import Layout
 from .loop_thread import LoopThread
@@ -39,6 +33,7 @@ from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
 from .queueing import open_store, route
+from .sweep import collect_garbage
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 

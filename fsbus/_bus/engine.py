@@ -52,6 +52,7 @@ from .purge import check_purge, purge_some, purge_targets
 from .queueing import open_store, route
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
+from .sweep import collect_garbage
 
 __all__ = ["Bus", "Handler", "MessageIterator", "Subscription"]
 
@@ -2123,25 +2124,6 @@ def _unique(subs: list[Subscription]) -> list[Subscription]:
         if s not in out:
             out.append(s)
     return out
-
-
-def collect_garbage(
-    fs: BusFS, in_flight: set[tuple[int, str]], debris_age: float
-) -> tuple[int, int, int]:
-    """Blocking: remove expired messages, quarantine foreign files, sweep debris.
-
-    Returns (expired removed, files quarantined, debris removed).
-    """
-    lay = fs.layout
-    now_ms = int(time.time() * 1000)
-    listings = fs.list_buckets(range(len(lay.buckets)))
-    spills = fs.read_spills(long_names(ScanState(), listings))
-    d = decide(ScanState(), listings, spills, now_ms, baseline=True)
-    gone = [(lay.buckets[e.bucket_index], e.name) for e in d.expired if e.key not in in_flight]
-    n = fs.remove(gone)
-    q = sum(fs.quarantine(lay.buckets[bi], nm, now_ms) for bi, nm in d.foreign)
-    debris = fs.sweep_debris(time.time(), debris_age)
-    return n, q, debris
 
 
 def browse_messages(

@@ -21,10 +21,12 @@ from .._queues.store import QueueStore, copy_ttl
 from .fs import BusFS, Go, NameClash, Withdrawn
 from .layout import Layout
 from .namer import Namer
+from .names import parse_name
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import purge_some, purge_targets
-from .scan import ScanDecision, ScanState, decide, long_names
+from .scan import Census, rank_of
+from .sweep import take_census
 
 T = TypeVar("T")
 
@@ -38,6 +40,7 @@ class QueueWriter:
         self._fs.setup()
         self._namer = Namer(self.layout, config)
         self._lock = threading.Lock()
+        self._topics: dict[str, bool] = {}  # hex topic -> decodes (for the census)
 
     def publish(
         self,
@@ -107,38 +110,37 @@ class QueueWriter:
             raise
         return _Staged(self, plan, fd)
 
-    def _listing(self) -> ScanDecision:
-        listings = self._fs.list_buckets(range(len(self.layout.buckets)))
-        spills = self._fs.read_spills(long_names(ScanState(), listings))
-        return decide(ScanState(), listings, spills, int(time.time() * 1000), baseline=True)
+    def _census(self) -> Census:
+        return take_census(self._fs, int(time.time() * 1000), self._topics)
 
     def depth(self) -> int:
         """Messages not expired: waiting, or held by a consumer."""
-        return len(self._listing().singles)
+        return len(self._census().singles)
 
     def expire(self) -> int:
         """Remove the expired messages no consumer holds; how many."""
         buckets = self.layout.buckets
-        d = self._listing()
-        return self.remove(
-            [(buckets[e.bucket_index], e.name) for e in d.expired if e.parsed.single]
-        )
+        expired = self._census().expired
+        return self.remove([(buckets[bi], name) for bi, name, kind in expired if kind == "s"])
 
     def oldest(self, count: int) -> list[tuple[str, str]]:
         """The ``count`` messages at the head of the queue, of those no consumer holds."""
         if count <= 0:
             return []
         buckets = self.layout.buckets
-        d = self._listing()
-
         # the head of the queue: what a consumer would take next (priority, then
         # publish time and the publisher's sequence)
-        entries = sorted(d.singles, key=lambda e: e.rank)
+        ranked = []
+        for bi, name in self._census().singles:
+            parsed = parse_name(name)
+            if parsed is not None:
+                ranked.append((rank_of(parsed), bi, name))
+        ranked.sort()
         out = []
-        for e in entries:
-            bucket = buckets[e.bucket_index]
-            if not self._fs.is_locked(bucket, e.name):
-                out.append((bucket, e.name))
+        for _, bi, name in ranked:
+            bucket = buckets[bi]
+            if not self._fs.is_locked(bucket, name):
+                out.append((bucket, name))
                 if len(out) == count:
                     break
         return out

@@ -7,18 +7,22 @@ out the returned decisions.
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from .names import ParsedName, decode_topic, parse_name
 
 __all__ = [
     "BucketView",
+    "Census",
     "Entry",
     "ScanDecision",
     "ScanState",
+    "census",
     "decide",
     "long_names",
+    "rank_of",
     "sweep_due",
 ]
 
@@ -51,12 +55,7 @@ class Entry:
         self.parsed = parsed
         self.topic = topic
         self.key = (bucket_index, parsed.name)
-        f = parsed.fields
-        self.rank = (
-            (50 << 184) | (parsed.expires_ms << 128)
-            if f is None
-            else (f.priority << 184) | (f.published_ms << 128) | int(parsed.unique[-12:], 16)
-        )
+        self.rank = rank_of(parsed)
 
     def __repr__(self) -> str:
         return f"Entry({self.bucket_index!r}, {self.parsed!r}, {self.topic!r})"
@@ -85,6 +84,14 @@ class Entry:
 
 
 _rank = operator.attrgetter("rank")
+
+
+def rank_of(parsed: ParsedName) -> int:
+    """The :attr:`Entry.rank` of a name (without building the entry)."""
+    f = parsed.fields
+    if f is None:
+        return (50 << 184) | (parsed.expires_ms << 128)
+    return (f.priority << 184) | (f.published_ms << 128) | int(parsed.unique[-12:], 16)
 
 
 BAD_SPILL: Final = "\x00"
@@ -287,3 +294,70 @@ def sweep_due(now: float, last: float | None, *, max_age: float, shared: bool) -
         return True
     since = now - last
     return since < 0 or since >= max_age / SWEEPS_PER_AGE
+
+
+# A short name (the whole hex topic in it) as parse_name reads it: the topic, expiry and
+# kind; the rest of the name is not looked at (no "@" or "+" in it).
+_SHORT_NAME_RE: Final = re.compile(
+    r"((?:[0-9a-f]{2})*)@s\+([0-9a-f]{1,13})\+([msd])\+[^@+]*", re.DOTALL
+)
+
+
+class Census(NamedTuple):
+    """Every name of a set of full listings sorted out, without an :class:`Entry` each.
+
+    What :func:`decide` would say on a first listing (``baseline``) about the same names,
+    for the short names it takes apart itself; ``rest`` holds the others (long topics,
+    whose spill must be read, and names that are not of the short form), to go through
+    :func:`decide`."""
+
+    singles: list[tuple[int, str]]
+    """Unexpired single messages, (bucket index, name)."""
+    multis: int
+    """How many unexpired multi messages."""
+    expired: list[tuple[int, str, str]]
+    """Messages past their expiry, (bucket index, name, kind)."""
+    foreign: list[tuple[int, str]]
+    """Short names whose topic is not hex of UTF-8: not messages."""
+    rest: dict[int, list[str]]
+    """The names left for :func:`decide`, by bucket index."""
+
+
+def census(
+    listings: dict[int, list[str]], now_ms: int, topics: dict[str, bool] | None = None
+) -> Census:
+    """Sort out full listings for a count or an expiry sweep (pure).
+
+    One regular-expression match per name and no object built for it: a tenth of
+    :func:`decide`'s cost per name, for a queue or a bus of many thousands that is
+    counted or swept as a whole. ``topics`` caches whether a hex topic decodes (pass the
+    same dict again to keep it).
+    """
+    ok_topic = {} if topics is None else topics
+    match = _SHORT_NAME_RE.fullmatch
+    singles: list[tuple[int, str]] = []
+    expired: list[tuple[int, str, str]] = []
+    foreign: list[tuple[int, str]] = []
+    rest: dict[int, list[str]] = {}
+    multis = 0
+    for bi, names in listings.items():
+        for name in names:
+            m = match(name)
+            if m is None:
+                rest.setdefault(bi, []).append(name)
+                continue
+            topic_hex, expires, kind = m.groups()
+            ok = ok_topic.get(topic_hex)
+            if ok is None:
+                if len(ok_topic) >= 4096:
+                    ok_topic.clear()
+                ok = ok_topic[topic_hex] = decode_topic(topic_hex) is not None
+            if not ok:
+                foreign.append((bi, name))
+            elif int(expires, 16) <= now_ms:
+                expired.append((bi, name, kind))
+            elif kind == "s":
+                singles.append((bi, name))
+            elif kind == "m":
+                multis += 1
+    return Census(singles, multis, expired, foreign, rest)

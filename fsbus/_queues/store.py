@@ -126,6 +126,9 @@ class QueueStore:
         self._router_fd: int | None = None
         self._router_warned = False
         self._progress_at = 0.0  # when note_progress last wrote (time.monotonic)
+        # Queues with max_length: [depth last counted + copies written since, when to
+        # count again (time.monotonic)], so that a publish counts only now and then.
+        self._tallies: dict[str, list[float]] = {}
         self.sub_config = config.model_copy(
             update={
                 "max_deliveries": None,
@@ -256,7 +259,7 @@ class QueueStore:
         for d in targets:
             o = d.options
             if o.max_length is not None and o.overflow == "reject-publish":
-                depth = self.depth(d.name)
+                depth, _ = self._tally(d.name, o.max_length - 1)
                 if depth >= o.max_length:
                     raise QueueFull(
                         f"queue {d.name!r} is full ({depth} of max_length={o.max_length}, "
@@ -303,8 +306,32 @@ class QueueStore:
     def trim(self, d: Definition) -> None:
         """After a copy went into ``d``: drop its head beyond ``max_length`` (drop-head)."""
         o = d.options
-        if o.max_length is not None and o.overflow == "drop-head":
+        if o.max_length is None:
+            return
+        with self._lock:
+            t = self._tallies.get(d.name)
+            if t is not None:
+                t[0] += 1
+        if o.overflow == "drop-head":
             self._drop_head(d.name, o.max_length)
+
+    def _tally(self, name: str, most: int) -> tuple[int, bool]:
+        """The depth of capped queue ``name``, and whether it was counted just now: it is
+        counted again unless the last count, plus the copies this process wrote since,
+        is at most ``most`` and younger than :data:`RECOUNT` (or ten times what the
+        count took, for a queue so deep that counting it takes longer). Consumers only lower a
+        depth, so in one process the tally never says less than the queue holds; other
+        processes' copies are seen at the next count (docs/queues.md, "Max length")."""
+        now = time.monotonic()
+        with self._lock:
+            t = self._tallies.get(name)
+            if t is not None and t[0] <= most and now < t[1]:
+                return int(t[0]), False
+        depth = self.depth(name)
+        took = time.monotonic() - now
+        with self._lock:
+            self._tallies[name] = [depth, now + max(RECOUNT, took * 10)]
+        return depth, True
 
     def _publisher(self, name: str) -> QueueBus | None:
         with self._lock:
@@ -318,12 +345,20 @@ class QueueStore:
             return pub
 
     def _drop_head(self, name: str, max_length: int) -> None:
+        # A queue may go max_length // 32 over before its head is dropped (then down to
+        # max_length): a deep capped queue is counted once per that many copies.
+        depth, counted = self._tally(name, max_length + max_length // 32)
+        excess = depth - max_length
+        if not counted or excess <= 0:
+            return
         pub = self._publisher(name)
         if pub is None:
             return
-        excess = self.depth(name) - max_length
-        if excess > 0:
-            pub.remove(pub.oldest(excess))
+        removed = pub.remove(pub.oldest(excess))
+        with self._lock:
+            t = self._tallies.get(name)
+            if t is not None:
+                t[0] -= removed
 
     # ------------------------------------------------------------------ peers' messages
     def take_router(self) -> bool:
@@ -503,6 +538,8 @@ class QueueStore:
                     f"queue {name!r} holds {depth} messages (if_empty=True): not deleted"
                 )
             self._close_publisher(name)
+            with self._lock:
+                self._tallies.pop(name, None)
             trash = f"{self.base}/.deleted-{uuid.uuid4().hex}"
             os.rename(self.dir(name), trash)
         shutil.rmtree(trash, ignore_errors=True)
@@ -510,6 +547,8 @@ class QueueStore:
 
     def purge(self, name: str) -> int:
         self.get(name)
+        with self._lock:
+            self._tallies.pop(name, None)
         pub = self._publisher(name)
         if pub is None:
             return 0
@@ -630,6 +669,9 @@ class QueueStore:
             p.close()
         self.drop_router()
 
+
+RECOUNT = 0.1
+"""Seconds a capped queue's count serves its publishes (with the copies they wrote)."""
 
 PROGRESS_EVERY = 0.5
 """Seconds between two records of the router's progress in ``.router``."""

@@ -216,6 +216,24 @@ async def test_max_length_drop_head_keeps_the_newest(root: Path) -> None:
     assert sorted(int(p) for p in inbox.payloads) == [195, 196, 197, 198, 199]
 
 
+def test_max_length_drop_head_of_a_deep_queue_goes_at_most_a_32nd_over(root: Path) -> None:
+    # Counting a deep queue at every publish would make each publish cost the whole
+    # queue: a queue of max_length 320 is counted once per 10 copies (or 0.1 s), and
+    # trimmed back to 320 when a count finds it over.
+    with BlockingBus(root) as bus:
+        bus.declare_queue("recent", ["m.#"], max_length=320)
+        for i in range(1000):
+            bus.publish("m.x", str(i).encode())
+        depth = bus.queue_info("recent").depth
+        assert 320 <= depth <= 330
+    with BlockingBus(root) as bus:  # a new process counts at its first publish
+        bus.publish("m.x", b"1000")
+        assert bus.queue_info("recent").depth == 320
+        with bus.messages(queue="recent", prefetch=64) as it:
+            got = [int(it.get(timeout=30).payload) for _ in range(320)]
+    assert sorted(got) == list(range(681, 1001))
+
+
 @pytest.mark.anyio
 async def test_max_length_reject_publish_refuses_and_publishes_nothing(root: Path) -> None:
     plain = Inbox()
