@@ -544,15 +544,15 @@ class Bus:
                 data = payload.encode("utf-8") if isinstance(payload, str) else payload
                 if len(data) <= self._max_payload:
                     name, bi, expires_ms = named
-                    # A multi message none of this bus's subscriptions wants: its stamp
-                    # need not make this bus list its bucket again (see BusFS.stamp_own).
-                    own = self._fs.track_own and not single and not self._wanted_here(topic)
-                    if own:
-                        self._note_own(name)
+                    own = self._own(topic, single, name)
                     try:
                         placed = await self._offload.publish_plain(name, bi, data, own)
                     except NameClash:  # astronomically rare: the general path renames it
                         placed = None
+                        self._own_names.discard(name)
+                    except BaseException:
+                        self._own_names.discard(name)
+                        raise
                     if placed is not None:
                         self._counts["published"] += 1
                         return new_publish_info(
@@ -574,9 +574,8 @@ class Bus:
             # The routing table looks at its VERSION file every few milliseconds: on a
             # slow mount, not from the loop.
             targets = await anyio.to_thread.run_sync(self._queues.targets, topic)
-        if not targets and not single and self._fs.track_own and not self._wanted_here(topic):
+        if not targets and self._own(topic, single, plan.name):
             plan = plan._replace(own=True)  # as on the fast path above
-            self._note_own(plan.name)
         if targets:
             # Durable queues are bound to it: a copy goes into each before this returns.
             if not isinstance(payload, bytes | bytearray | memoryview):
@@ -613,12 +612,16 @@ class Bus:
             plan = planned[0]
         elif isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
-            self._namer.check_size(len(data))
             try:
+                self._namer.check_size(len(data))
                 size = await self._offload.publish(plan, data)
             except NameClash:  # astronomically rare: name it again
+                self._own_names.discard(plan.name)
                 plan = self.plan(topic, single, ttl, durable, headers, priority)
                 size = await self._offload.publish(plan, data)
+            except BaseException:
+                self._own_names.discard(plan.name)  # not published: never listed
+                raise
             if targets:
                 await anyio.to_thread.run_sync(
                     functools.partial(
@@ -634,11 +637,15 @@ class Bus:
                         publish=_published,
                     )
                 )
-        elif isinstance(payload, str | os.PathLike):
-            path = payload
-            size = await anyio.to_thread.run_sync(self._fs.publish, plan, path)
-        elif isinstance(payload, AsyncIterable):
-            size = await self._publish_stream(plan, payload)
+        elif isinstance(payload, str | os.PathLike | AsyncIterable):
+            try:
+                if isinstance(payload, AsyncIterable):
+                    size = await self._publish_stream(plan, payload)
+                else:
+                    size = await anyio.to_thread.run_sync(self._fs.publish, plan, payload)
+            except BaseException:
+                self._own_names.discard(plan.name)  # not published: never listed
+                raise
         else:
             raise UsageError(
                 "payload must be bytes, str, a path or an async iterable of bytes, not "
@@ -1224,11 +1231,17 @@ class Bus:
         for bi, name in foreign:
             self._state.parsed.pop((bi, name), None)
 
-    def _note_own(self, name: str) -> None:
-        """Remember one of this bus's messages that none of its subscriptions wants."""
+    def _own(self, topic: str, single: bool, name: str) -> bool:
+        """Whether a message this bus is about to publish as ``name`` is its own: a multi
+        message that none of its subscriptions wants, whose stamp need not make this bus
+        list its bucket again (see :meth:`BusFS.stamp_own`). Its name is remembered until
+        a listing sees it (a publish that fails forgets it)."""
+        if single or not self._fs.track_own or self._wanted_here(topic):
+            return False
         if len(self._own_names) >= _OWN_NAMES_MAX:
             self._own_names.clear()  # unlisted for long: forget them
         self._own_names.add(name)
+        return True
 
     def _wanted_here(self, topic: str) -> bool:
         """Whether a subscription of this bus matches ``topic`` (cached per topic)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import Bus, BusConfig
+from fsbus import Bus, BusConfig, PayloadTooLarge, StorageError
 from fsbus._bus import engine
 from fsbus._bus.layout import Layout
 from fsbus._bus.names import encode_topic, make_name
@@ -155,3 +155,22 @@ async def test_own_messages_published_before_a_subscription_do_not_reach_it(
         await later.wait_for(1)
     assert [m.payload for m in later.messages] == [b"after"]
     assert [m.topic for m in first.messages] == ["other.x"]
+
+
+@pytest.mark.anyio
+async def test_a_publish_that_fails_leaves_no_own_name_behind(root: Path) -> None:
+    """Own names wait for a listing to see them; a message that was never published
+    would never be seen, and its name would stay until the set fills up."""
+    config = FAST.model_copy(update={"max_payload_size": 10})
+    async with Bus(root, config=config) as bus:
+        await bus.subscribe("other.#", Inbox())
+        await _warm_up(bus)
+        with pytest.raises(PayloadTooLarge):
+            await bus.publish("topic.big", b"x" * 11)  # the general path, after the fast one
+        with pytest.raises(PayloadTooLarge):
+            await bus.publish("topic.big", b"x" * 11, ttl=60)  # the general path only
+        with pytest.raises(StorageError, match=r"missing\.bin"):
+            await bus.publish("topic.file", root / "missing.bin")
+        assert bus._own_names == set()
+        await bus.publish("topic.ok", b"small")
+        assert len(bus._own_names) <= 1  # until its bucket is listed
