@@ -35,10 +35,13 @@ in a loop, no consumers (``--quick``: 10,000; full: 30,000), on:
 
 * ``plain``: a fresh bus with no ``fsbus/queues`` directory (no queue was ever declared);
 * ``0 queues``: a bus with one queue bound ``other.#`` (none matches ``bench.x``);
-* ``1 queue`` / ``3 queues``: one / three queues bound ``bench.#``.
+* ``1 queue`` / ``3 queues``: one / three queues bound ``bench.#``;
+* ``full queue``: one queue bound ``bench.#`` with ``max_length`` 1,000 (drop-head),
+  filled to it first: every copy drops one from the head.
 
-After each run every bound queue must hold N messages. Reported as rates and cost ratios
-(time per publish): 3 queues / 1 queue (target ≤ 2x) and 0 queues / plain.
+After each run every bound queue must hold N messages (the full queue: 1,000, up to a
+32nd more). Reported as rates and cost ratios (time per publish): 3 queues / 1 queue
+(target ≤ 2x), 0 queues / plain, and full queue / 1 queue.
 
     .venv/bin/python -m bench.bench_queues [--quick] [--fs tmpfs,ext4loop] [--rounds R]
         [-n N] [--publish-n N] [--only flow|publish] [--json FILE] [--out FILE] [--profile]
@@ -446,7 +449,10 @@ def _left_in_queue(system: str, bus_dir: Path, rabbit: Rabbit | None, qname: str
         conn.close()
 
 
-PUBLISH_VARIANTS = ("plain", "0 queues", "1 queue", "3 queues")
+PUBLISH_VARIANTS = ("plain", "0 queues", "1 queue", "3 queues", "full queue")
+FULL_LENGTH = 1000
+"""``full queue``: one queue bound ``bench.#`` with ``max_length`` this, ``drop-head``,
+filled to it before the timed publishes: every copy then drops one from its head."""
 
 
 def _publish_cost(variant: str, n: int, place: Scratch) -> Run:
@@ -461,6 +467,11 @@ def _publish_cost(variant: str, n: int, place: Scratch) -> Run:
             with fsbus.BlockingBus(str(work)) as bus:
                 if variant == "0 queues":
                     bus.declare_queue("other", ["other.#"])
+                elif variant == "full queue":
+                    names = ["full"]
+                    bus.declare_queue("full", [BINDING], max_length=FULL_LENGTH)
+                    for _ in range(FULL_LENGTH):
+                        bus.publish(TOPIC, b"filler")
                 else:
                     names = [f"q{i}" for i in range(int(variant[0]))]
                     for name in names:
@@ -482,7 +493,11 @@ def _publish_cost(variant: str, n: int, place: Scratch) -> Run:
             with fsbus.BlockingBus(str(work)) as bus:
                 for name in names:
                     depth = bus.queue_info(name).depth
-                    if depth != n:
+                    if variant == "full queue":
+                        # drop-head trims once a 32nd over (docs/queues.md, Max length)
+                        if not FULL_LENGTH <= depth <= FULL_LENGTH + FULL_LENGTH // 32:
+                            notes.append(f"full queue holds {depth}, max_length {FULL_LENGTH}")
+                    elif depth != n:
                         notes.append(f"queue {name} holds {depth} of {n}")
         if variant == "plain" and (work / "fsbus" / "queues").exists():
             notes.append("the plain bus grew a queues directory")
@@ -615,6 +630,9 @@ def add_ratios(results: dict[str, dict[str, Any]]) -> None:
             )
             res["ratios"]["cost 1 queue / plain"] = _ratio(med.get("plain"), med.get("1 queue"))
             res["ratios"]["cost 0 queues / plain"] = _ratio(med.get("plain"), med.get("0 queues"))
+            res["ratios"]["cost full queue / 1 queue"] = _ratio(
+                med.get("1 queue"), med.get("full queue")
+            )
 
 
 def _rate(v: float | None) -> str:
@@ -694,12 +712,13 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             "`BlockingBus.publish('bench.x', …)` messages/s. *plain*: a fresh bus without a "
             "queues directory; *0 queues*: one queue bound `other.#`; *1* / *3 queues*: bound "
-            "`bench.#` (each must hold every message after). Cost ratios are time per "
-            "publish.",
+            "`bench.#` (each must hold every message after); *full queue*: one queue bound "
+            f"`bench.#` with `max_length={FULL_LENGTH}` (drop-head), filled first, so that "
+            "every publish drops a copy from its head. Cost ratios are time per publish.",
             "",
-            "| fs | plain | 0 queues | 1 queue | 3 queues | cost 0 queues / plain | "
-            "cost 1 queue / plain | cost 3 queues / 1 queue |",
-            "|---|---|---|---|---|---|---|---|",
+            "| fs | plain | 0 queues | 1 queue | 3 queues | full queue | cost 0 queues / plain | "
+            "cost 1 queue / plain | cost 3 queues / 1 queue | cost full queue / 1 queue |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for fs, res in results.items():
             p = res["publish"]
@@ -710,7 +729,8 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"| {fs} | "
                 + " | ".join(_rate(p[v]["median"]) if v in p else "—" for v in PUBLISH_VARIANTS)
                 + f" | {_x(rt.get('cost 0 queues / plain'))} | {_x(rt.get('cost 1 queue / plain'))}"
-                f" | {_x(rt.get('cost 3 queues / 1 queue'))} |"
+                f" | {_x(rt.get('cost 3 queues / 1 queue'))}"
+                f" | {_x(rt.get('cost full queue / 1 queue'))} |"
             )
     lines += [
         "",

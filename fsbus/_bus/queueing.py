@@ -21,11 +21,10 @@ from .._queues.store import QueueStore, copy_ttl
 from .fs import BusFS, Go, NameClash, Withdrawn
 from .layout import Layout
 from .namer import Namer
-from .names import parse_name
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import purge_some, purge_targets
-from .scan import Census, rank_of
+from .scan import Census, name_rank
 from .sweep import take_census
 
 T = TypeVar("T")
@@ -123,27 +122,25 @@ class QueueWriter:
         expired = self._census().expired
         return self.remove([(buckets[bi], name) for bi, name, kind in expired if kind == "s"])
 
-    def oldest(self, count: int) -> list[tuple[str, str]]:
-        """The ``count`` messages at the head of the queue, of those no consumer holds."""
-        if count <= 0:
-            return []
+    def trim(self, max_length: int) -> tuple[int, int]:
+        """Count the queue and remove from its head, of the messages no consumer holds,
+        what goes beyond ``max_length``: (depth counted, removed)."""
+        singles = self._census().singles
+        excess = len(singles) - max_length
+        if excess <= 0:
+            return len(singles), 0
         buckets = self.layout.buckets
         # the head of the queue: what a consumer would take next (priority, then
         # publish time and the publisher's sequence)
-        ranked = []
-        for bi, name in self._census().singles:
-            parsed = parse_name(name)
-            if parsed is not None:
-                ranked.append((rank_of(parsed), bi, name))
-        ranked.sort()
-        out = []
+        ranked = sorted((name_rank(name), bi, name) for bi, name in singles)
+        head = []
         for _, bi, name in ranked:
             bucket = buckets[bi]
             if not self._fs.is_locked(bucket, name):
-                out.append((bucket, name))
-                if len(out) == count:
+                head.append((bucket, name))
+                if len(head) == excess:
                     break
-        return out
+        return len(singles), self.remove(head)
 
     def remove(self, messages: list[tuple[str, str]]) -> int:
         return purge_some(self._fs, [], messages)[0]

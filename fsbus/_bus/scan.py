@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from .names import ParsedName, decode_topic, parse_name
+from .names import ParsedName, decode_fields, decode_topic, parse_name
 
 __all__ = [
     "BucketView",
@@ -22,6 +22,7 @@ __all__ = [
     "census",
     "decide",
     "long_names",
+    "name_rank",
     "rank_of",
     "sweep_due",
 ]
@@ -84,6 +85,17 @@ class Entry:
 
 
 _rank = operator.attrgetter("rank")
+
+
+def name_rank(name: str) -> int:
+    """The :attr:`Entry.rank` of a message name (one :func:`parse_name` would take),
+    from fsbus's fields without parsing the rest of it."""
+    unique = name[name.rfind("+") + 1 :]
+    f = decode_fields(unique)
+    if f is None:
+        parsed = parse_name(name)
+        return 0 if parsed is None else rank_of(parsed)
+    return (f.priority << 184) | (f.published_ms << 128) | int(unique[-12:], 16)
 
 
 def rank_of(parsed: ParsedName) -> int:

@@ -72,8 +72,9 @@ class QueueBus(Protocol):
     def expire(self) -> int:
         """Remove the expired messages no consumer holds; how many."""
 
-    def oldest(self, count: int) -> list[tuple[str, str]]:
-        """(bucket, name) of the ``count`` oldest messages no consumer holds."""
+    def trim(self, max_length: int) -> tuple[int, int]:
+        """Count the queue (as :meth:`depth`) and remove from its head, of the messages no
+        consumer holds, what goes beyond ``max_length``: (depth counted, removed)."""
 
     def remove(self, messages: list[tuple[str, str]]) -> int:
         """Remove these messages (as a consumer would); how many were removed."""
@@ -259,7 +260,7 @@ class QueueStore:
         for d in targets:
             o = d.options
             if o.max_length is not None and o.overflow == "reject-publish":
-                depth, _ = self._tally(d.name, o.max_length - 1)
+                depth = self._tally(d.name, o.max_length - 1)
                 if depth >= o.max_length:
                     raise QueueFull(
                         f"queue {d.name!r} is full ({depth} of max_length={o.max_length}, "
@@ -315,23 +316,33 @@ class QueueStore:
         if o.overflow == "drop-head":
             self._drop_head(d.name, o.max_length)
 
-    def _tally(self, name: str, most: int) -> tuple[int, bool]:
-        """The depth of capped queue ``name``, and whether it was counted just now: it is
-        counted again unless the last count, plus the copies this process wrote since,
-        is at most ``most`` and younger than :data:`RECOUNT` (or ten times what the
-        count took, for a queue so deep that counting it takes longer). Consumers only lower a
-        depth, so in one process the tally never says less than the queue holds; other
-        processes' copies are seen at the next count (docs/queues.md, "Max length")."""
-        now = time.monotonic()
+    def _tallied(self, name: str, most: int) -> int | None:
+        """The tally of capped queue ``name`` if it can stand for a count: the last count,
+        plus the copies this process wrote since, is at most ``most`` and younger than
+        :data:`RECOUNT` (or ten times what the count took, for a queue so deep that
+        counting it takes longer); else None. Consumers only lower a depth, so in one
+        process the tally never says less than the queue holds; other processes' copies
+        are seen at the next count (docs/queues.md, "Max length")."""
         with self._lock:
             t = self._tallies.get(name)
-            if t is not None and t[0] <= most and now < t[1]:
-                return int(t[0]), False
-        depth = self.depth(name)
-        took = time.monotonic() - now
+            if t is not None and t[0] <= most and time.monotonic() < t[1]:
+                return int(t[0])
+        return None
+
+    def _counted(self, name: str, depth: int, since: float) -> None:
+        """Record a count of ``depth`` started at ``since`` (time.monotonic)."""
+        took = time.monotonic() - since
         with self._lock:
-            self._tallies[name] = [depth, now + max(RECOUNT, took * 10)]
-        return depth, True
+            self._tallies[name] = [depth, since + max(RECOUNT, took * 10)]
+
+    def _tally(self, name: str, most: int) -> int:
+        """The depth of capped queue ``name``: its tally, or counted (see :meth:`_tallied`)."""
+        depth = self._tallied(name, most)
+        if depth is None:
+            since = time.monotonic()
+            depth = self.depth(name)
+            self._counted(name, depth, since)
+        return depth
 
     def _publisher(self, name: str) -> QueueBus | None:
         with self._lock:
@@ -347,18 +358,14 @@ class QueueStore:
     def _drop_head(self, name: str, max_length: int) -> None:
         # A queue may go max_length // 32 over before its head is dropped (then down to
         # max_length): a deep capped queue is counted once per that many copies.
-        depth, counted = self._tally(name, max_length + max_length // 32)
-        excess = depth - max_length
-        if not counted or excess <= 0:
+        if self._tallied(name, max_length + max_length // 32) is not None:
             return
         pub = self._publisher(name)
         if pub is None:
             return
-        removed = pub.remove(pub.oldest(excess))
-        with self._lock:
-            t = self._tallies.get(name)
-            if t is not None:
-                t[0] -= removed
+        since = time.monotonic()
+        depth, removed = pub.trim(max_length)
+        self._counted(name, depth - removed, since)
 
     # ------------------------------------------------------------------ peers' messages
     def take_router(self) -> bool:

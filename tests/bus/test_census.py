@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsbus._bus.names import FsbusFields, encode_fields, encode_topic, make_name, parse_name
-from fsbus._bus.scan import Entry, ScanState, census, decide, long_names, rank_of
+from fsbus._bus.scan import Entry, ScanState, census, decide, long_names, name_rank, rank_of
 
 NOW = 1_800_000_000_000
 BAD_UTF8_HEX = "ff" + encode_topic("x")  # hex, but not UTF-8
@@ -108,11 +108,11 @@ def test_census_counts_and_sorts_a_plain_queue() -> None:
     assert c.rest == {3: ["junk"]}
 
 
-def test_rank_of_is_the_entry_rank() -> None:
+def test_rank_of_and_name_rank_are_the_entry_rank() -> None:
     rng = random.Random(7)
     for _ in range(200):
         name = _name(rng)
         parsed = parse_name(name)
         if parsed is None:
             continue
-        assert rank_of(parsed) == Entry(0, parsed, "t").rank
+        assert rank_of(parsed) == Entry(0, parsed, "t").rank == name_rank(name)
