@@ -36,8 +36,9 @@ from ._errors import (
 if _typing.TYPE_CHECKING:
     from ._bus.blocking import BlockingBus, BlockingMessages
     from ._bus.doctor import DoctorCheck, DoctorReport, check_directory
-    from ._bus.engine import Bus, Handler, MessageIterator, Subscription
+    from ._bus.engine import Bus, Handler, Subscription
     from ._bus.fs import probe_locking
+    from ._bus.iterator import MessageIterator
     from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeReport
     from ._config import BusConfig
     from ._core.trie import TopicTrie
@@ -134,7 +135,7 @@ _LAZY = {
     "Handler": "._bus.engine",
     "Message": "._bus.message",
     "MessageInfo": "._bus.message",
-    "MessageIterator": "._bus.engine",
+    "MessageIterator": "._bus.iterator",
     "PublishInfo": "._bus.message",
     "PurgeReport": "._bus.message",
     "QueueEmpty": "._stream.queue",

@@ -23,8 +23,10 @@ from .._config import BusConfig, make_config
 from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
-from .engine import Bus, Kind, MessageIterator, browse_messages
+from .browse import browse_messages
+from .engine import Bus, Kind
 from .fs import BusFS, Go, NameClash
+from .iterator import MessageIterator
 from .layout import Layout
 from .loop_thread import LoopThread
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport

@@ -23,14 +23,13 @@ import time
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._config import BusConfig, make_config
 from .._core.topics import validate_pattern, validate_topic
@@ -40,7 +39,10 @@ from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import Definition, QueueInfo, QueueOptions
 from .._queues.routed import RouteMark
 from .._queues.store import QueueStore
+from .browse import browse_messages
 from .fs import BusFS, Claim, Go, NameClash, ReadResult, decode_meta
+from .iterator import GiveBack, MessageIterator, Released
+from .jobs import Batcher, JobQueue
 from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer, new_publish_info
@@ -54,7 +56,7 @@ from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 from .sweep import collect_garbage
 
-__all__ = ["Bus", "Handler", "MessageIterator", "Subscription"]
+__all__ = ["Bus", "Handler", "Subscription"]
 
 log = logging.getLogger("fsbus.bus")
 
@@ -63,7 +65,6 @@ Handler = typing.Callable[[Message], Awaitable[None]]
 Handler.__doc__ = "A subscription handler: ``async def handler(message: Message) -> None``."
 Kind = typing.Literal["any", "multi", "single"]
 _KINDS = ("any", "multi", "single")
-_Job = tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -112,131 +113,6 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"<Subscription {self.pattern!r}{' closed' if self.closed else ''}>"
-
-
-@dataclass
-class _Slot(Generic[T, R]):
-    item: T
-    event: anyio.Event | None = None  # set when done (submit); None for post
-    result: R | BaseException | None = None
-    done: Callable[[R | BaseException], None] | None = None  # called when done (post)
-
-
-class _Batcher(Generic[T, R]):
-    """Runs ``fn(items)`` in a worker thread for everything submitted meanwhile."""
-
-    def __init__(self, fn: Callable[[list[T]], list[R | BaseException]], limit: int) -> None:
-        self._fn = fn
-        self._limit = limit
-        self._queue: list[_Slot[T, R]] = []
-        self._wake = anyio.Event()
-        self._closed = False
-
-    async def submit(self, item: T) -> R:
-        if self._closed:
-            raise ClosedError("the bus is closed; open a new Bus to publish")
-        slot: _Slot[T, R] = _Slot(item, anyio.Event())
-        self._queue.append(slot)
-        self._wake.set()
-        assert slot.event is not None
-        await slot.event.wait()
-        if isinstance(slot.result, BaseException):
-            raise slot.result
-        return slot.result  # type: ignore[return-value]
-
-    def post(self, item: T, done: Callable[[R | BaseException], None]) -> None:
-        """Queue ``item`` without waiting; ``done(result)`` runs on the loop after its batch.
-
-        Posted items still queued when the batcher stops are run then, not dropped.
-        """
-        if self._closed:
-            raise ClosedError("the bus is closed")
-        self._queue.append(_Slot(item, done=done))
-        self._wake.set()
-
-    async def run(self) -> None:
-        try:
-            while True:
-                if not self._queue:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    continue
-                batch, self._queue = self._queue[: self._limit], self._queue[self._limit :]
-                try:
-                    results = await anyio.to_thread.run_sync(
-                        self._fn, [s.item for s in batch], abandon_on_cancel=False
-                    )
-                except BaseException:
-                    # Cancelled before the batch ran (run_sync checkpoints first): hand
-                    # it back so the finally below answers its submitters.
-                    self._queue[:0] = batch
-                    raise
-                for s, r in zip(batch, results, strict=True):
-                    if s.done is not None:
-                        s.done(r)
-                    else:
-                        assert s.event is not None
-                        s.result = r
-                        s.event.set()
-        finally:
-            self._closed = True
-            queued, self._queue = self._queue, []
-            posted = [s for s in queued if s.done is not None]
-            for s in queued:
-                if s.event is not None:
-                    s.result = ClosedError("the bus closed before this operation ran")
-                    s.event.set()
-            if posted:
-                with anyio.CancelScope(shield=True):
-                    results = await anyio.to_thread.run_sync(
-                        self._fn, [s.item for s in posted], abandon_on_cancel=False
-                    )
-                for s, r in zip(posted, results, strict=True):
-                    assert s.done is not None
-                    s.done(r)
-
-
-class _JobQueue:
-    """Handler jobs for the pool of worker tasks: a deque, and one Event per idle worker.
-
-    Cheaper than a memory object stream, whose every receive makes a checkpoint, an
-    Event and a task lookup: here a busy worker takes the next job with a ``popleft``,
-    and a job wakes exactly one idle worker. At most ``handler_concurrency`` jobs are
-    queued (the engine's slots bound them), so a worker that takes job after job
-    without yielding returns to the loop soon.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._idle: collections.deque[anyio.Event] = collections.deque()
-
-    def put(self, job: _Job) -> None:
-        self._jobs.append(job)
-        if self._idle:
-            self._idle.popleft().set()
-
-    def take_all(self) -> list[_Job]:
-        """Remove and return every job not started (when closing)."""
-        jobs = list(self._jobs)
-        self._jobs.clear()
-        return jobs
-
-    async def work(self) -> None:
-        """Run jobs one after another, for ever (a worker task; cancelled at close)."""
-        jobs = self._jobs
-        while True:
-            if jobs:
-                fn, args = jobs.popleft()
-                await fn(*args)
-                continue
-            wake = anyio.Event()
-            self._idle.append(wake)
-            try:
-                await wake.wait()
-            except BaseException:
-                if not wake.is_set():  # cancelled while idle (the bus is closing)
-                    self._idle.remove(wake)
-                raise
 
 
 _SPARE_CANDIDATES = 4
@@ -326,7 +202,7 @@ class Bus:
         self._slot_waiters = 0  # tasks waiting in _take_slot
         # Handlers run in a fixed pool of worker tasks fed by this queue: cheaper than a
         # task per message. Slots (_free) bound what is queued plus what runs.
-        self._jobs = _JobQueue()
+        self._jobs = JobQueue()
         self._scanning = False
         self._watching = False  # UPDATE watched (from the first scan on: _watch)
         self._router_waiting = False  # a task waits to route peers' messages (_await_router)
@@ -335,7 +211,7 @@ class Bus:
         self._closed = False
         # Plain publishes: inline on the loop while the mount is fast, else in a thread.
         self._offload = Offload(self._fs)
-        self._finisher: _Batcher[tuple[Claim, str], None] = _Batcher(self._finish_many, 256)
+        self._finisher: Batcher[tuple[Claim, str], None] = Batcher(self._finish_many, 256)
         # Rename claims held by running handlers: their leases are renewed (_renew_loop).
         self._held: dict[tuple[int, str], Claim] = {}
         self._counts = dict.fromkeys(
@@ -1503,7 +1379,7 @@ class Bus:
             try:
                 await sub.handler(msg)
                 outcome = "ack"
-            except _GiveBack:
+            except GiveBack:
                 outcome = "giveback"
             except Exception as exc:
                 self._counts["failed"] += 1
@@ -1911,7 +1787,7 @@ class Bus:
             m = replace(msg, queue=name)
             try:
                 await handler(m)
-            except (_GiveBack, _Released):
+            except (GiveBack, Released):
                 raise
             except Exception as exc:
                 if max_deliveries is None or msg.delivery_count < max_deliveries:
@@ -2137,168 +2013,3 @@ def _unique(subs: list[Subscription]) -> list[Subscription]:
         if s not in out:
             out.append(s)
     return out
-
-
-def browse_messages(
-    fs: BusFS,
-    pattern: str,
-    hosts: dict[str, str],
-    *,
-    queue: str | None = None,
-    queues: QueueStore | None = None,
-) -> list[MessageInfo]:
-    """Blocking: the unexpired messages matching ``pattern`` (used by both faces).
-
-    With ``queue`` (and the bus's queue store ``queues``): the messages of that queue,
-    read from the queue's own bus (``fsbus/queues/<name>/bus``) without creating or
-    changing anything there; host names still come from the main bus ``fs``.
-    """
-    pattern = validate_pattern(pattern)
-    trie: TopicTrie[int] = TopicTrie()
-    trie.add(pattern, 1)
-    src = fs
-    if queue is not None:
-        if queues is None:
-            raise UsageError("browse(queue=...) needs the bus's queues")  # pragma: no cover
-        queues.get(queue)  # QueueNotFound (or UsageError for a bad name)
-        # Not set up: setup() would create directories (and a deleted queue's folder
-        # again); listing a missing bucket of the queue's bus just lists nothing.
-        src = BusFS(Layout.of(queues.bus_root(queue), queues.sub_config), queues.sub_config, fs.ops)
-    try:
-        lay = src.layout
-        listings = src.list_buckets(range(len(lay.buckets)))
-        spills = src.read_spills(long_names(ScanState(), listings))
-        d = decide(ScanState(), listings, spills, int(time.time() * 1000), baseline=True)
-        out = []
-        for e in [*d.present_multi, *d.singles]:
-            assert e.topic is not None
-            if not trie.match(e.topic):
-                continue
-            bucket = lay.buckets[e.bucket_index]
-            st = src.stat_message(bucket, e.name)
-            if st is None:
-                continue
-            f = e.parsed.fields
-            if f is not None and f.host not in hosts:
-                hosts.update(fs.read_hosts())
-            meta = src.read_meta(bucket, e.name) if f and f.flags & FLAG_META else None
-            out.append(
-                MessageInfo(
-                    topic=e.topic,
-                    single=e.parsed.single,
-                    expires=e.parsed.expires_ms / 1000,
-                    size=max(0, st.st_size - 1),
-                    name=e.name,
-                    bucket=bucket,
-                    path=lay.message_path(bucket, e.name),
-                    locked=e.parsed.single and src.is_locked(bucket, e.name),
-                    priority=f.priority if f else src.config.default_priority,
-                    published_at=f.published_ms / 1000 if f else None,
-                    host=hosts.get(f.host, f.host) if f else None,
-                    headers=decode_meta(meta),
-                )
-            )
-        return out
-    finally:
-        if src is not fs:
-            src.close()
-
-
-class MessageIterator:
-    """Messages of one subscription, for ``async for`` (see :meth:`Bus.messages`)."""
-
-    def __init__(self, buffer: int, *, ack_previous: bool = True) -> None:
-        self._ack_previous = ack_previous
-        send, recv = anyio.create_memory_object_stream[tuple[Message, anyio.Event | None]](buffer)
-        self._send: MemoryObjectSendStream[tuple[Message, anyio.Event | None]] = send
-        self._recv: MemoryObjectReceiveStream[tuple[Message, anyio.Event | None]] = recv
-        self._pending: dict[str, anyio.Event] = {}
-        self._verdict: dict[str, bool] = {}
-        self._last: Message | None = None
-
-    async def _handle(self, msg: Message) -> None:
-        done = anyio.Event() if msg.single else None
-        try:
-            await self._send.send((msg, done))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            if done is None:
-                return
-            raise _GiveBack(msg.name) from None
-        if done is None:
-            return
-        await done.wait()
-        verdict = self._verdict.pop(msg.name, None)
-        if verdict is None:
-            raise _GiveBack(msg.name)
-        if not verdict:
-            raise _Released(f"released by the consumer: {msg.name}")
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Message:
-        return await self._next(wait=True)
-
-    async def _next(self, *, wait: bool) -> Message:
-        if self._ack_previous and self._last is not None and self._last.name in self._pending:
-            await self.ack(self._last)
-        try:
-            if wait:
-                msg, done = await self._recv.receive()
-            else:
-                msg, done = self._recv.receive_nowait()
-        except anyio.WouldBlock:
-            raise TimeoutError("no message is waiting") from None
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-        if done is not None:
-            self._pending[msg.name] = done
-        self._last = msg
-        return msg
-
-    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
-        """The next message; raises TimeoutError after ``timeout`` seconds.
-
-        ``timeout=0`` polls: a message already waiting, or TimeoutError at once.
-        """
-        if timeout is not None and timeout <= 0:
-            return await self._next(wait=False)  # fail_after(0) would refuse even those
-        with anyio.fail_after(timeout):
-            return await self._next(wait=True)
-
-    async def ack(self, msg: Message) -> None:
-        """Consume a work-queue message (no-op for multi messages)."""
-        self._settle(msg, True)
-
-    async def release(self, msg: Message) -> None:
-        """Give a work-queue message back for redelivery (counts as a failed delivery)."""
-        self._settle(msg, False)
-
-    def _settle(self, msg: Message, ok: bool) -> None:
-        done = self._pending.pop(msg.name, None)
-        if done is not None:
-            self._verdict[msg.name] = ok
-            done.set()
-
-    def _close(self) -> None:
-        for pending in self._pending.values():
-            pending.set()
-        self._pending.clear()
-        self._send.close()
-        # Whatever is still buffered goes back unconsumed.
-        while True:
-            try:
-                _msg, done = self._recv.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
-                break
-            if done is not None:
-                done.set()
-        self._recv.close()
-
-
-class _Released(Exception):
-    """Raised inside an iterator's handler when the consumer released the message."""
-
-
-class _GiveBack(Exception):
-    """The iterator closed before the consumer settled the message: release, no failure."""

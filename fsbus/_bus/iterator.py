@@ -1,0 +1,112 @@
+"""``async for`` over a subscription: :class:`MessageIterator` (see :meth:`Bus.messages`)."""
+
+from __future__ import annotations
+
+from typing import Self
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .message import Message
+
+__all__ = ["GiveBack", "MessageIterator", "Released"]
+
+
+class MessageIterator:
+    """Messages of one subscription, for ``async for`` (see :meth:`Bus.messages`)."""
+
+    def __init__(self, buffer: int, *, ack_previous: bool = True) -> None:
+        self._ack_previous = ack_previous
+        send, recv = anyio.create_memory_object_stream[tuple[Message, anyio.Event | None]](buffer)
+        self._send: MemoryObjectSendStream[tuple[Message, anyio.Event | None]] = send
+        self._recv: MemoryObjectReceiveStream[tuple[Message, anyio.Event | None]] = recv
+        self._pending: dict[str, anyio.Event] = {}
+        self._verdict: dict[str, bool] = {}
+        self._last: Message | None = None
+
+    async def _handle(self, msg: Message) -> None:
+        done = anyio.Event() if msg.single else None
+        try:
+            await self._send.send((msg, done))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            if done is None:
+                return
+            raise GiveBack(msg.name) from None
+        if done is None:
+            return
+        await done.wait()
+        verdict = self._verdict.pop(msg.name, None)
+        if verdict is None:
+            raise GiveBack(msg.name)
+        if not verdict:
+            raise Released(f"released by the consumer: {msg.name}")
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self._next(wait=True)
+
+    async def _next(self, *, wait: bool) -> Message:
+        if self._ack_previous and self._last is not None and self._last.name in self._pending:
+            await self.ack(self._last)
+        try:
+            if wait:
+                msg, done = await self._recv.receive()
+            else:
+                msg, done = self._recv.receive_nowait()
+        except anyio.WouldBlock:
+            raise TimeoutError("no message is waiting") from None
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        if done is not None:
+            self._pending[msg.name] = done
+        self._last = msg
+        return msg
+
+    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        """The next message; raises TimeoutError after ``timeout`` seconds.
+
+        ``timeout=0`` polls: a message already waiting, or TimeoutError at once.
+        """
+        if timeout is not None and timeout <= 0:
+            return await self._next(wait=False)  # fail_after(0) would refuse even those
+        with anyio.fail_after(timeout):
+            return await self._next(wait=True)
+
+    async def ack(self, msg: Message) -> None:
+        """Consume a work-queue message (no-op for multi messages)."""
+        self._settle(msg, True)
+
+    async def release(self, msg: Message) -> None:
+        """Give a work-queue message back for redelivery (counts as a failed delivery)."""
+        self._settle(msg, False)
+
+    def _settle(self, msg: Message, ok: bool) -> None:
+        done = self._pending.pop(msg.name, None)
+        if done is not None:
+            self._verdict[msg.name] = ok
+            done.set()
+
+    def _close(self) -> None:
+        for pending in self._pending.values():
+            pending.set()
+        self._pending.clear()
+        self._send.close()
+        # Whatever is still buffered goes back unconsumed.
+        while True:
+            try:
+                _msg, done = self._recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
+            if done is not None:
+                done.set()
+        self._recv.close()
+
+
+class Released(Exception):
+    """Raised inside an iterator's handler when the consumer released the message."""
+
+
+class GiveBack(Exception):
+    """The iterator closed before the consumer settled the message: release, no failure."""

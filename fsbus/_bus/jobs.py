@@ -1,0 +1,148 @@
+"""The engine's two ways of getting work done: batches of file operations in a worker
+thread (:class:`Batcher`), and handler jobs for its pool of worker tasks (:class:`JobQueue`).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from .._errors import ClosedError
+
+__all__ = ["Batcher", "Job", "JobQueue"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+Job = tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]
+"""A handler job: an async function and its arguments."""
+
+
+@dataclass
+class _Slot(Generic[T, R]):
+    item: T
+    event: anyio.Event | None = None  # set when done (submit); None for post
+    result: R | BaseException | None = None
+    done: Callable[[R | BaseException], None] | None = None  # called when done (post)
+
+
+class Batcher(Generic[T, R]):
+    """Runs ``fn(items)`` in a worker thread for everything submitted meanwhile."""
+
+    def __init__(self, fn: Callable[[list[T]], list[R | BaseException]], limit: int) -> None:
+        self._fn = fn
+        self._limit = limit
+        self._queue: list[_Slot[T, R]] = []
+        self._wake = anyio.Event()
+        self._closed = False
+
+    async def submit(self, item: T) -> R:
+        if self._closed:
+            raise ClosedError("the bus is closed; open a new Bus to publish")
+        slot: _Slot[T, R] = _Slot(item, anyio.Event())
+        self._queue.append(slot)
+        self._wake.set()
+        assert slot.event is not None
+        await slot.event.wait()
+        if isinstance(slot.result, BaseException):
+            raise slot.result
+        return slot.result  # type: ignore[return-value]
+
+    def post(self, item: T, done: Callable[[R | BaseException], None]) -> None:
+        """Queue ``item`` without waiting; ``done(result)`` runs on the loop after its batch.
+
+        Posted items still queued when the batcher stops are run then, not dropped.
+        """
+        if self._closed:
+            raise ClosedError("the bus is closed")
+        self._queue.append(_Slot(item, done=done))
+        self._wake.set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if not self._queue:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    continue
+                batch, self._queue = self._queue[: self._limit], self._queue[self._limit :]
+                try:
+                    results = await anyio.to_thread.run_sync(
+                        self._fn, [s.item for s in batch], abandon_on_cancel=False
+                    )
+                except BaseException:
+                    # Cancelled before the batch ran (run_sync checkpoints first): hand
+                    # it back so the finally below answers its submitters.
+                    self._queue[:0] = batch
+                    raise
+                for s, r in zip(batch, results, strict=True):
+                    if s.done is not None:
+                        s.done(r)
+                    else:
+                        assert s.event is not None
+                        s.result = r
+                        s.event.set()
+        finally:
+            self._closed = True
+            queued, self._queue = self._queue, []
+            posted = [s for s in queued if s.done is not None]
+            for s in queued:
+                if s.event is not None:
+                    s.result = ClosedError("the bus closed before this operation ran")
+                    s.event.set()
+            if posted:
+                with anyio.CancelScope(shield=True):
+                    results = await anyio.to_thread.run_sync(
+                        self._fn, [s.item for s in posted], abandon_on_cancel=False
+                    )
+                for s, r in zip(posted, results, strict=True):
+                    assert s.done is not None
+                    s.done(r)
+
+
+class JobQueue:
+    """Handler jobs for the pool of worker tasks: a deque, and one Event per idle worker.
+
+    Cheaper than a memory object stream, whose every receive makes a checkpoint, an
+    Event and a task lookup: here a busy worker takes the next job with a ``popleft``,
+    and a job wakes exactly one idle worker. At most ``handler_concurrency`` jobs are
+    queued (the engine's slots bound them), so a worker that takes job after job
+    without yielding returns to the loop soon.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._idle: collections.deque[anyio.Event] = collections.deque()
+
+    def put(self, job: Job) -> None:
+        self._jobs.append(job)
+        if self._idle:
+            self._idle.popleft().set()
+
+    def take_all(self) -> list[Job]:
+        """Remove and return every job not started (when closing)."""
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        return jobs
+
+    async def work(self) -> None:
+        """Run jobs one after another, for ever (a worker task; cancelled at close)."""
+        jobs = self._jobs
+        while True:
+            if jobs:
+                fn, args = jobs.popleft()
+                await fn(*args)
+                continue
+            wake = anyio.Event()
+            self._idle.append(wake)
+            try:
+                await wake.wait()
+            except BaseException:
+                if not wake.is_set():  # cancelled while idle (the bus is closing)
+                    self._idle.remove(wake)
+                raise
