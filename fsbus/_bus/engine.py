@@ -1445,16 +1445,18 @@ class Bus:
             self._waker.wake()
 
     async def _finish(self, claim: Claim, msg: Message, outcome: str) -> None:
-        if outcome.startswith("dead:"):
+        dead = outcome.startswith("dead:")
+        if dead:
             await self._dead_letter(msg, outcome[5:])
             outcome = "ack"
-            self._counts["dead_lettered"] += 1
         try:
             await self._finisher.submit((claim, outcome))
         except ClosedError:
             await anyio.to_thread.run_sync(self._finish_many, [(claim, outcome)])
         if outcome == "ack":
             self._counts["acked"] += 1
+            if dead:  # counted once its ack is done: a failed ack redelivers it
+                self._counts["dead_lettered"] += 1
         else:
             self._counts["released"] += 1
             self._retries.add(
