@@ -14,13 +14,45 @@ import anyio.to_thread
 
 from .._errors import ClosedError
 
-__all__ = ["Batcher", "Job", "JobQueue"]
+__all__ = ["Batcher", "HandOff", "Job", "JobQueue"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 Job = tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]
 """A handler job: an async function and its arguments."""
+
+
+class HandOff(Generic[T]):
+    """Items waiting on the loop for a worker-thread hop, taken a batch at a time."""
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self._wake = anyio.Event()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def put(self, item: T) -> None:
+        self.items.append(item)
+        self._wake.set()
+
+    async def take(self, limit: int) -> list[T]:
+        """The next batch of at most ``limit`` items, once there is one."""
+        while not self.items:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+        batch, self.items = self.items[:limit], self.items[limit:]
+        return batch
+
+    def put_back(self, batch: list[T]) -> None:
+        """Return a batch that did not run to the front of the line."""
+        self.items[:0] = batch
+
+    def drain(self) -> list[T]:
+        """Remove and return every item still waiting."""
+        items, self.items = self.items, []
+        return items
 
 
 @dataclass
@@ -37,16 +69,14 @@ class Batcher(Generic[T, R]):
     def __init__(self, fn: Callable[[list[T]], list[R | BaseException]], limit: int) -> None:
         self._fn = fn
         self._limit = limit
-        self._queue: list[_Slot[T, R]] = []
-        self._wake = anyio.Event()
+        self._queue: HandOff[_Slot[T, R]] = HandOff()
         self._closed = False
 
     async def submit(self, item: T) -> R:
         if self._closed:
             raise ClosedError("the bus is closed; open a new Bus to publish")
         slot: _Slot[T, R] = _Slot(item, anyio.Event())
-        self._queue.append(slot)
-        self._wake.set()
+        self._queue.put(slot)
         assert slot.event is not None
         await slot.event.wait()
         if isinstance(slot.result, BaseException):
@@ -60,17 +90,12 @@ class Batcher(Generic[T, R]):
         """
         if self._closed:
             raise ClosedError("the bus is closed")
-        self._queue.append(_Slot(item, done=done))
-        self._wake.set()
+        self._queue.put(_Slot(item, done=done))
 
     async def run(self) -> None:
         try:
             while True:
-                if not self._queue:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    continue
-                batch, self._queue = self._queue[: self._limit], self._queue[self._limit :]
+                batch = await self._queue.take(self._limit)
                 try:
                     results = await anyio.to_thread.run_sync(
                         self._fn, [s.item for s in batch], abandon_on_cancel=False
@@ -78,7 +103,7 @@ class Batcher(Generic[T, R]):
                 except BaseException:
                     # Cancelled before the batch ran (run_sync checkpoints first): hand
                     # it back so the finally below answers its submitters.
-                    self._queue[:0] = batch
+                    self._queue.put_back(batch)
                     raise
                 for s, r in zip(batch, results, strict=True):
                     if s.done is not None:
@@ -89,7 +114,7 @@ class Batcher(Generic[T, R]):
                         s.event.set()
         finally:
             self._closed = True
-            queued, self._queue = self._queue, []
+            queued = self._queue.drain()
             posted = [s for s in queued if s.done is not None]
             for s in queued:
                 if s.event is not None:

@@ -77,6 +77,7 @@ import anyio.to_thread
 
 from .._errors import ClosedError
 from .fs import BusFS, Withdrawn
+from .jobs import HandOff
 from .plan import PublishPlan
 
 __all__ = ["FAST", "FAST_RUN", "SLOW", "STRIKE_WINDOW", "YIELD_AFTER", "Offload"]
@@ -163,8 +164,7 @@ class Offload:
         self._strike = -STRIKE_WINDOW - 1  # inline operations at the last slow inline one
         self._debt = 0.0  # seconds of inline work since this last yielded to the loop
         self._lock = threading.Lock()
-        self._queue: list[_Item] = []
-        self._wake = anyio.Event()
+        self._queue: HandOff[_Item] = HandOff()
         self._closed = False
         self._line: collections.deque[anyio.Event] = collections.deque()  # waiting turns
         self._line_wake = anyio.Event()
@@ -250,8 +250,7 @@ class Offload:
         if self._closed:
             raise ClosedError("the bus is closed; open a new Bus to publish")
         item = _Item(plan, data, self._lock)
-        self._queue.append(item)
-        self._wake.set()
+        self._queue.put(item)
         try:
             await item.event.wait()
         except BaseException:
@@ -298,11 +297,7 @@ class Offload:
         """Hand queued publishes to a worker thread, a batch per hop, until cancelled."""
         try:
             while True:
-                if not self._queue:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    continue
-                batch, self._queue = self._queue[:_BATCH], self._queue[_BATCH:]
+                batch = await self._queue.take(_BATCH)
                 try:
                     await anyio.to_thread.run_sync(self._run_batch, batch, abandon_on_cancel=False)
                 except BaseException:
@@ -311,12 +306,12 @@ class Offload:
                     else:
                         # Cancelled before the batch ran (run_sync checkpoints first):
                         # put it back, so that the finally below answers its callers.
-                        self._queue[:0] = batch
+                        self._queue.put_back(batch)
                     raise
                 self._settle(batch)
         finally:
             self._closed = True
-            queued, self._queue = self._queue, []
+            queued = self._queue.drain()
             for item in queued:  # never ran: their result says the bus closed
                 item.event.set()
 
