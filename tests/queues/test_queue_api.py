@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from collections import Counter
@@ -23,6 +24,8 @@ from fsbus import (
     QueueNotFound,
     UsageError,
 )
+from fsbus._bus.ops import Ops
+from fsbus._queues import store
 
 from .conftest import Inbox, wait_until
 
@@ -234,6 +237,31 @@ def test_max_length_drop_head_of_a_deep_queue_goes_at_most_a_32nd_over(root: Pat
         with bus.messages(queue="recent", prefetch=64) as it:
             got = [int(it.get(timeout=30).payload) for _ in range(320)]
     assert sorted(got) == list(range(681, 1001))
+
+
+def test_queue_info_of_a_drop_head_queue_it_cannot_trim_counts_as_it_is(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An observer that may not remove files (here: every truncate and unlink refused at
+    # the I/O seam) still gets the depth, untrimmed, instead of an error.
+    monkeypatch.setattr(store, "RECOUNT", 3600.0)  # no count by age during the test
+
+    class ReadOnly(Ops):
+        def ftruncate(self, fd: int, length: int) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+        def unlink(self, path: str) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+    with BlockingBus(root) as bus:
+        bus.declare_queue("recent", ["m.#"], max_length=64)  # trimmed beyond 66
+        for i in range(66):
+            bus.publish("m.x", str(i).encode())
+        assert len(list(bus.browse(queue="recent"))) == 66
+    with BlockingBus(root, ops=ReadOnly()) as observer:
+        assert observer.queue_info("recent").depth == 66
+    with BlockingBus(root) as bus:
+        assert bus.queue_info("recent").depth == 64
 
 
 @pytest.mark.anyio
