@@ -12,6 +12,7 @@ lower bounds on a busy bus.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import time
@@ -68,7 +69,11 @@ def add_top_command(
 
 
 async def queue_copies(bus: Bus) -> tuple[list[QueueInfo], dict[str, frozenset[str]]]:
-    """Every durable queue now, and the names of the copies in each (browsed, not taken)."""
+    """Every durable queue now, and the names of the copies in each (browsed, not taken).
+
+    A queue's depth is the number of copies browsed, so that the depth and the rates of a
+    frame come from one listing (a copy routed between a count and a browse would
+    otherwise be counted as arrived and not be in the depth)."""
     from fsbus import QueueNotFound
 
     infos = []
@@ -78,7 +83,7 @@ async def queue_copies(bus: Bus) -> tuple[list[QueueInfo], dict[str, frozenset[s
             copies[q.name] = frozenset([i.name async for i in bus.browse(queue=q.name)])
         except QueueNotFound:
             continue  # deleted while we looked
-        infos.append(q)
+        infos.append(dataclasses.replace(q, depth=len(copies[q.name])))
     return infos, copies
 
 
