@@ -125,6 +125,13 @@ claims on a local disk, a handful on a network filesystem, where a claim waits f
 server (the first message then reaches its handler after one claim, not after all)."""
 _ROUTER_POLL = 0.25
 """Seconds between a waiting queue consumer's tries to take over routing peers' messages."""
+_ROUTE_GAP = 0.02
+"""Seconds a bus that lists its directory only to route peers' messages into the queues
+(no subscription of its own: the router of queue consumers) leaves between listings.
+Every publish stamps a bucket; listing at each stamp, the router spent more on the
+fsbus publishers' messages, which need no routing, than a consumer spends on its own
+work. Peers' messages reach the queues up to this much later; nothing is missed, since
+the events that come meanwhile are kept for the next listing."""
 _ROUTER_SLACK = 2.0
 """Seconds before the old router's last progress from which a new router routes what it
 finds unrouted (clocks of the hosts on a shared mount, and of the filesystem, may differ
@@ -774,9 +781,11 @@ class Bus:
     async def _scan_loop(self) -> None:
         baseline = False
         listing_due = True
+        listed_at = 0.0
         while True:
             try:
                 if listing_due:
+                    listed_at = time.monotonic()
                     await self._scan(baseline=baseline)
                     baseline = False
                 elif self._ready_keys and self._free > 0:
@@ -796,6 +805,8 @@ class Bus:
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))
             quiet_until = self._contention.until
+            if not self._subs:  # listing only to route peers' messages (_ROUTE_GAP)
+                quiet_until = max(quiet_until, listed_at + _ROUTE_GAP)
             if quiet_until > now and self._waker.fs_event_pending:
                 # an event kept back during the quiet spell: list when the spell ends
                 timeout = min(timeout, quiet_until - now)
@@ -804,7 +815,7 @@ class Bus:
             # List again on a filesystem event, a poll tick, a retry that fell due, a new
             # subscription, or when handlers are free and nothing known is left to claim.
             now = time.monotonic()
-            quiet = self._contention.quiet(now)
+            quiet = self._contention.quiet(now) or (not self._subs and now < listed_at + _ROUTE_GAP)
             fs_event = self._waker.take_fs_event()
             if fs_event and woken and (quiet or (self._free <= 0 and self._ready_keys)):
                 # Every handler is busy and known work is waiting: listing now could not

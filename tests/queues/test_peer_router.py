@@ -126,3 +126,34 @@ async def test_a_new_router_leaves_what_the_old_one_had_passed(
 def depth(root: Path) -> int:
     with BlockingBus(root) as admin:
         return admin.queue_info("q").depth
+
+
+@pytest.mark.anyio
+async def test_the_router_lists_once_for_many_publishes_and_still_routes_peers(
+    root: Path,
+) -> None:
+    """A consumer that lists the main bus only to route peers' messages does not list it
+    at each fsbus publish (those are routed by their publisher): the filesystem events
+    that come while it rests (``_ROUTE_GAP``) are taken by one listing. A peer's message
+    published among them is still routed, once."""
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    inbox = Inbox()
+    n = 400
+    async with Bus(root, config=BusConfig()) as router:
+        await router.subscribe(None, inbox, queue="q")
+        await wait_until(lambda: scans(router) > 0)
+        before = scans(router)
+
+        def publish_all() -> None:
+            with BlockingBus(root) as pub:
+                for i in range(n):
+                    pub.publish("foo.fsbus", b"%d" % i)
+                    if i == n // 2:
+                        plant_peer_message(root, b"peer")
+
+        await anyio.to_thread.run_sync(publish_all)
+        await inbox.wait_for(n + 1)
+        listed = scans(router) - before
+    assert listed < n // 4
+    assert Counter(inbox.payloads) == Counter([b"peer", *(b"%d" % i for i in range(n))])
