@@ -459,16 +459,21 @@ class Bus:
             targets = await anyio.to_thread.run_sync(self._queues.targets, topic)
         if not targets and self._own(topic, single, plan.name):
             plan = plan._replace(own=True)  # as on the fast path above
+        capped = False
         if targets:
             # Durable queues are bound to it: a copy goes into each before this returns.
             if not isinstance(payload, bytes | bytearray | memoryview):
                 payload = await _gather_payload(payload)
             data = bytes(payload)
             self._namer.check_size(len(data))
-            await anyio.to_thread.run_sync(self._queues.check_room, targets)
-        if targets and durable:
-            # The message and its copies synced together, in one worker thread (see
-            # route): not withdrawn when cancelled, the call waits for it to land.
+            capped = any(d.options.max_length is not None for d in targets)
+            if capped:  # (counting a queue may take long: never on the loop)
+                await anyio.to_thread.run_sync(self._queues.check_room, targets)
+        if targets and (durable or not capped):
+            # The message and its copies together (see route). Durable: synced together,
+            # in a worker thread; not withdrawn when cancelled, the call waits for it to
+            # land. Otherwise inline while publishing is (five calls a file, as a plain
+            # publish), in the thread when the mount is slow.
             planned = [plan]
 
             def publish_message(go: Go | None) -> int:
@@ -478,20 +483,22 @@ class Bus:
                     planned[0] = self.plan(topic, single, ttl, durable, headers, priority)
                     return self._fs.publish(planned[0], data, go)
 
-            size = await anyio.to_thread.run_sync(
-                functools.partial(
-                    route,
-                    self._queues,
-                    targets,
-                    topic,
-                    data,
-                    ttl=ttl,
-                    durable=durable,
-                    headers=headers,
-                    priority=priority,
-                    publish=publish_message,
-                )
+            routed = functools.partial(
+                route,
+                self._queues,
+                targets,
+                topic,
+                data,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+                publish=publish_message,
             )
+            if durable:
+                size = await anyio.to_thread.run_sync(routed)
+            else:
+                size = await self._offload.call(routed)
             plan = planned[0]
         elif isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)

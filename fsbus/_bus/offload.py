@@ -24,7 +24,9 @@ one hop):
   inline. A bus starts on the thread path: the first publishes measure the mount before
   any of them runs on the loop.
 * The engine's common call (a plain message while publishing is inline) takes
-  :meth:`Offload.publish_plain`: the same inline step, without a plan.
+  :meth:`Offload.publish_plain`: the same inline step, without a plan. A publish into
+  durable queues (the message and its copies, one file each) takes :meth:`Offload.call`:
+  the same rule for the whole of it.
 * A subscriber's scan (read UPDATE, list the changed buckets, decide, read the new
   messages) takes the same path through :meth:`Offload.scan`, under the same rule and
   the same counters: a slow scan is a strike like a slow publish, a fast scan in the
@@ -34,8 +36,10 @@ one hop):
 * Some work is never inline: ``durable=True`` publishes (fdatasync and a directory fsync
   take milliseconds by nature; their times are not used for the choice), publishes on a
   filesystem that other hosts share (a network mount can stall for seconds with no
-  warning), payloads that are files or async iterables, and everything that locks
-  (``flock`` may block): those keep their worker-thread hops in the engine.
+  warning), payloads that are files or async iterables, everything that locks
+  (``flock`` may block), and publishes into a queue with a ``max_length`` (keeping it
+  to length counts the queue now and then): those keep their worker-thread hops in the
+  engine.
 
 What the loop pays when a fast mount turns slow is two publishes (or scans): the first two to meet
 the slowness run inline to their end (with a 10 ms filesystem, five operations each:
@@ -213,6 +217,36 @@ class Offload:
             self.inline_runs += 1
             if took > SLOW:
                 self._struck()
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run the file work of a publish that is more than one plain message (a message
+        and its copies into durable queues; ``fn``, blocking) under :meth:`publish`'s
+        rule: inline and timed while publishing is inline (a slow one is a strike), in a
+        worker thread otherwise."""
+        if self.inline:
+            if self._debt > YIELD_AFTER:
+                self._debt = 0.0
+                await self._take_turn()
+            if self.inline:
+                t0 = perf_counter()
+                try:
+                    return fn()
+                finally:
+                    took = perf_counter() - t0
+                    self._debt += took
+                    self.inline_runs += 1
+                    if took > SLOW:
+                        self._struck()
+
+        def timed() -> tuple[T, float]:
+            t0 = perf_counter()
+            result = fn()
+            return result, perf_counter() - t0
+
+        result, took = await anyio.to_thread.run_sync(timed)
+        self.thread_runs += 1
+        self._timed_in_thread(took)
+        return result
 
     async def _take_turn(self) -> None:
         """Yield to the loop, then wait in line for a turn to publish inline again.

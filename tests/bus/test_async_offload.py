@@ -365,3 +365,61 @@ async def test_an_inline_plain_publish_writes_what_the_general_path_writes(root:
         assert work.single
         assert not text.single
         assert bus.statistics().published == len(seam.renames())
+
+
+def queue_copies(root: Path, queue: str) -> list[str]:
+    """``<bucket>/<name>`` of every copy in queue ``queue``."""
+    return files_under(root / "fsbus" / "queues" / queue / "bus" / "messages")
+
+
+@pytest.mark.anyio
+async def test_a_publish_into_bound_queues_runs_inline_and_moves_to_the_thread_when_slow(
+    root: Path,
+) -> None:
+    """The message and its queue copies are written on the loop while the mount is fast
+    (a worker-thread hop per publish cost ten times the files' own time), and go to the
+    thread, with plain publishes, when the mount turns slow."""
+    seam = Seam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        await bus.declare_queue("a", ["t.q"])
+        await bus.declare_queue("b", ["*.q"])
+        await publish_until_inline(bus, seam)
+        before = len(seam.threads)
+        await bus.publish("t.q", PAYLOAD)
+        calls = seam.threads[before:]
+        assert [op for op, _ in calls].count("rename") == 3  # the message and two copies
+        assert all(t == me for _, t in calls)
+        seam.delay = 0.01
+        before = len(seam.renames())
+        for _ in range(4):
+            await bus.publish("t.q", PAYLOAD)
+        slow = seam.renames()[before:]
+        assert len(slow) == 12
+        # the first publish met the slow mount inline (three files), then a second
+        # strike; what followed ran in a worker thread
+        assert slow[:3] == [me] * 3
+        assert all(t != me for t in slow[6:])
+        assert not bus._offload.inline
+    assert len(queue_copies(root, "a")) == len(queue_copies(root, "b")) == 5
+    assert files_under(root / "staging") == []
+
+
+@pytest.mark.anyio
+async def test_a_publish_into_a_capped_queue_never_runs_inline(root: Path) -> None:
+    """Keeping a queue to its max_length counts it now and then, which takes long for a
+    deep queue: such publishes keep to the worker thread, whatever the mount."""
+    seam = Seam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        await bus.declare_queue("capped", ["t.c"], max_length=10)
+        await publish_until_inline(bus, seam)
+        before = len(seam.threads)
+        for _ in range(12):
+            await bus.publish("t.c", PAYLOAD)
+        copies = [t for op, t in seam.threads[before:] if op == "rename"]
+        assert len(copies) == 24
+        assert me not in copies[1::2]  # each copy, after its message
+        assert bus._offload.inline
+        info = await bus.queue_info("capped")
+    assert info.depth == 10
