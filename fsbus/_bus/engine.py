@@ -1763,20 +1763,30 @@ class Bus:
         self.plan(topic, True, ttl, durable, headers, priority)  # validates it all
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         self._namer.check_size(len(data))
-        d = await anyio.to_thread.run_sync(self._queues.current, queue)
-        await anyio.to_thread.run_sync(self._queues.check_room, (d,))
-        await anyio.to_thread.run_sync(
-            functools.partial(
-                self._queues.enqueue,
-                d,
-                topic,
-                data,
-                ttl=ttl,
-                durable=durable,
-                headers=headers,
-                priority=priority,
-            )
+        if self._offload.inline:  # (cached: the routing table's lookup, as publish's)
+            d = self._queues.current(queue)
+        else:
+            d = await anyio.to_thread.run_sync(self._queues.current, queue)
+        put = functools.partial(
+            self._queues.enqueue,
+            d,
+            topic,
+            data,
+            ttl=ttl,
+            durable=durable,
+            headers=headers,
+            priority=priority,
         )
+        if durable or d.options.max_length is not None:
+            # synced, or counted now and then to keep to its length: in a worker thread
+
+            def room_and_put() -> int:
+                self._queues.check_room((d,))
+                return put()
+
+            await anyio.to_thread.run_sync(room_and_put)
+        else:
+            await self._offload.call(put)  # inline while the mount is fast, as publish
 
     async def _subscribe_queue(
         self, name: str, pattern: str | None, handler: Handler, prefetch: int | None

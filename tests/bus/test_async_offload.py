@@ -18,7 +18,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fsbus import Bus
+from fsbus import Bus, QueueNotFound
 from fsbus._bus import offload
 from fsbus._bus.offload import FAST_RUN
 from fsbus._bus.ops import Ops
@@ -423,3 +423,31 @@ async def test_a_publish_into_a_capped_queue_never_runs_inline(root: Path) -> No
         assert bus._offload.inline
         info = await bus.queue_info("capped")
     assert info.depth == 10
+
+
+@pytest.mark.anyio
+async def test_enqueue_runs_inline_unless_durable_or_capped(root: Path) -> None:
+    """``await bus.enqueue`` writes straight into a queue on the loop while the mount is
+    fast; a durable one (synced) and one into a capped queue go to the worker thread."""
+    seam = Seam()
+    me = threading.get_ident()
+    async with Bus(root, ops=seam) as bus:
+        await bus.declare_queue("open", [])
+        await bus.declare_queue("capped", [], max_length=3)
+        await publish_until_inline(bus, seam)
+
+        async def enqueue_threads(queue: str, *, durable: bool = False) -> list[int]:
+            before = len(seam.threads)
+            await bus.enqueue(queue, "t.e", PAYLOAD, durable=durable)
+            return [t for op, t in seam.threads[before:] if op == "rename"]
+
+        assert await enqueue_threads("open") == [me]
+        [durable] = await enqueue_threads("open", durable=True)
+        assert durable != me
+        for _ in range(5):
+            [capped] = await enqueue_threads("capped")
+            assert capped != me
+        assert (await bus.queue_info("open")).depth == 2
+        assert (await bus.queue_info("capped")).depth == 3
+        with pytest.raises(QueueNotFound):
+            await bus.enqueue("missing", "t.e", PAYLOAD)
