@@ -37,11 +37,14 @@ in a loop, no consumers (``--quick``: 10,000; full: 30,000), on:
 * ``0 queues``: a bus with one queue bound ``other.#`` (none matches ``bench.x``);
 * ``1 queue`` / ``3 queues``: one / three queues bound ``bench.#``;
 * ``full queue``: one queue bound ``bench.#`` with ``max_length`` 1,000 (drop-head),
-  filled to it first: every copy drops one from the head.
+  filled to it first: every copy drops one from the head;
+* ``1 queue async``: as ``1 queue``, with ``await bus.publish`` from an async ``Bus``
+  (after untimed publishes elsewhere: a new bus measures the mount in a thread first).
 
 After each run every bound queue must hold N messages (the full queue: 1,000, up to a
 32nd more). Reported as rates and cost ratios (time per publish): 3 queues / 1 queue
-(target ≤ 2x), 0 queues / plain, and full queue / 1 queue.
+(target ≤ 2x), 0 queues / plain, and full queue / 1 queue; and the speed ratio of
+``await bus.publish`` to ``BlockingBus.publish`` into one queue.
 
     .venv/bin/python -m bench.bench_queues [--quick] [--fs tmpfs,ext4loop] [--rounds R]
         [-n N] [--publish-n N] [--only flow|publish] [--json FILE] [--out FILE] [--profile]
@@ -226,6 +229,25 @@ def _fsbus_publish_only(p: dict[str, Any]) -> None:
     import fsbus
 
     payloads = [make_payload(i, SIZE) for i in range(int(p["n"]))]
+    if p.get("async"):
+        import anyio
+
+        async def main() -> None:
+            async with fsbus.Bus(p["dir"]) as bus:
+                publish = bus.publish
+                # a new bus measures the mount in a worker thread first (not timed)
+                for _ in range(ASYNC_WARM_UP):
+                    await publish("warm.up", b"x")
+                c0 = time.process_time()
+                t0 = time.monotonic_ns()
+                for body in payloads:
+                    await publish(TOPIC, body)
+                t1 = time.monotonic_ns()
+                cpu = time.process_time() - c0
+            result(t0_ns=t0, t1_ns=t1, cpu_s=cpu)
+
+        anyio.run(main)
+        return
     with fsbus.BlockingBus(p["dir"]) as bus:
         publish = bus.publish
         publish("warm.up", b"x")  # the first publish of a process opens files: not timed
@@ -449,7 +471,9 @@ def _left_in_queue(system: str, bus_dir: Path, rabbit: Rabbit | None, qname: str
         conn.close()
 
 
-PUBLISH_VARIANTS = ("plain", "0 queues", "1 queue", "3 queues", "full queue")
+PUBLISH_VARIANTS = ("plain", "0 queues", "1 queue", "3 queues", "full queue", "1 queue async")
+ASYNC_WARM_UP = 300
+"""``1 queue async``: plain publishes (not timed) before the timed ones, as in bench_async."""
 FULL_LENGTH = 1000
 """``full queue``: one queue bound ``bench.#`` with ``max_length`` this, ``drop-head``,
 filled to it before the timed publishes: every copy then drops one from its head."""
@@ -481,7 +505,10 @@ def _publish_cost(variant: str, n: int, place: Scratch) -> Run:
         _sync(work)
         try:
             res = run_single(
-                child_cmd("fsbus-publish-only", {"dir": str(work), "n": n}),
+                child_cmd(
+                    "fsbus-publish-only",
+                    {"dir": str(work), "n": n, "async": variant.endswith("async")},
+                ),
                 timeout=max(120.0, n / 100),
             )
         except ChildFailed as exc:
@@ -633,6 +660,10 @@ def add_ratios(results: dict[str, dict[str, Any]]) -> None:
             res["ratios"]["cost full queue / 1 queue"] = _ratio(
                 med.get("1 queue"), med.get("full queue")
             )
+            # a speed ratio: await bus.publish against BlockingBus.publish, one queue
+            res["ratios"]["1 queue, async / blocking"] = _ratio(
+                med.get("1 queue async"), med.get("1 queue")
+            )
 
 
 def _rate(v: float | None) -> str:
@@ -714,11 +745,15 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             "queues directory; *0 queues*: one queue bound `other.#`; *1* / *3 queues*: bound "
             "`bench.#` (each must hold every message after); *full queue*: one queue bound "
             f"`bench.#` with `max_length={FULL_LENGTH}` (drop-head), filled first, so that "
-            "every publish drops a copy from its head. Cost ratios are time per publish.",
+            "every publish drops a copy from its head; *1 queue async*: as *1 queue*, with "
+            "`await bus.publish` from an async `Bus` (after "
+            f"{ASYNC_WARM_UP} untimed publishes elsewhere). Cost ratios are time per "
+            "publish; *async / blocking* is a speed ratio.",
             "",
-            "| fs | plain | 0 queues | 1 queue | 3 queues | full queue | cost 0 queues / plain | "
-            "cost 1 queue / plain | cost 3 queues / 1 queue | cost full queue / 1 queue |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| fs | plain | 0 queues | 1 queue | 3 queues | full queue | 1 queue async | "
+            "cost 0 queues / plain | cost 1 queue / plain | cost 3 queues / 1 queue | "
+            "cost full queue / 1 queue | 1 queue, async / blocking |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for fs, res in results.items():
             p = res["publish"]
@@ -730,7 +765,8 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 + " | ".join(_rate(p[v]["median"]) if v in p else "—" for v in PUBLISH_VARIANTS)
                 + f" | {_x(rt.get('cost 0 queues / plain'))} | {_x(rt.get('cost 1 queue / plain'))}"
                 f" | {_x(rt.get('cost 3 queues / 1 queue'))}"
-                f" | {_x(rt.get('cost full queue / 1 queue'))} |"
+                f" | {_x(rt.get('cost full queue / 1 queue'))}"
+                f" | {_x(rt.get('1 queue, async / blocking'))} |"
             )
     lines += [
         "",
