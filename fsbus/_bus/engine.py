@@ -561,31 +561,41 @@ class Bus:
             data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
             self._namer.check_size(len(data))
             plans.append((self.plan(topic, single, ttl, durable, headers, priority), data))
-        routed = [(self._queues.targets(t), t, p) for t, p in items]
-        if any(r[0] for r in routed):
-            for targets, _, _ in routed:
-                if targets:
-                    await anyio.to_thread.run_sync(self._queues.check_room, targets)
+        copies = [
+            (targets, topic, data)
+            for (topic, _), (_, data) in zip(items, plans, strict=True)
+            if (targets := self._queues.targets(topic))
+        ]
+        # one worker-thread hop for each step of the batch, not one per message
+        capped = [t for t, _, _ in copies if any(d.options.max_length is not None for d in t)]
+        if capped:
+
+            def check_rooms() -> None:
+                for targets in capped:
+                    self._queues.check_room(targets)
+
+            await anyio.to_thread.run_sync(check_rooms)
         results = await anyio.to_thread.run_sync(self._fs.publish_many, plans)
         out = []
         for (plan, _), r in zip(plans, results, strict=True):
             if isinstance(r, BaseException):
                 raise r
             out.append(self._namer.info(plan, r))
-        for (targets, t, _p), (_, data) in zip(routed, plans, strict=True):
-            if targets:
-                await anyio.to_thread.run_sync(
-                    functools.partial(
-                        self._queues.route,
+        if copies:
+
+            def route_all() -> None:
+                for targets, topic, data in copies:
+                    self._queues.route(
                         targets,
-                        t,
+                        topic,
                         data,
                         ttl=ttl,
                         durable=durable,
                         headers=headers,
                         priority=priority,
                     )
-                )
+
+            await anyio.to_thread.run_sync(route_all)
         self._counts["published"] += len(out)
         return out
 

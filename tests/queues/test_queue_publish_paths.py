@@ -74,6 +74,33 @@ async def test_the_async_bus_routes_durable_copies_the_same_way(root: Path) -> N
     assert _staged(root) == []
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("durable", [True, False])
+async def test_publish_many_copies_each_message_into_its_queues(root: Path, durable: bool) -> None:
+    """A batch with topics bound to different queues (one capped, reject-publish, with
+    room for the batch) and one bound to none: each queue gets the copies of its topics."""
+    async with Bus(root) as bus:
+        await bus.declare_queue("all", ["jobs.#"])
+        await bus.declare_queue("runs", ["jobs.run"])
+        await bus.declare_queue("capped", ["jobs.stop"], max_length=5, overflow="reject-publish")
+        batch = [
+            (f"jobs.{kind}", f"{kind}{i}".encode()) for i in range(5) for kind in ("run", "stop")
+        ]
+        batch.append(("other.x", b"unbound"))
+        infos = await bus.publish_many(batch, durable=durable)
+        assert len(infos) == len(batch)
+        assert (await bus.queue_info("all")).depth == 10
+        assert (await bus.queue_info("runs")).depth == 5
+        assert (await bus.queue_info("capped")).depth == 5
+        with pytest.raises(QueueFull):
+            await bus.publish_many([("jobs.stop", b"one too many")], durable=durable)
+        assert (await bus.queue_info("capped")).depth == 5
+    with BlockingBus(root) as bus:
+        got = _drain(bus, "runs", 5)
+    assert sorted(p for _, p, _ in got) == [f"run{i}".encode() for i in range(5)]
+    assert _staged(root) == []
+
+
 class FailingSync(Ops):
     """fdatasync fails (EIO) on the bus's own files: the queue buses use the real seam."""
 
