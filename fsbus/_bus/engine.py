@@ -164,7 +164,7 @@ class Bus:
         self._buckets = self.layout.buckets
         self._max_payload = self.config.max_payload_size
         self._queues: QueueStore = open_store(self.layout, self.config, ops)
-        self._queue_buses: dict[str, tuple[Bus, anyio.Event, list[object]]] = {}
+        self._queue_buses: dict[str, _Hosted] = {}
         self._queue_buses_starting: dict[str, anyio.Event] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
@@ -1728,9 +1728,13 @@ class Bus:
     ) -> int:
         """Delete queue ``name`` and its messages; returns how many messages it held."""
         self._check_open()
-        return await anyio.to_thread.run_sync(
+        held = await anyio.to_thread.run_sync(
             functools.partial(self._queues.delete, name, if_unused=if_unused, if_empty=if_empty)
         )
+        entry = self._queue_buses.get(name)
+        if entry is not None and not entry.users:
+            self._retire(name, entry)  # its bus, left open after its last consumer
+        return held
 
     def routes(self, topic: str) -> list[str]:
         """The durable queues a message published on ``topic`` now gets a copy in."""
@@ -1806,13 +1810,18 @@ class Bus:
             raise UsageError(f"handler must be an async function (async def), not {handler!r}")
         if pattern is not None:
             await self.bind_queue(name, pattern)
-        d = await anyio.to_thread.run_sync(self._queues.get, name)
-        inner = await self._queue_bus(name)
+        root = self._queues.bus_root(name)
+
+        def definition() -> tuple[Definition, int | None]:
+            return self._queues.get(name), _inode(root)
+
+        d, ino = await anyio.to_thread.run_sync(definition)
+        inner = await self._queue_bus(name, ino)
         # Counted as a user of the queue's bus at once (no await since it was handed
         # out), so a consumer leaving meanwhile does not close it under this one.
         entry = self._queue_buses[name]
         token = object()
-        entry[2].append(token)
+        entry.users.append(token)
         try:
             fd = await anyio.to_thread.run_sync(self._queues.attach, name)
         except BaseException:
@@ -1862,8 +1871,8 @@ class Bus:
             while sub.in_flight and not sub.bus._closed:
                 sub.settled = anyio.Event()
                 await sub.settled.wait()
-            await anyio.to_thread.run_sync(self._queues.detach, name, fd)
-            self._release_queue_bus(name, entry, token)
+            deleted = await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+            self._release_queue_bus(name, entry, token, linger=not deleted)
 
         sub.on_close = leave
         return sub
@@ -1924,24 +1933,39 @@ class Bus:
             self._router_waiting = False
 
     def _release_queue_bus(
-        self, name: str, entry: tuple[Bus, anyio.Event, list[object]], token: object
+        self, name: str, entry: _Hosted, token: object, *, linger: bool = True
     ) -> None:
-        """One user of a queue's bus is gone; the last one closes it."""
-        entry[2].remove(token)
-        if not entry[2]:
-            if self._queue_buses.get(name) is entry:
-                del self._queue_buses[name]
-            entry[1].set()
+        """One user of a queue's bus is gone. After the last one the bus stays open for
+        :data:`_QUEUE_BUS_LINGER` seconds, so that a consumer that comes back at once (an
+        AMQP ``basic.get`` loop subscribes for each message) finds it running; or it
+        closes now (``linger=False``: the queue was deleted)."""
+        entry.users.remove(token)
+        if not entry.users:
+            if not linger:
+                self._retire(name, entry)
+            entry.idle.set()
 
-    async def _queue_bus(self, name: str) -> Bus:
-        """The bus of queue ``name`` in this process, hosted by the runner."""
+    def _retire(self, name: str, entry: _Hosted) -> None:
+        """Close queue ``name``'s bus ``entry`` (it has no users) without lingering."""
+        entry.close_now = True
+        if self._queue_buses.get(name) is entry:
+            del self._queue_buses[name]
+        entry.idle.set()
+
+    async def _queue_bus(self, name: str, ino: int | None) -> Bus:
+        """The bus of queue ``name`` in this process, hosted by the runner; ``ino``: the
+        inode of the queue's bus directory now (a bus left open over one that was
+        deleted, and perhaps declared again, is not used)."""
         # One bus per queue, however many consumers subscribe at once: the first starts
         # it and the others wait for it. (Two would compete through flock like two
         # processes, and the one not recorded here would run on, unseen, until close.)
         while True:
             entry = self._queue_buses.get(name)
+            if entry is not None and entry.ino != ino and not entry.users:
+                self._retire(name, entry)  # lingering over a queue deleted since
+                entry = None
             if entry is not None:
-                return entry[0]
+                return entry.bus
             starting = self._queue_buses_starting.get(name)
             if starting is None:
                 break
@@ -1950,29 +1974,45 @@ class Bus:
             raise ClosedError("the bus is closed")
         starting = self._queue_buses_starting[name] = anyio.Event()
         try:
-            stop = anyio.Event()
-            inner: Bus = await self._tg.start(self._host_queue_bus, name, stop)
-            self._queue_buses[name] = (inner, stop, [])
+            hosted = _Hosted(ino)
+            await self._tg.start(self._host_queue_bus, name, hosted)
+            self._queue_buses[name] = hosted
         finally:
             del self._queue_buses_starting[name]
             starting.set()
-        return inner
+        return hosted.bus
 
     async def _host_queue_bus(
-        self, name: str, stop: anyio.Event, *, task_status: anyio.abc.TaskStatus[Bus]
+        self, name: str, hosted: _Hosted, *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
-        async with Bus(self._queues.bus_root(name), config=self._queues.sub_config) as inner:
-            task_status.started(inner)
-            await stop.wait()
+        root = self._queues.bus_root(name)
+        async with Bus(root, config=self._queues.sub_config) as inner:
+            hosted.bus = inner
+            task_status.started()
+            while True:
+                await hosted.idle.wait()
+                if not hosted.users and not hosted.close_now:
+                    with anyio.move_on_after(_QUEUE_BUS_LINGER):
+                        # (and not over a queue another process deleted meanwhile)
+                        while not hosted.users and not hosted.close_now:
+                            await anyio.sleep(_QUEUE_BUS_LINGER / 8)
+                            if await anyio.to_thread.run_sync(_inode, root) != hosted.ino:
+                                break
+                if hosted.users and not hosted.close_now:  # came back: they use this one
+                    hosted.idle = anyio.Event()
+                    continue
+                if self._queue_buses.get(name) is hosted:
+                    del self._queue_buses[name]
+                break
         for key in _CONSUMER_COUNTS:  # this bus's statistics keep what its queues did
             self._counts[key] += inner._counts[key]
 
     def statistics(self) -> BusStatistics:
         """A snapshot of this Bus's counters (its queue consumers' included)."""
         c = collections.Counter(self._counts)
-        for inner, _stop, _fds in self._queue_buses.values():
+        for hosted in self._queue_buses.values():
             for key in _CONSUMER_COUNTS:
-                c[key] += inner._counts[key]
+                c[key] += hosted.bus._counts[key]
         return BusStatistics(
             published=c["published"],
             delivered=c["delivered"],
@@ -1990,6 +2030,33 @@ class Bus:
             leases_lost=c["leases_lost"],
         )
 
+
+class _Hosted:
+    """A queue's bus that a Bus runs for its consumers of that queue in this process."""
+
+    __slots__ = ("bus", "close_now", "idle", "ino", "users")
+
+    def __init__(self, ino: int | None) -> None:
+        self.ino = ino
+        """The inode of the queue's bus directory when it was opened."""
+        self.bus: Bus = None  # type: ignore[assignment]  # set by its host task at once
+        self.users: list[object] = []
+        """A token per consumer using it."""
+        self.idle = anyio.Event()
+        """Set when the last user leaves."""
+        self.close_now = False
+        """Its queue was deleted: close it without lingering."""
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+_QUEUE_BUS_LINGER = 1.0
+"""Seconds a queue's bus stays open after its last consumer in the process left."""
 
 _CONSUMER_COUNTS = (
     "delivered acked released failed expired quarantined claims_lost leases_lost".split()

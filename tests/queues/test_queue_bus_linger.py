@@ -1,0 +1,103 @@
+"""A queue's bus in a process stays open a moment after its last consumer there leaves,
+so that a consumer that comes back at once (an AMQP ``basic.get`` subscribes for each
+message) does not start a new one; and is never used over a queue deleted since.
+
+Which bus a consumer got is read from the process's table of its queues' buses
+(``Bus._queue_buses``): the point of the linger is that it is the same object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import BlockingBus, Bus, BusConfig
+
+from .conftest import Inbox, wait_until
+
+
+def hosted(bus: Bus, queue: str) -> Bus | None:
+    entry = bus._queue_buses.get(queue)
+    return None if entry is None else entry.bus
+
+
+async def consume_one(bus: Bus, queue: str) -> bytes:
+    """Subscribe, take one message, leave: what a basic.get does."""
+    async with bus.messages(queue=queue) as it:
+        msg = await it.__anext__()
+        await it.ack(msg)
+        return msg.payload
+
+
+@pytest.mark.anyio
+async def test_a_consumer_that_comes_back_at_once_reuses_the_queues_bus(
+    root: Path, fast: BusConfig
+) -> None:
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        for i in range(3):
+            await bus.publish("t.x", b"%d" % i)
+        assert await consume_one(bus, "q") == b"0"
+        first = hosted(bus, "q")
+        assert first is not None  # left open after its consumer left
+        assert await consume_one(bus, "q") == b"1"
+        assert hosted(bus, "q") is first
+        # and closed once it has had no consumer for a while
+        await wait_until(lambda: hosted(bus, "q") is None)
+        assert await consume_one(bus, "q") == b"2"
+        assert hosted(bus, "q") is not first
+
+
+@pytest.mark.anyio
+async def test_deleting_the_queue_closes_its_idle_bus_at_once(root: Path, fast: BusConfig) -> None:
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        await bus.publish("t.x", b"old")
+        assert await consume_one(bus, "q") == b"old"
+        old = hosted(bus, "q")
+        await bus.delete_queue("q")
+        assert hosted(bus, "q") is None
+        await bus.declare_queue("q", ["t.#"])
+        await bus.publish("t.x", b"new")
+        assert await consume_one(bus, "q") == b"new"
+        assert hosted(bus, "q") is not old
+
+
+@pytest.mark.anyio
+async def test_a_queue_deleted_and_declared_again_elsewhere_gets_a_new_bus(
+    root: Path, fast: BusConfig
+) -> None:
+    """Another process deletes the queue and declares it again while this one's bus of
+    it lingers: the next consumer here must read the new queue, not the old directory."""
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        await bus.publish("t.x", b"old")
+        assert await consume_one(bus, "q") == b"old"
+        old = hosted(bus, "q")
+        assert old is not None
+
+        def elsewhere() -> None:
+            with BlockingBus(root) as other:
+                other.delete_queue("q")
+                other.declare_queue("q", ["t.#"])
+                other.publish("t.x", b"new")
+
+        await anyio.to_thread.run_sync(elsewhere)
+        inbox = Inbox()
+        sub = await bus.subscribe(None, inbox, queue="q")
+        assert hosted(bus, "q") is not old
+        await inbox.wait_for(1)
+        await bus.unsubscribe(sub)
+    assert inbox.payloads == [b"new"]
+
+
+@pytest.mark.anyio
+async def test_an_auto_deleted_queue_does_not_keep_its_bus(root: Path, fast: BusConfig) -> None:
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"], auto_delete=True)
+        await bus.publish("t.x", b"only")
+        assert await consume_one(bus, "q") == b"only"
+        assert hosted(bus, "q") is None  # closed as its consumer left, not a moment later
+        assert [i.name for i in await bus.queues()] == []
