@@ -1317,7 +1317,17 @@ class Bus:
                 or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight) + _SPARE_CANDIDATES
             ]
             if free:
-                sub = free[hash(e.name) % len(free)]
+                # One with room now if there is one: spare candidates for a full one are
+                # for a slot that frees during the round, and a message always hashed to
+                # a full subscription would wait while another had room (a consumer at
+                # its prefetch beside an idle one starved it until the next change).
+                roomy = [
+                    s
+                    for s in free
+                    if s.prefetch is None or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight)
+                ]
+                pool = roomy or free
+                sub = pool[hash(e.name) % len(pool)]
                 picks[sub] = picks.get(sub, 0) + 1
                 picked.append((e, sub))
             elif subs:

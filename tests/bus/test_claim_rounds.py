@@ -124,3 +124,41 @@ async def test_a_small_prefetch_on_many_handlers_gets_each_message_once(tmp_path
             await done.wait()
     assert sorted(seen) == list(range(n))
     assert most <= prefetch
+
+
+@pytest.mark.anyio
+async def test_work_both_subscriptions_want_goes_to_the_one_with_room(tmp_path: Path) -> None:
+    """Two subscriptions to the same topics, one at its prefetch with a handler that does
+    not return: every other message goes to the free one. (Candidates were shared out by
+    the hash of their name among subscriptions with room or spare candidates left, so
+    about half of them went, round after round, to the full one, and waited for it.)"""
+    root = tmp_path / "bus"
+    release = anyio.Event()
+    busy: list[Message] = []
+    other: list[Message] = []
+    got_one, got_all = anyio.Event(), anyio.Event()
+    n = 20
+
+    async def stuck(msg: Message) -> None:
+        busy.append(msg)
+        got_one.set()
+        await release.wait()
+
+    async def free(msg: Message) -> None:
+        other.append(msg)
+        if len(other) == n:
+            got_all.set()
+
+    async with Bus(root) as bus:
+        await bus.subscribe("jobs.#", stuck, kind="single", prefetch=1)
+        await bus.publish("jobs.x", b"first", single=True)
+        with anyio.fail_after(WAIT):
+            await got_one.wait()
+        await bus.subscribe("jobs.#", free, kind="single", prefetch=1)
+        for i in range(n):
+            await bus.publish("jobs.x", str(i), single=True)
+        with anyio.fail_after(WAIT):
+            await got_all.wait()
+        assert [m.payload for m in busy] == [b"first"]
+        release.set()
+    assert sorted(int(m.payload) for m in other) == list(range(n))
