@@ -735,10 +735,16 @@ class Channel:
 
     async def _get(self, m: spec.Basic.Get) -> None:
         name = await self._queue_name(m.queue)
+        # The queue is counted once: what is ready now (held messages left out, as
+        # RabbitMQ counts them), less the one taken, is the get-ok's message count.
+        # (Get-empty only when it is empty: a message held now may be one that the
+        # subscription of an earlier basic.get, still closing, claimed and gives back.)
+        held = self.gateway.held(name)
         info = await self.bus.queue_info(bus_queue_name(name))
         if info.depth == 0:
             await self.reply(spec.Basic.GetEmpty())
             return
+        ready, _consumers = await self.gateway.ready_count(name, info, held)
         got = anyio.Event()
         state = {"taken": False, "closed": False}
 
@@ -746,6 +752,10 @@ class Channel:
             if state["taken"] or state["closed"]:
                 raise _Requeue
             state["taken"] = True
+            # It claims nothing more while it closes (in the background): a message it
+            # claimed now would be given back as failed, and wait out a retry interval
+            # before the next basic.get could have it.
+            sub.prefetch = 0
             got.set()
             props, exchange, rk = self._view(msg)
             tag = self.next_tag
@@ -753,7 +763,7 @@ class Channel:
             pending = None if m.no_ack else Pending(msg, name)
             if pending is not None:
                 self.unacked[tag] = pending
-            left, _consumers = await self.gateway.ready_count(name)
+            left = max(0, ready - 1)
             await self.conn.send_raw(
                 pframe.marshal(
                     spec.Basic.GetOk(
@@ -771,7 +781,9 @@ class Channel:
                 await self._settled(pending)
 
         # a subscription of the bus, but no AMQP consumer: its end never auto-deletes
-        sub = await self.bus.subscribe(None, handle, queue=bus_queue_name(name), prefetch=1)
+        sub: Subscription = await self.bus.subscribe(
+            None, handle, queue=bus_queue_name(name), prefetch=1
+        )
         self.gateway.track(name, sub, get=True)
         with anyio.move_on_after(2.0):
             await got.wait()

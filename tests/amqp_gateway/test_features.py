@@ -119,6 +119,35 @@ def test_get_empty_message_count_purge_and_delete(
     assert ch.queue_delete(q).method.message_count == 1
 
 
+def test_get_leaves_held_messages_out(conn: pika.BlockingConnection, names: Names) -> None:
+    """A message a consumer holds (delivered, not acked) is neither got nor counted:
+    basic.get's message count is what is ready after it, and get-empty comes when every
+    message left is held."""
+    consumer, getter = conn.channel(), conn.channel()
+    q = getter.queue_declare(names("held")).method.queue
+    for i in range(3):
+        getter.basic_publish("", q, str(i).encode())
+    deadline = time.monotonic() + WAIT
+    while getter.queue_declare(q, passive=True).method.message_count < 3:
+        assert time.monotonic() < deadline
+    consumer.basic_qos(prefetch_count=1)
+    held: list[bytes] = []
+    tag = consumer.basic_consume(q, lambda _ch, _m, _p, body: held.append(body))
+    while not held:
+        assert time.monotonic() < deadline
+        conn.process_data_events(time_limit=0.05)
+    got = []
+    for left in (1, 0):
+        method, _props, body = getter.basic_get(q, auto_ack=True)
+        assert method is not None
+        assert method.message_count == left
+        got.append(body)
+    assert getter.basic_get(q) == (None, None, None)
+    assert sorted(held + got) == [b"0", b"1", b"2"]
+    consumer.basic_cancel(tag)
+    getter.queue_delete(q)
+
+
 def test_nack_reject_requeue_and_redelivered(conn: pika.BlockingConnection, names: Names) -> None:
     ch = conn.channel()
     q = ch.queue_declare(names("nack")).method.queue
