@@ -165,6 +165,7 @@ class Bus:
         self._max_payload = self.config.max_payload_size
         self._queues: QueueStore = open_store(self.layout, self.config, ops)
         self._queue_buses: dict[str, _Hosted] = {}
+        self._queue_name: str | None = None  # the queue whose messages this bus holds
         self._queue_buses_starting: dict[str, anyio.Event] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
@@ -1571,6 +1572,7 @@ class Bus:
             published_at=f.published_ms / 1000 if f else None,
             host=host,
             delivery_count=attempts + 1,
+            queue=self._queue_name,
         )
 
     # ------------------------------------------------------------------ housekeeping
@@ -1843,9 +1845,8 @@ class Bus:
         dead_letter = d.options.dead_letter
 
         async def consume(msg: Message) -> None:
-            m = replace(msg, queue=name)
             try:
-                await handler(m)
+                await handler(msg)
             except (GiveBack, Released):
                 raise
             except Exception as exc:
@@ -1997,6 +1998,7 @@ class Bus:
     ) -> None:
         root = self._queues.bus_root(name)
         async with Bus(root, config=self._queues.sub_config) as inner:
+            inner._queue_name = name  # (its messages say which queue they came from)
             hosted.bus = inner
             task_status.started()
             while True:
