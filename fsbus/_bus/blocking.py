@@ -25,7 +25,7 @@ from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
 from .browse import browse_messages
 from .engine import Bus, Kind
-from .fs import BusFS, Go, NameClash
+from .fs import BusFS, NameClash
 from .iterator import MessageIterator
 from .layout import Layout
 from .loop_thread import LoopThread
@@ -34,7 +34,7 @@ from .namer import Namer, new_publish_info
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import open_store, route
+from .queueing import open_store, renaming, route
 from .sweep import collect_garbage
 
 __all__ = ["BlockingBus", "BlockingMessages"]
@@ -196,14 +196,6 @@ class BlockingBus:
             self._namer.check_size(len(data))
             self._queues.check_room(targets)
             planned = [plan]
-
-            def publish_message(go: Go | None) -> int:
-                try:
-                    return self._fs.publish(planned[0], data, go)
-                except NameClash:  # astronomically rare: name it again
-                    planned[0] = self._namer.plan(topic, single, ttl, durable, headers, priority)
-                    return self._fs.publish(planned[0], data, go)
-
             # The message, then a copy in each queue before this returns (a durable one
             # syncs them all together: see route).
             size = route(
@@ -215,7 +207,12 @@ class BlockingBus:
                 durable=durable,
                 headers=headers,
                 priority=priority,
-                publish=publish_message,
+                publish=renaming(
+                    self._fs,
+                    planned,
+                    data,
+                    lambda: self._namer.plan(topic, single, ttl, durable, headers, priority),
+                ),
             )
             self._published += 1
             return self._namer.info(planned[0], size)

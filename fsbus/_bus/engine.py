@@ -40,7 +40,7 @@ from .._queues.definition import Definition, QueueInfo, QueueOptions
 from .._queues.routed import RouteMark
 from .._queues.store import QueueStore
 from .browse import browse_messages
-from .fs import BusFS, Claim, Go, NameClash, ReadResult, decode_meta
+from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
 from .iterator import GiveBack, MessageIterator, Released
 from .jobs import Batcher, JobQueue
 from .layout import Layout, changed_buckets
@@ -51,7 +51,7 @@ from .offload import Offload
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import open_store, route
+from .queueing import open_store, renaming, route
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 from .sweep import collect_garbage
@@ -460,43 +460,39 @@ class Bus:
             targets = await anyio.to_thread.run_sync(self._queues.targets, topic)
         if not targets and self._own(topic, single, plan.name):
             plan = plan._replace(own=True)  # as on the fast path above
-        capped = False
         if targets:
             # Durable queues are bound to it: a copy goes into each before this returns.
             if not isinstance(payload, bytes | bytearray | memoryview):
                 payload = await _gather_payload(payload)
             data = bytes(payload)
             self._namer.check_size(len(data))
-            capped = any(d.options.max_length is not None for d in targets)
-            if capped:  # (counting a queue may take long: never on the loop)
-                await anyio.to_thread.run_sync(self._queues.check_room, targets)
-        if targets and (durable or not capped):
             # The message and its copies together (see route). Durable: synced together,
             # in a worker thread; not withdrawn when cancelled, the call waits for it to
-            # land. Otherwise inline while publishing is (five calls a file, as a plain
-            # publish), in the thread when the mount is slow.
+            # land. A queue with a max_length is counted now and then to keep to it:
+            # in the thread too. Otherwise inline while publishing is (five calls a
+            # file, as a plain publish), in the thread when the mount is slow.
             planned = [plan]
 
-            def publish_message(go: Go | None) -> int:
-                try:
-                    return self._fs.publish(planned[0], data, go)
-                except NameClash:  # astronomically rare: name it again
-                    planned[0] = self.plan(topic, single, ttl, durable, headers, priority)
-                    return self._fs.publish(planned[0], data, go)
+            def routed() -> int:
+                self._queues.check_room(targets)
+                return route(
+                    self._queues,
+                    targets,
+                    topic,
+                    data,
+                    ttl=ttl,
+                    durable=durable,
+                    headers=headers,
+                    priority=priority,
+                    publish=renaming(
+                        self._fs,
+                        planned,
+                        data,
+                        lambda: self.plan(topic, single, ttl, durable, headers, priority),
+                    ),
+                )
 
-            routed = functools.partial(
-                route,
-                self._queues,
-                targets,
-                topic,
-                data,
-                ttl=ttl,
-                durable=durable,
-                headers=headers,
-                priority=priority,
-                publish=publish_message,
-            )
-            if durable:
+            if durable or any(d.options.max_length is not None for d in targets):
                 size = await anyio.to_thread.run_sync(routed)
             else:
                 size = await self._offload.call(routed)
@@ -513,21 +509,6 @@ class Bus:
             except BaseException:
                 self._own_names.discard(plan.name)  # not published: never listed
                 raise
-            if targets:
-                await anyio.to_thread.run_sync(
-                    functools.partial(
-                        route,
-                        self._queues,
-                        targets,
-                        topic,
-                        data,
-                        ttl=ttl,
-                        durable=durable,
-                        headers=headers,
-                        priority=priority,
-                        publish=_published,
-                    )
-                )
         elif isinstance(payload, str | os.PathLike | AsyncIterable):
             try:
                 if isinstance(payload, AsyncIterable):
@@ -2074,10 +2055,6 @@ _CONSUMER_COUNTS = (
     "delivered acked released failed expired quarantined claims_lost leases_lost".split()
 )
 """Counters of a queue's own bus that its host bus reports as its own."""
-
-
-def _published(_go: Go | None) -> None:
-    """For :func:`route` when the message itself is already published: copies only."""
 
 
 async def _gather_payload(payload: object) -> bytes:

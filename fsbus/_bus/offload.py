@@ -223,30 +223,7 @@ class Offload:
         and its copies into durable queues; ``fn``, blocking) under :meth:`publish`'s
         rule: inline and timed while publishing is inline (a slow one is a strike), in a
         worker thread otherwise."""
-        if self.inline:
-            if self._debt > YIELD_AFTER:
-                self._debt = 0.0
-                await self._take_turn()
-            if self.inline:
-                t0 = perf_counter()
-                try:
-                    return fn()
-                finally:
-                    took = perf_counter() - t0
-                    self._debt += took
-                    self.inline_runs += 1
-                    if took > SLOW:
-                        self._struck()
-
-        def timed() -> tuple[T, float]:
-            t0 = perf_counter()
-            result = fn()
-            return result, perf_counter() - t0
-
-        result, took = await anyio.to_thread.run_sync(timed)
-        self.thread_runs += 1
-        self._timed_in_thread(took)
-        return result
+        return await self._run(fn, scan=False, big=False)
 
     async def _take_turn(self) -> None:
         """Yield to the loop, then wait in line for a turn to publish inline again.
@@ -403,6 +380,10 @@ class Offload:
         the last listing) always goes to the thread and its time is not used: it says
         how big the listing was, not how fast the mount is.
         """
+        return await self._run(fn, scan=True, big=big)
+
+    async def _run(self, fn: Callable[[], T], *, scan: bool, big: bool) -> T:
+        """:meth:`call` (a publish's work) or :meth:`scan` (a scan's)."""
         if self.inline and not big:
             if self._debt > YIELD_AFTER:
                 self._debt = 0.0
@@ -414,7 +395,10 @@ class Offload:
                 finally:
                     took = perf_counter() - t0
                     self._debt += took
-                    self.inline_scans += 1
+                    if scan:
+                        self.inline_scans += 1
+                    else:
+                        self.inline_runs += 1
                     if took > SLOW:
                         self._struck()
 
@@ -424,7 +408,10 @@ class Offload:
             return result, perf_counter() - t0
 
         result, took = await anyio.to_thread.run_sync(timed)
-        self.thread_scans += 1
+        if scan:
+            self.thread_scans += 1
+        else:
+            self.thread_runs += 1
         if not big:
             self._timed_in_thread(took)
         return result

@@ -201,6 +201,23 @@ class _Staged:
             self.writer._fs.abort(self.plan, fd)
 
 
+def renaming(
+    fs: BusFS, planned: list[PublishPlan], data: bytes, replan: Callable[[], PublishPlan]
+) -> Callable[[Go | None], int]:
+    """:func:`route`'s ``publish`` for one message of bytes: written under ``planned[0]``,
+    or, if that name clashes (astronomically rare), under ``replan()``'s, which then
+    replaces it in ``planned``. Returns its size."""
+
+    def publish(go: Go | None) -> int:
+        try:
+            return fs.publish(planned[0], data, go)
+        except NameClash:
+            planned[0] = replan()
+            return fs.publish(planned[0], data, go)
+
+    return publish
+
+
 def route(
     store: QueueStore,
     targets: tuple[Definition, ...],
