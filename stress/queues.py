@@ -6,7 +6,9 @@ a mix of topics, some matching several queues and some none (the blocking face o
 one, the async face with ``publish`` and ``publish_many``); each queue has consumer
 processes of both faces (``Bus.subscribe(None, handler, queue=...)`` and
 ``BlockingBus.messages(queue=...)``), some SIGKILLed while handling and replaced.
-Halfway through, ``refunds.#`` is bound to ``ledger``.
+Halfway through, ``refunds.#`` is bound to ``ledger``: each publisher waits at its halfway
+mark until the binding is in place (a file the harness makes), so that however fast they
+publish, half of what they send comes after it.
 
 Counted per queue, with an independent matcher for what each queue should hold: every
 expected (queue, message) handled at least once, none handled in a queue whose bindings do
@@ -139,6 +141,19 @@ class QueuePublishJob:
     ``Bus.publish_many`` (runs of 2-8 messages with the same ``single``)."""
     config: dict[str, Any]
     """BusConfig options."""
+    gate: str
+    """A file the publisher waits for halfway through its messages: the harness makes it
+    once the late binding is in place, so that some messages are published after it."""
+
+
+GATE_WAIT = 120.0
+"""Seconds a publisher waits at its gate before going on without it."""
+
+
+def _wait_for_gate(path: str) -> None:
+    deadline = time.monotonic() + GATE_WAIT
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)  # a file has no event to wait on: poll it, with a deadline
 
 
 def _payload(rng: random.Random, mid: str, max_size: int) -> bytes:
@@ -153,6 +168,7 @@ def queue_publisher(job: QueuePublishJob) -> None:
     rng = random.Random(job.seed)
     log = EventLog(job.log)
     items = [(f"{job.prefix}{i}", t, s) for i, (t, s) in enumerate(job.topics)]
+    half = len(items) // 2
 
     def logged(batch: list[tuple[str, str, bool]], before: float) -> None:
         after = time.monotonic()
@@ -161,7 +177,9 @@ def queue_publisher(job: QueuePublishJob) -> None:
 
     if job.face == "blocking":
         with BlockingBus(job.root, config=BusConfig(**job.config)) as bus:
-            for mid, topic, single in items:
+            for n, (mid, topic, single) in enumerate(items):
+                if n == half:
+                    _wait_for_gate(job.gate)
                 payload = _payload(rng, mid, job.max_size)
                 before = time.monotonic()
                 bus.publish(topic, payload, single=single)
@@ -173,10 +191,13 @@ def queue_publisher(job: QueuePublishJob) -> None:
         async with Bus(job.root, config=BusConfig(**job.config)) as bus:
             i = 0
             while i < len(items):
+                if i == half:
+                    await anyio.to_thread.run_sync(_wait_for_gate, job.gate)
                 single = items[i][2]
                 n = 1 if rng.random() < 0.4 else rng.randint(2, 8)
+                end = half if i < half else len(items)  # no batch across the gate
                 batch = [items[i]]
-                while len(batch) < n and i + len(batch) < len(items):
+                while len(batch) < n and i + len(batch) < end:
                     if items[i + len(batch)][2] != single:
                         break
                     batch.append(items[i + len(batch)])
@@ -373,6 +394,7 @@ class _Run:
                     max_size=sz.max_size,
                     face="async" if i % 2 else "blocking",
                     config=self.cfg,
+                    gate=str(self.logs / "bound"),
                 )
                 for i in range(sz.publishers)
             ]
@@ -429,14 +451,16 @@ class _Run:
 
     def chaos(self, pubs: list[Any], deadline: float) -> None:
         """Bind the late pattern halfway through; SIGKILL busy consumers and replace them."""
-        total = self.sz.publishers * self.sz.per_publisher
+        halfway = self.sz.publishers * (self.sz.per_publisher // 2)
         kills_left = self.sz.kills
         while time.monotonic() < deadline:
             time.sleep(self.rng.uniform(0.02, 0.15))
-            if self.bind is None and _published(self.logs) >= total // 2:
+            if self.bind is None and _published(self.logs) >= halfway:
+                # every publisher waits at its halfway gate until this is done
                 before = time.monotonic()
                 self.admin.bind_queue(*LATE)
                 self.bind = (before, time.monotonic())
+                (self.logs / "bound").touch()
             if kills_left:
                 self.up()
                 busy = [
