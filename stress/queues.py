@@ -151,9 +151,7 @@ GATE_WAIT = 120.0
 
 
 def _wait_for_gate(path: str) -> None:
-    deadline = time.monotonic() + GATE_WAIT
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)  # a file has no event to wait on: poll it, with a deadline
+    wait_until(lambda: os.path.exists(path), GATE_WAIT, step=0.01)
 
 
 def _payload(rng: random.Random, mid: str, max_size: int) -> bytes:

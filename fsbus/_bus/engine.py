@@ -1966,7 +1966,7 @@ class Bus:
             raise ClosedError("the bus is closed")
         starting = self._queue_buses_starting[name] = anyio.Event()
         try:
-            hosted = _Hosted(ino)
+            hosted = _Hosted()
             await self._tg.start(self._host_queue_bus, name, hosted)
             self._queue_buses[name] = hosted
         finally:
@@ -1981,6 +1981,8 @@ class Bus:
         async with Bus(root, config=self._queues.sub_config) as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
             hosted.bus = inner
+            # the directory it opened (created, if it was not there yet)
+            hosted.ino = await anyio.to_thread.run_sync(_inode, root)
             task_status.started()
             while True:
                 await hosted.idle.wait()
@@ -2029,8 +2031,8 @@ class _Hosted:
 
     __slots__ = ("bus", "close_now", "idle", "ino", "users")
 
-    def __init__(self, ino: int | None) -> None:
-        self.ino = ino
+    def __init__(self) -> None:
+        self.ino: int | None = None
         """The inode of the queue's bus directory when it was opened."""
         self.bus: Bus = None  # type: ignore[assignment]  # set by its host task at once
         self.users: list[object] = []
