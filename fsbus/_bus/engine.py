@@ -1450,9 +1450,19 @@ class Bus:
                     self._retries.add(key, time.monotonic() + self.config.retry_interval)
                 self._settled(sub, key)
 
-    def _acked(self, sub: Subscription, key: tuple[int, str], _result: object) -> None:
-        self._counts["acked"] += 1
+    def _acked(self, sub: Subscription, key: tuple[int, str], result: object) -> None:
+        if isinstance(result, BaseException):
+            self._not_finished(key)  # logged by _finish_many; the message is still there
+        else:
+            self._counts["acked"] += 1
         self._settled(sub, key)
+
+    def _not_finished(self, key: tuple[int, str]) -> None:
+        """An ack or release failed on disk. Its claim is unlocked and closed all the same
+        (see :meth:`BusFS.ack`), so the message goes back: count it released, not acked,
+        and look at it again after retry_interval."""
+        self._counts["released"] += 1
+        self._retries.add(key, time.monotonic() + self.config.retry_interval)
 
     def _settled(self, sub: Subscription, key: tuple[int, str]) -> None:
         """A work item is acked or released on disk: free its slot and say so."""
@@ -1469,10 +1479,18 @@ class Bus:
         if dead:
             await self._dead_letter(msg, outcome[5:])
             outcome = "ack"
+        error: BaseException | None = None
         try:
             await self._finisher.submit((claim, outcome))
         except ClosedError:
-            await anyio.to_thread.run_sync(self._finish_many, [(claim, outcome)])
+            [error] = await anyio.to_thread.run_sync(self._finish_many, [(claim, outcome)])
+        except Exception as exc:
+            error = exc
+        if error is not None:
+            # Logged by _finish_many. The claim is closed: releasing it again would close
+            # a descriptor that is no longer ours.
+            self._not_finished((self.layout.buckets.index(claim.bucket), claim.name))
+            return
         if outcome == "ack":
             self._counts["acked"] += 1
             if dead:  # counted once its ack is done: a failed ack redelivers it
@@ -1485,6 +1503,7 @@ class Bus:
             )
 
     def _finish_many(self, items: list[tuple[Claim, str]]) -> list[BaseException | None]:
+        """Ack or release each claim; an item's result is the error that stopped it."""
         out: list[BaseException | None] = []
         for claim, outcome in items:
             try:
@@ -1493,9 +1512,15 @@ class Bus:
                 else:
                     self._fs.release(claim, failed=outcome == "fail")
                 out.append(None)
-            except Exception as exc:
-                log.error("could not finish %s/%s: %s", claim.bucket, claim.name, exc)
-                out.append(None)
+            except Exception as exc:  # one message's failure never stops the batch
+                log.error(
+                    "could not %s %s/%s: %s; it may be delivered again",
+                    "ack" if outcome == "ack" else "release",
+                    claim.bucket,
+                    claim.name,
+                    exc,
+                )
+                out.append(exc)
         return out
 
     async def _dead_letter(self, msg: Message, reason: str) -> None:
