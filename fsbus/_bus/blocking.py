@@ -303,6 +303,17 @@ class BlockingBus:
         self._subscriptions.append(sub)
         return sub
 
+    def get(self, queue: str) -> AbstractContextManager[Message | None]:
+        """Take the next message of durable queue ``queue`` without subscribing, held
+        for a ``with`` block: ``with bus.get("billing") as msg: ...``.
+
+        ``msg`` is None when no message is ready. The message is acknowledged when the
+        block ends and given back for redelivery when it raises (see :meth:`Bus.get`).
+        """
+        self._check_open()
+        portal, bus = self._engine()
+        return portal.wrap_async_context_manager(bus.get(queue))
+
     # ------------------------------------------------------------------ durable queues
     def declare_queue(
         self,

@@ -55,6 +55,7 @@ from .queueing import open_store, renaming, route
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 from .sweep import collect_garbage
+from .take import TakeView
 
 __all__ = ["Bus", "Handler", "Subscription"]
 
@@ -222,6 +223,7 @@ class Bus:
         self._finisher: Batcher[tuple[Claim, str], None] = Batcher(self._finish_many, 256)
         # Rename claims held by running handlers: their leases are renewed (_renew_loop).
         self._held: dict[tuple[int, str], Claim] = {}
+        self._take_view: TakeView | None = None  # what gets on this (a queue's) bus listed
         self._counts = dict.fromkeys(
             (
                 "published delivered acked released failed dead_lettered expired quarantined scans "
@@ -1847,8 +1849,6 @@ class Bus:
             raise
         if not self._scanning and not self._router_waiting and self._tg is not None:
             await self._route_peers(self._tg)
-        max_deliveries = d.options.max_deliveries
-        dead_letter = d.options.dead_letter
 
         async def consume(msg: Message) -> None:
             try:
@@ -1856,23 +1856,8 @@ class Bus:
             except (GiveBack, Released):
                 raise
             except Exception as exc:
-                if max_deliveries is None or msg.delivery_count < max_deliveries:
+                if not await self._give_up(name, d.options, msg, exc):
                     raise
-                if dead_letter is not None:
-                    await self.publish(
-                        dead_letter,
-                        msg.payload,
-                        headers={**msg.headers, "x-fsbus-queue": name, "x-fsbus-topic": msg.topic},
-                    )
-                log.warning(
-                    "message %s of queue %r failed %d times (last: %s); %s",
-                    msg.name,
-                    name,
-                    msg.delivery_count,
-                    exc,
-                    f"dead-lettered to {dead_letter!r}" if dead_letter else "dropped",
-                )
-                self._counts["dead_lettered"] += 1
 
         try:
             sub = await inner.subscribe("#", consume, kind="single", prefetch=prefetch)
@@ -1893,6 +1878,132 @@ class Bus:
 
         sub.on_close = leave
         return sub
+
+    async def _give_up(
+        self, name: str, options: QueueOptions, msg: Message, exc: Exception
+    ) -> bool:
+        """A message of queue ``name`` failed: whether that was its last delivery (then it
+        is dead-lettered, if the queue has a target, and is to be acked)."""
+        limit = options.max_deliveries
+        if limit is None or msg.delivery_count < limit:
+            return False
+        target = options.dead_letter
+        if target is not None:
+            await self.publish(
+                target,
+                msg.payload,
+                headers={**msg.headers, "x-fsbus-queue": name, "x-fsbus-topic": msg.topic},
+            )
+        log.warning(
+            "message %s of queue %r failed %d times (last: %s); %s",
+            msg.name,
+            name,
+            msg.delivery_count,
+            exc,
+            f"dead-lettered to {target!r}" if target else "dropped",
+        )
+        self._counts["dead_lettered"] += 1
+        return True
+
+    @asynccontextmanager
+    async def get(self, queue: str) -> AsyncIterator[Message | None]:
+        """Take the next message of durable queue ``queue`` without subscribing to it:
+        one claim, after a listing of what changed since the last ``get`` (AMQP's
+        ``basic.get``).
+
+        Yields the message, or None when none is ready (the queue is empty, or every
+        message in it is held by a consumer). The message is held while the block runs:
+        acknowledged when it ends, given back for redelivery when it raises, as a
+        handler's message is (a failed delivery, dead-lettered or dropped after the
+        queue's ``max_deliveries``). A ``get`` is not a consumer of the queue. ::
+
+            async with bus.get("billing") as msg:
+                if msg is not None:
+                    await charge(msg.payload)
+
+        A queue that does not exist raises :class:`~fsbus.QueueNotFound`.
+        """
+        async with self._taking(queue) as taken:
+            yield None if taken is None else taken[0]
+
+    @asynccontextmanager
+    async def _taking(self, queue: str) -> AsyncIterator[tuple[Message, int, int] | None]:
+        """:meth:`get`, with how many other messages were ready in the queue when it
+        took its own (those another process's consumers hold counted in) and how many
+        consumers the queue has; for the AMQP gateway's ``get-ok``."""
+        self._check_open()
+        root = self._queues.bus_root(queue)
+
+        def definition() -> tuple[Definition, int | None, int]:
+            return self._queues.get(queue), _inode(root), self._queues.consumers(queue)
+
+        d, ino, consumers = await anyio.to_thread.run_sync(definition)
+        inner = await self._queue_bus(queue, ino)
+        entry = self._queue_buses[queue]
+        token = object()
+        entry.users.append(token)  # no await since it was handed out: see _subscribe_queue
+        try:
+            if not self._scanning and not self._router_waiting and self._tg is not None:
+                await self._route_peers(self._tg)  # peers' messages reach it meanwhile
+            taken = await inner._take()
+            if taken is None:
+                yield None
+                return
+            msg, claim, key, waiting = taken
+            outcome = "release"  # cancelled, or the bus closing: no failure counted
+            try:
+                yield msg, waiting, consumers
+                outcome = "ack"
+            except Exception as exc:
+                outcome = "ack" if await self._give_up(queue, d.options, msg, exc) else "fail"
+                raise
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await inner._settle_taken(claim, msg, key, outcome)
+        finally:
+            self._release_queue_bus(queue, entry, token)
+
+    async def _take(self) -> tuple[Message, Claim, tuple[int, str], int] | None:
+        """:meth:`get` on this (a queue's) bus: claim its next message, or None."""
+        self._check_open()
+        if self._take_view is None:
+            self._take_view = TakeView()
+        taken = await anyio.to_thread.run_sync(
+            functools.partial(
+                self._take_view.take,
+                self._fs,
+                set(self._in_flight),
+                count_deliveries=self.config.count_deliveries,
+            )
+        )
+        if taken is None:
+            return None
+        e, claim = taken.entry, taken.claim
+        self._in_flight.add(e.key)  # its own subscriptions pass it over
+        if claim.renamed:
+            self._held[e.key] = claim  # renewed until it is settled
+        self._counts["delivered"] += 1
+        msg = self._message(e, claim.payload, claim.meta, claim.attempts)
+        return msg, claim, e.key, taken.waiting
+
+    async def _settle_taken(
+        self, claim: Claim, msg: Message, key: tuple[int, str], outcome: str
+    ) -> None:
+        """Ack (``"ack"``) or give back (``"fail"``: a failed delivery; ``"release"``: not
+        one) a message :meth:`_take` took."""
+        try:
+            if outcome == "release":
+                await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))
+                self._counts["released"] += 1
+            else:
+                await self._finish(claim, msg, outcome)
+                if outcome == "ack" and self._take_view is not None:
+                    self._take_view.forget(*key)
+        finally:
+            self._held.pop(key, None)
+            self._in_flight.discard(key)
+            if not self._closed:
+                self._waker.wake()  # a subscription may take it now
 
     async def _route_peers(self, tg: anyio.abc.TaskGroup) -> None:
         """Route the messages of qlobber-fsq peers (who do not) into the queues, from the

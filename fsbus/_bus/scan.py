@@ -22,7 +22,9 @@ __all__ = [
     "census",
     "decide",
     "long_names",
+    "name_order",
     "name_rank",
+    "parse_entry",
     "rank_of",
     "sweep_due",
 ]
@@ -96,6 +98,22 @@ def name_rank(name: str) -> int:
         parsed = parse_name(name)
         return 0 if parsed is None else rank_of(parsed)
     return (f.priority << 184) | (f.published_ms << 128) | int(unique[-12:], 16)
+
+
+def name_order(name: str) -> str:
+    """A sort key of a message name in :func:`name_rank`'s order (both fixed-width hex:
+    the same order), cut from fsbus's fields without decoding them: a third of its cost,
+    for ordering a whole queue to take its head."""
+    unique = name[name.rfind("+") + 1 :]
+    if len(unique) == 34 and unique[0] == "f" and unique[1] == "1":
+        # f1, flags (1), priority (2), published (11), host (6), sequence (12)
+        return unique[3:16] + unique[-12:]
+    rank = name_rank(name)
+    return f"{rank >> 184:02x}{(rank >> 128) & _PUBLISHED:011x}{rank & _SEQUENCE:012x}"
+
+
+_PUBLISHED: Final = (1 << 56) - 1
+_SEQUENCE: Final = (1 << 48) - 1
 
 
 def rank_of(parsed: ParsedName) -> int:
@@ -219,7 +237,7 @@ def decide(
             if key in parsed:
                 entry = parsed[key]
             else:
-                entry = _parse(bi, name, spills)
+                entry = parse_entry(bi, name, spills)
                 if entry is not None and entry.topic is None:
                     # The spill is not read yet, or was missing: try again next listing.
                     if key not in spills:
@@ -267,7 +285,9 @@ def long_names(state: ScanState, listings: dict[int, list[str]]) -> list[tuple[i
     return out
 
 
-def _parse(bi: int, name: str, spills: dict[tuple[int, str], str | None]) -> Entry | None:
+def parse_entry(bi: int, name: str, spills: dict[tuple[int, str], str | None]) -> Entry | None:
+    """The entry of ``name`` in bucket ``bi`` (``spills``: long topics' rests, as read by
+    :meth:`BusFS.read_spills`); None when it is not a message's name."""
     parsed = parse_name(name)
     if parsed is None:
         return None

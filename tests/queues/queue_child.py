@@ -109,6 +109,35 @@ def consumer(params: dict[str, Any], config: BusConfig) -> None:
     emit("closed")
 
 
+def getter(params: dict[str, Any], config: BusConfig) -> None:
+    """Take the queue's messages one at a time with ``bus.get`` (no subscription), until
+    STOP; after ``hang_after`` of them, hold the next one for good (to be killed)."""
+    hang_after = params.get("hang_after")
+    stop = threading.Event()
+
+    def watch() -> None:
+        wait_for_line("STOP")
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    handled = 0
+    with BlockingBus(params["root"], config=config) as bus:
+        emit("ready")
+        while not stop.is_set():
+            with bus.get(params["queue"]) as msg:
+                if msg is None:
+                    stop.wait(0.005)  # nothing ready: look again soon
+                    continue
+                emit("start", **describe(msg))
+                if hang_after is not None and handled >= hang_after:
+                    emit("hanging", **describe(msg))
+                    stop.wait()
+                    continue
+                handled += 1
+                emit("done", **describe(msg))
+    emit("closed")
+
+
 def pub(params: dict[str, Any], config: BusConfig) -> None:
     single = bool(params.get("single", False))
     durable = bool(params.get("durable", False))
@@ -138,7 +167,8 @@ def main() -> None:
     with open(params_file) as f:
         params = json.load(f)
     config = BusConfig(**params.get("config", {}))
-    {"consumer": consumer, "pub": pub, "pub-lines": pub_lines}[role](params, config)
+    roles = {"consumer": consumer, "getter": getter, "pub": pub, "pub-lines": pub_lines}
+    roles[role](params, config)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,169 @@
+"""Taking one work-queue message without a subscription (what :meth:`Bus.get` does).
+
+A subscription scans, claims in rounds and hands messages to a handler task: right for a
+stream of messages, and several times the cost of one listing and one claim for a
+single one. Taking one lists every bucket once, orders the work-queue messages as a
+consumer would take them (priority, then publish time and the publisher's sequence) and
+claims them in that order until one locks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+import threading
+import time
+from collections.abc import Collection
+from typing import Final, NamedTuple
+
+from .fs import BusFS, Claim
+from .layout import changed_buckets
+from .names import FLAG_META
+from .scan import Entry, name_order, parse_entry
+
+__all__ = ["TakeView", "Taken"]
+
+TRIES: Final = 64
+"""Claims tried before giving up: the others in the listing are held by consumers (or
+were taken since it was made), and the queue counts as empty for now."""
+
+RELIST_EVERY: Final = 1.0
+"""Seconds a view trusts UPDATE alone; then it lists every bucket again (a publisher
+that died between its rename and its stamp left a message no stamp tells of)."""
+
+
+class Taken(NamedTuple):
+    """A message taken: its listing entry and the claim that holds it."""
+
+    entry: Entry
+    claim: Claim
+    waiting: int
+    """The other messages the listing holds, less those in ``skip``: what is ready in
+    the queue, unless another process's consumers hold some."""
+
+
+class TakeView:
+    """The names of a bus's buckets in queue order, kept from one take to the next.
+
+    The first take lists every bucket; the next ones read UPDATE and list only the
+    buckets whose stamp changed (one bucket per publish meanwhile, none in a loop of gets
+    that drains the queue), and every bucket again after :data:`RELIST_EVERY`. A message
+    this process acked is dropped at once (:meth:`forget`). Thread-safe: takes and
+    forgets come from worker threads and the event loop.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._update: bytes | None = None
+        self._listed_at = -math.inf
+        self._names: dict[int, set[str]] = {}
+        self._keys: dict[str, str] = {}
+        self._order: list[tuple[str, int, str]] = []
+        self._gone: collections.deque[tuple[int, str]] = collections.deque()
+
+    def forget(self, bucket_index: int, name: str) -> None:
+        """Message ``name`` is gone (acked here): never try it again."""
+        self._gone.append((bucket_index, name))  # applied at the next take (no lock here)
+
+    def take(
+        self, fs: BusFS, skip: Collection[tuple[int, str]], *, count_deliveries: bool
+    ) -> Taken | None:
+        """Blocking: claim the first message of ``fs``'s bus, in queue order, that no
+        one holds; None when there is none. ``skip``: (bucket index, name) of messages
+        this process holds already (its own locks would not stop it: each claim opens
+        the file anew)."""
+        with self._lock:
+            full = self._refresh(fs, full=False)
+            taken = self._claim_first(fs, skip, count_deliveries)
+            if taken is None and not full:
+                # Nothing free among what the view knows: make sure with a full listing
+                # (the names tried may have been taken and acked by others).
+                self._refresh(fs, full=True)
+                taken = self._claim_first(fs, skip, count_deliveries)
+            return taken
+
+    def _refresh(self, fs: BusFS, *, full: bool) -> bool:
+        while self._gone:
+            self._drop(*self._gone.popleft())
+        count = len(fs.layout.buckets)
+        update = fs.read_update()
+        now = time.monotonic()
+        if full or update is None or now - self._listed_at > RELIST_EVERY:
+            full = True
+            wanted: list[int] = list(range(count))
+        else:
+            wanted = changed_buckets(self._update, update, fs.layout.stamp_size, count)
+        self._update = update
+        if full:
+            self._listed_at = now
+        if not wanted:
+            return full
+        listings = fs.list_buckets(wanted)
+        changed: set[int] = set()
+        added: list[tuple[str, int, str]] = []
+        for bi, names in listings.items():
+            new = set(names)
+            old = self._names.get(bi, set())
+            if new == old:
+                continue
+            changed.add(bi)
+            self._names[bi] = new
+            for name in old - new:
+                self._keys.pop(name, None)
+            for name in new - old:
+                key = self._keys[name] = name_order(name)
+                added.append((key, bi, name))
+        if changed:
+            keys = self._keys
+            kept = [t for t in self._order if t[1] not in changed or t[2] in keys]
+            kept.extend(added)
+            kept.sort()  # nearly sorted: a merge of two runs
+            self._order = kept
+        return full
+
+    def _drop(self, bi: int, name: str) -> None:
+        key = self._keys.pop(name, None)
+        names = self._names.get(bi)
+        if names is not None:
+            names.discard(name)
+        if key is None:
+            return
+        i = bisect.bisect_left(self._order, (key, bi, name))
+        if i < len(self._order) and self._order[i] == (key, bi, name):
+            del self._order[i]
+
+    def _claim_first(
+        self, fs: BusFS, skip: Collection[tuple[int, str]], count_deliveries: bool
+    ) -> Taken | None:
+        buckets = fs.layout.buckets
+        now_ms = int(time.time() * 1000)
+        tries = 0
+        for _, bi, name in self._order:
+            if (bi, name) in skip:
+                continue
+            # A queue's bus holds single messages only; a name that is not a message's
+            # ranks first and is passed over.
+            spills = fs.read_spills([(bi, name)]) if "@l+" in name else {}
+            entry = parse_entry(bi, name, spills)
+            if (
+                entry is None
+                or entry.topic is None  # its spill went with it: taken and acked since
+                or not entry.parsed.single
+                or entry.parsed.expires_ms <= now_ms  # the sweep removes it
+            ):
+                continue
+            fields = entry.parsed.fields
+            has_meta = fields is not None and bool(fields.flags & FLAG_META)
+            claim = fs.claim(buckets[bi], name, has_meta=has_meta, attempts=False)
+            if claim is None:
+                tries += 1
+                if tries >= TRIES:
+                    return None
+                continue
+            fs.fill_attempts([claim])
+            if count_deliveries:
+                fs.count_deliveries([claim])
+            held_here = sum(1 for _, n in skip if n in self._keys)
+            return Taken(entry, claim, max(0, len(self._order) - held_here - 1))
+        return None
