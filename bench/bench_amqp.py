@@ -17,6 +17,8 @@ of :mod:`bench.filesystems`):
 * ``confirms``: publisher confirms and ``delivery_mode=2`` (pika's ``confirm_delivery``;
   aio-pika's default ``publisher_confirms=True``), one publish waiting for its confirm
   before the next, as the plain loop of either client does;
+* ``get``: published as ``transient``, then taken one at a time with ``basic.get`` and
+  acked (pika's ``basic_get``, aio-pika's ``queue.get()``): a tenth of N, at least 300;
 
 the harness declares a fresh durable queue; a publisher process publishes N 100-byte
 messages to it through the default exchange (``--quick``: 3,000; full: 30,000), then
@@ -83,7 +85,9 @@ from bench.procs import REPO, ChildFailed, run_single
 SIZE = 100
 PREFETCH = 100
 CLIENTS = ("pika", "aio-pika")
-MODES = ("transient", "confirms")
+MODES = ("transient", "confirms", "get")
+GET_SHARE = 10
+"""The ``get`` mode moves this fraction of N (at least 300): one round trip a message."""
 SYSTEMS = ("fsbus", "rabbitmq")
 STALL_SECONDS = 20.0
 """A consumer that got nothing for this long stops and reports what it has."""
@@ -155,6 +159,22 @@ def _pika_consumer(p: dict[str, Any]) -> None:
 
     c0 = _cpu()
     t0 = time.monotonic_ns()
+    if p["mode"] == "get":
+        empty_since = None
+        while not tally.finished:
+            method, _props, body = ch.basic_get(p["queue"])
+            if method is None:  # none ready yet (publishes still landing)
+                empty_since = empty_since or time.monotonic()
+                if time.monotonic() - empty_since > STALL_SECONDS:
+                    break
+                continue
+            empty_since = None
+            tally.hit(body)
+            ch.basic_ack(method.delivery_tag)
+        cpu = _cpu() - c0
+        conn.close()
+        result(ids=tally.ids, t0_ns=t0, last_ns=tally.last_ns, cpu_s=cpu)
+        return
     ch.basic_consume(p["queue"], on_message)
     seen, last_change = 0, time.monotonic()
     while not tally.finished:
@@ -237,6 +257,24 @@ def _aio_consumer(p: dict[str, Any]) -> None:
 
             c0 = _cpu()
             t0 = time.monotonic_ns()
+            if p["mode"] == "get":
+                empty_since = None
+                while not tally.finished:
+                    message = await queue.get(no_ack=False, fail=False)
+                    if message is None:  # none ready yet
+                        empty_since = empty_since or time.monotonic()
+                        if time.monotonic() - empty_since > STALL_SECONDS:
+                            break
+                        continue
+                    empty_since = None
+                    tally.hit(message.body)
+                    await message.ack()
+                return {
+                    "ids": tally.ids,
+                    "t0_ns": t0,
+                    "last_ns": tally.last_ns,
+                    "cpu_s": _cpu() - c0,
+                }
             await queue.consume(on_message)
             seen, last_change = 0, time.monotonic()
             while not tally.finished:
@@ -498,6 +536,8 @@ def _measure(
     profile: Path | None,
 ) -> Run:
     """Declare a fresh queue, publish n, consume n, check; delete the queue."""
+    if mode == "get":
+        n = max(300, n // GET_SHARE)
     queue = f"bench-{secrets.token_hex(4)}"
     conn, ch = server.channel()
     ch.queue_declare(queue, durable=True)
@@ -886,7 +926,9 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             "`delivery_mode` 1, no publisher confirms; *confirms*: publisher confirms and "
             "`delivery_mode=2`, one publish waiting for its confirm before the next "
             "(pika `confirm_delivery()`; aio-pika's default `publisher_confirms=True`, "
-            "`await exchange.publish(...)` in a loop). Server CPU: µs of the gateway "
+            "`await exchange.publish(...)` in a loop); *get*: published as *transient*, "
+            f"then taken one at a time with `basic.get` and acked (a {GET_SHARE}th of N, "
+            "at least 300: one round trip a message). Server CPU: µs of the gateway "
             "process's (RabbitMQ node's) CPU per message, publish / consume.",
             "",
             "| fs | client | mode | publish fsbus | publish RabbitMQ "

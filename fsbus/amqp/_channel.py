@@ -303,6 +303,14 @@ class Channel:
         self._last_info = info
         return meta
 
+    async def _queue_owner(self, name: str) -> dict[str, Any] | None:
+        """The AMQP side of queue ``name`` as far as exclusivity goes, uncounted: what
+        the gateways recorded, or (a queue of the bus that no gateway declared, or one
+        that does not exist) no owner."""
+        self._last_info = None
+        meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue_name(name))
+        return meta if meta is not None else {"name": name, "owner": None}
+
     def _check_exclusive(self, name: str, meta: dict[str, Any]) -> None:
         owner = meta.get("owner")
         if owner and owner != self.conn.id and self.state.owner_alive(str(owner)):
@@ -403,9 +411,13 @@ class Channel:
                 spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)
             )
 
-    async def _queue_name(self, name: str) -> str:
+    async def _queue_name(self, name: str, *, count: bool = True) -> str:
+        """The queue a method names (the channel's last one if empty), checked: 404 if
+        it does not exist, 405 if another connection holds it exclusively. ``count=False``
+        leaves out the count (:attr:`_last_info`) and the bus's check (the caller's use of
+        the queue raises QueueNotFound)."""
         name = name or self.last_queue
-        meta = await self._queue_meta(name)
+        meta = await (self._queue_meta(name) if count else self._queue_owner(name))
         if meta is None:
             raise _not_found_queue(name)
         self._check_exclusive(name, meta)
@@ -734,70 +746,70 @@ class Channel:
             await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
 
     async def _get(self, m: spec.Basic.Get) -> None:
-        name = await self._queue_name(m.queue)
-        # The queue is counted once: what is ready now (held messages left out, as
-        # RabbitMQ counts them), less the one taken, is the get-ok's message count.
-        # (Get-empty only when it is empty: a message held now may be one that the
-        # subscription of an earlier basic.get, still closing, claimed and gives back.)
-        held = self.gateway.held(name)
-        info = await self.bus.queue_info(bus_queue_name(name))
-        if info.depth == 0:
-            await self.reply(spec.Basic.GetEmpty())
-            return
-        ready, _consumers = await self.gateway.ready_count(name, info, held)
-        got = anyio.Event()
-        state = {"taken": False, "closed": False}
+        # Not counted first: the take lists the queue, and says what else is ready.
+        name = await self._queue_name(m.queue, count=False)
+        answered = anyio.Event()
+        failed: list[BaseException] = []
 
-        async def handle(msg: Message) -> None:
-            if state["taken"] or state["closed"]:
-                raise _Requeue
-            state["taken"] = True
-            # It claims nothing more while it closes (in the background): a message it
-            # claimed now would be given back as failed, and wait out a retry interval
-            # before the next basic.get could have it.
-            sub.prefetch = 0
-            got.set()
-            props, exchange, rk = self._view(msg)
-            tag = self.next_tag
-            self.next_tag += 1
-            pending = None if m.no_ack else Pending(msg, name)
-            if pending is not None:
-                self.unacked[tag] = pending
-            left = max(0, ready - 1)
-            await self.conn.send_raw(
-                pframe.marshal(
-                    spec.Basic.GetOk(
-                        delivery_tag=tag,
-                        redelivered=msg.delivery_count > 1,
-                        exchange=exchange,
-                        routing_key=rk,
-                        message_count=left,
-                    ),
-                    self.number,
-                )
-                + content_frames(self.number, props, msg.payload, self.conn.frame_max)
-            )
-            if pending is not None:
-                await self._settled(pending)
-
-        # a subscription of the bus, but no AMQP consumer: its end never auto-deletes
-        sub: Subscription = await self.bus.subscribe(
-            None, handle, queue=bus_queue_name(name), prefetch=1
-        )
-        self.gateway.track(name, sub, get=True)
-        with anyio.move_on_after(2.0):
-            await got.wait()
-        state["closed"] = True
-
-        async def stop() -> None:
+        async def take() -> None:
+            # The bus holds the message while this block runs: acked when it ends, given
+            # back (a failed delivery, as RabbitMQ counts a requeue) when _Requeue ends it.
             try:
-                await self.bus.unsubscribe(sub)
+                async with self.bus._taking(bus_queue_name(name)) as taken:
+                    if taken is None:
+                        await self.reply(spec.Basic.GetEmpty())
+                        return
+                    msg, waiting, consumers = taken
+                    self.gateway.taken(name, 1)
+                    try:
+                        left = await self.gateway.ready_after_get(name, waiting, consumers)
+                        pending = await self._send_get_ok(m, msg, name, left)
+                        answered.set()
+                        if pending is not None:
+                            await self._settled(pending)
+                    finally:
+                        self.gateway.taken(name, -1)
+            except _Requeue:
+                pass
+            except QueueNotFound:
+                if answered.is_set():
+                    raise
+                failed.append(_not_found_queue(name))  # deleted since its name was read
+            except Exception as exc:
+                if answered.is_set():
+                    raise  # not the method's error any more: the connection's
+                failed.append(exc)
             finally:
-                self.gateway.untrack(name, sub)
+                answered.set()
 
-        self.conn.tasks.start_soon(stop)
-        if not state["taken"]:
-            await self.reply(spec.Basic.GetEmpty())
+        self.conn.tasks.start_soon(take)
+        await answered.wait()
+        if failed:
+            raise failed[0]
+
+    async def _send_get_ok(
+        self, m: spec.Basic.Get, msg: Message, queue: str, left: int
+    ) -> Pending | None:
+        props, exchange, rk = self._view(msg)
+        tag = self.next_tag
+        self.next_tag += 1
+        pending = None if m.no_ack else Pending(msg, queue)
+        if pending is not None:
+            self.unacked[tag] = pending
+        await self.conn.send_raw(
+            pframe.marshal(
+                spec.Basic.GetOk(
+                    delivery_tag=tag,
+                    redelivered=msg.delivery_count > 1,
+                    exchange=exchange,
+                    routing_key=rk,
+                    message_count=left,
+                ),
+                self.number,
+            )
+            + content_frames(self.number, props, msg.payload, self.conn.frame_max)
+        )
+        return pending
 
     def _settle(self, tag: int, multiple: bool, outcome: str) -> None:
         if multiple:

@@ -125,7 +125,8 @@ class Gateway:
         self.state: AmqpState
         self.consumers: dict[str, set[tuple[Channel, str]]] = {}
         # the bus subscriptions of each queue (AMQP name) here: True for a basic.get's
-        self._subs: dict[str, dict[Subscription, bool]] = {}
+        self._subs: dict[str, set[Subscription]] = {}
+        self._taken: dict[str, int] = {}  # messages basic.get holds, per queue
         self._stack = contextlib.AsyncExitStack()
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -317,22 +318,30 @@ class Gateway:
         await self.route_many([RouteJob(str(dlx), rk, None, msg.payload, headers=headers)])
 
     # ------------------------------------------------------------------ consumers
-    def track(self, queue: str, sub: Subscription, *, get: bool = False) -> None:
-        """``sub`` consumes ``queue`` for a client (for a basic.get if ``get``)."""
-        self._subs.setdefault(queue, {})[sub] = get
+    def track(self, queue: str, sub: Subscription) -> None:
+        """``sub`` consumes ``queue`` for a client."""
+        self._subs.setdefault(queue, set()).add(sub)
 
     def untrack(self, queue: str, sub: Subscription) -> None:
         """``sub`` has ended (its messages are settled)."""
         subs = self._subs.get(queue)
         if subs is not None:
-            subs.pop(sub, None)
+            subs.discard(sub)
             if not subs:
                 del self._subs[queue]
 
     def held(self, queue: str) -> int:
         """The messages of ``queue`` this gateway's consumers hold: delivered, and not
         yet settled on disk."""
-        return sum(s.in_flight for s in self._subs.get(queue, {}))
+        return sum(s.in_flight for s in self._subs.get(queue, ())) + self._taken.get(queue, 0)
+
+    def taken(self, queue: str, delta: int) -> None:
+        """A basic.get took a message of ``queue`` (1), or it is settled on disk (-1)."""
+        n = self._taken.get(queue, 0) + delta
+        if n:
+            self._taken[queue] = n
+        else:
+            self._taken.pop(queue, None)
 
     async def ready_count(
         self, queue: str, info: QueueInfo | None = None, held: int | None = None
@@ -350,13 +359,25 @@ class Gateway:
         if info is None or held is None:
             held = self.held(queue)
             info = await self.bus.queue_info(name)
-        subs = self._subs.get(queue, {})
+        subs = self._subs.get(queue, ())
         if info.consumers <= len(subs):
             return max(0, info.depth - held), info.consumers
         ready = 0
         async for m in self.bus.browse(queue=name):
             ready += not m.locked
         return ready, info.consumers
+
+    async def ready_after_get(self, queue: str, waiting: int, consumers: int) -> int:
+        """A basic.get's message count: the messages ready in ``queue`` besides the one
+        it took. ``waiting``, from the take's listing, leaves out what this process holds;
+        when another process consumes the queue too, what it holds is told by the locks
+        (one browse)."""
+        if consumers <= len(self._subs.get(queue, ())):
+            return waiting
+        ready = 0
+        async for m in self.bus.browse(queue=bus_queue_name(queue)):
+            ready += not m.locked
+        return ready  # (the taken one is locked: held by this process)
 
     async def consumer_left(self, queue: str) -> None:
         """An AMQP consumer of ``queue`` left: an auto-delete queue with no consumer left
@@ -369,8 +390,7 @@ class Gateway:
             if not meta or not meta.get("auto_delete") or meta.get("name") != queue:
                 return
             info = await self.bus.queue_info(name)
-            gets = sum(1 for get in self._subs.get(queue, {}).values() if get)
-            if info.consumers > gets:
+            if info.consumers:
                 return
             await self.bus.delete_queue(name)
             await anyio.to_thread.run_sync(self.state.remove, "queues", name)
