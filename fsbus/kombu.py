@@ -108,6 +108,7 @@ queue_declare_ok_t = namedtuple("queue_declare_ok_t", ("queue", "message_count",
 
 _PREDECLARED = {"amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic"}
 _BUSY = 1.0  # seconds after its last delivery that a queue counts as busy
+_GET_AGAIN = 0.01  # seconds between gets while every message of a queue is held
 _MAX_META = 60_000  # bytes of the x-kombu header; the bus takes 64 KiB of headers in all
 _MAX_QUEUE_NAME = 200
 _TOPIC_PREFIX = "kombu"
@@ -389,7 +390,50 @@ class _Sub:
             log.debug("closing a queue subscription: %s", exc)
 
 
-def _room(sub: _Sub) -> int:
+class _GiveBack(Exception):
+    """Ends a :class:`_Got`'s block: its message goes back to the queue."""
+
+
+class _Got:
+    """One message taken with ``Bus.get`` (no subscription) and held until kombu settles
+    it; settled and closed as a :class:`_Sub` is."""
+
+    __slots__ = ("cm", "held", "msg", "open", "prefetch", "ready")
+
+    def __init__(self, portal: BlockingPortal, bus: Bus, name: str) -> None:
+        self.cm = portal.wrap_async_context_manager(bus.get(name))
+        self.msg: Message | None = self.cm.__enter__()
+        self.open = True
+        self.held: dict[str, Message] = {}
+        self.ready: deque[Message] = deque()  # (never any: it holds one message)
+        self.prefetch = 1
+        if self.msg is None:
+            self._end(None)
+
+    def ack(self, msg: Message) -> None:
+        self._end(None)
+
+    def release(self, msg: Message) -> None:
+        self._end(_GiveBack("given back by kombu"))
+
+    def close(self) -> None:
+        self.held.clear()
+        try:
+            self._end(_GiveBack("the channel closed"))
+        except (FsBusError, OSError, RuntimeError) as exc:
+            log.debug("closing a get: %s", exc)
+
+    def _end(self, exc: _GiveBack | None) -> None:
+        if not self.open:
+            return
+        self.open = False
+        if exc is None:
+            self.cm.__exit__(None, None, None)
+        else:
+            self.cm.__exit__(type(exc), exc, None)
+
+
+def _room(sub: _Sub | _Got) -> int:
     return sub.prefetch - len(sub.held)
 
 
@@ -599,22 +643,39 @@ class Channel(virtual.Channel):
                     self._close_sub(queue, sub)
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
-        """One message or None, without a consumer (waits briefly when the queue has some)."""
-        consuming = queue in self._active_queues
-        wait = 0.0 if consuming or not self._size(queue) else self.transport.get_wait
-        try:
-            raw = self._take(queue, no_ack=no_ack, wait=wait)
-        except Empty:
-            return None
-        finally:
-            if not consuming:  # no consumer: take nothing ahead
-                for sub in list(self._subs.get(queue, ())):
-                    if not sub.held:
-                        self._close_sub(queue, sub)
+        """One message or None, without a consumer (waits briefly when the queue has some,
+        all held by others)."""
+        if queue in self._active_queues:
+            try:  # what its consumers claimed ahead, first
+                raw = self._take(queue, no_ack=no_ack, wait=0.0)
+            except Empty:
+                return None
+        else:
+            got = self._get_one(queue)
+            if got is None:
+                return None
+            assert got.msg is not None
+            raw = self._hand_over(queue, got, got.msg, no_ack)
         message = self.Message(raw, channel=self)
         if not no_ack:
             self.qos.append(message, message.delivery_tag)
         return message
+
+    def _get_one(self, queue: str) -> _Got | None:
+        """The head of ``queue`` taken with ``Bus.get``; while the queue has messages and
+        none is free, tried again for up to ``get_wait`` seconds."""
+        portal, bus = self.transport._engine()
+        deadline = time.monotonic() + self.transport.get_wait
+        while True:
+            try:
+                got = _Got(portal, bus, queue_name(queue))
+            except QueueNotFound:
+                return None
+            if got.msg is not None:
+                return got
+            if time.monotonic() >= deadline or not self._size(queue):
+                return None
+            time.sleep(_GET_AGAIN)
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         return self._take(queue, no_ack=self._no_ack.get(queue, False), wait=0.0)
@@ -677,7 +738,7 @@ class Channel(virtual.Channel):
                     self._close_sub(queue, sub)
         return list(subs)
 
-    def _close_sub(self, queue: str, sub: _Sub) -> None:
+    def _close_sub(self, queue: str, sub: _Sub | _Got) -> None:
         with self.transport._lock:
             subs = self._subs.get(queue, [])
             if sub in subs:
@@ -688,7 +749,9 @@ class Channel(virtual.Channel):
                 self.transport._held.pop(tag, None)
         sub.close()
 
-    def _hand_over(self, queue: str, sub: _Sub, msg: Message, no_ack: bool) -> dict[str, Any]:
+    def _hand_over(
+        self, queue: str, sub: _Sub | _Got, msg: Message, no_ack: bool
+    ) -> dict[str, Any]:
         raw = _decode(msg)
         self._last_hit[queue] = time.monotonic()
         if no_ack:
@@ -700,7 +763,7 @@ class Channel(virtual.Channel):
                 self.transport._held[tag] = (self, queue, sub)
         return raw
 
-    def _settled(self, queue: str, sub: _Sub) -> None:
+    def _settled(self, queue: str, sub: _Sub | _Got) -> None:
         """One of ``sub``'s messages was settled: close it if it is no longer wanted."""
         if not sub.held and (self.closed or queue not in self._active_queues):
             self._close_sub(queue, sub)
@@ -731,7 +794,9 @@ class Channel(virtual.Channel):
             return
         super().close()  # unacked messages are released (see _restore)
         with self.transport._lock:
-            subs = dict.fromkeys(sub for group in self._subs.values() for sub in group)
+            subs: dict[_Sub | _Got, None] = dict.fromkeys(
+                sub for group in self._subs.values() for sub in group
+            )
             self._subs.clear()
             for tag, (channel, _q, sub) in list(self.transport._held.items()):
                 if channel is self:
@@ -796,7 +861,7 @@ class Transport(virtual.Transport):
         self._engine_bus: Bus | None = None
         self._pid = 0
         self._lock = threading.RLock()
-        self._held: dict[str, tuple[Channel, str, _Sub]] = {}
+        self._held: dict[str, tuple[Channel, str, _Sub | _Got]] = {}
         self._turn = 0
 
     @property

@@ -181,6 +181,26 @@ def test_simple_queue_put_get_qsize(url: str) -> None:
             q.get_nowait()
 
 
+def test_get_without_a_consumer_takes_the_queue_in_order(url: str, bus: BlockingBus) -> None:
+    """``get_nowait`` with no consumer is a ``Bus.get``: the head of the queue each time,
+    held until acked (a rejected one comes back first), and Empty once all are taken."""
+    with Connection(url) as conn, conn.SimpleQueue("ordered") as q:
+        for i in range(40):
+            q.put({"i": i})
+        first = q.get_nowait()
+        assert first.payload == {"i": 0}
+        first.requeue()
+        got = []
+        for _ in range(40):
+            m = q.get_nowait()
+            got.append(m.payload["i"])
+            m.ack()
+        assert got == list(range(40))
+        with pytest.raises(q.Empty):
+            q.get_nowait()
+        wait_for(lambda: bus.queue_info(queue_name("ordered")).depth == 0, what="all acked")
+
+
 def test_priority_higher_first(url: str) -> None:
     queue = Queue("prio", routing_key="prio")
     with Connection(url) as conn:
