@@ -1401,8 +1401,8 @@ class Bus:
             try:
                 await sub.handler(msg)
                 outcome = "ack"
-            except GiveBack:
-                outcome = "giveback"
+            except GiveBack as back:
+                outcome = "giveback" if back.seen else "unseen"
             except Exception as exc:
                 self._counts["failed"] += 1
                 limit = self.config.max_deliveries
@@ -1512,7 +1512,7 @@ class Bus:
                 if outcome == "ack":
                     self._fs.ack(claim)
                 else:
-                    self._fs.release(claim, failed=outcome == "fail")
+                    self._fs.release(claim, failed=outcome == "fail", uncount=outcome == "unseen")
                 out.append(None)
             except Exception as exc:  # one message's failure never stops the batch
                 log.error(

@@ -1229,6 +1229,17 @@ class BusFS:
             )
             claim.counter_file = True
 
+    def _unrecord_delivery(self, claim: Claim) -> None:
+        """Put a held message's count back to what it was before its claim counted this
+        delivery (:meth:`_record_delivery` undone). Raises OSError."""
+        n = claim.attempts
+        self.ops.pwrite(claim.fd, bytes((min(n, _COUNT_MAX),)), 0)
+        if n + 1 >= _COUNT_MAX:
+            self._write_file(
+                self.layout.attempts_path(claim.bucket, claim.name), str(n).encode(), False
+            )
+        claim.counted = False
+
     def renew(self, claims: Iterable[Claim]) -> list[Claim]:
         """Renew the leases of claims made by rename; returns the ones found lost.
 
@@ -1288,11 +1299,17 @@ class BusFS:
                 continue  # the count is advisory; never hold a message back over it
             c.counted = True
 
-    def release(self, claim: Claim, *, failed: bool) -> None:
-        """Give a claimed message back for redelivery, counting a failure if asked."""
+    def release(self, claim: Claim, *, failed: bool, uncount: bool = False) -> None:
+        """Give a claimed message back for redelivery, counting a failure if asked.
+
+        ``uncount``: no consumer saw it, so the delivery counted at its claim
+        (:meth:`count_deliveries`) is taken back: its next delivery is not a redelivery.
+        """
         try:
             if failed and not claim.counted:
                 self._record_delivery(claim)
+            elif uncount and claim.counted:
+                self._unrecord_delivery(claim)
         except OSError:
             pass  # the count is advisory; never lose the message over it
         finally:

@@ -22,6 +22,7 @@ class MessageIterator:
         self._recv: MemoryObjectReceiveStream[tuple[Message, anyio.Event | None]] = recv
         self._pending: dict[str, anyio.Event] = {}
         self._verdict: dict[str, bool] = {}
+        self._unseen: set[str] = set()  # still buffered when it closed: never read
         self._last: Message | None = None
 
     async def _handle(self, msg: Message) -> None:
@@ -31,13 +32,15 @@ class MessageIterator:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             if done is None:
                 return
-            raise GiveBack(msg.name) from None
+            raise GiveBack(msg.name, seen=False) from None
         if done is None:
             return
         await done.wait()
         verdict = self._verdict.pop(msg.name, None)
         if verdict is None:
-            raise GiveBack(msg.name)
+            seen = msg.name not in self._unseen
+            self._unseen.discard(msg.name)
+            raise GiveBack(msg.name, seen=seen)
         if not verdict:
             raise Released(f"released by the consumer: {msg.name}")
 
@@ -100,6 +103,7 @@ class MessageIterator:
             except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
                 break
             if done is not None:
+                self._unseen.add(_msg.name)
                 done.set()
         self._recv.close()
 
@@ -109,4 +113,12 @@ class Released(Exception):
 
 
 class GiveBack(Exception):
-    """The iterator closed before the consumer settled the message: release, no failure."""
+    """The iterator closed before the consumer settled the message: release, no failure.
+
+    ``seen=False``: the consumer never read it (it was still buffered), so the delivery
+    counted when it was claimed is taken back too.
+    """
+
+    def __init__(self, name: str, *, seen: bool = True) -> None:
+        super().__init__(name)
+        self.seen = seen

@@ -1,0 +1,49 @@
+"""What a consumer gives back unread is not a redelivery.
+
+A queue counts each delivery when it is claimed, so that a consumer killed holding a
+message leaves the count behind. A subscription claims ahead of its reader (up to its
+prefetch); what is still buffered when the reader leaves was never read, and its next
+delivery is a first one (``delivery_count == 1``). What the reader took and did not
+settle is a redelivery.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import Bus, BusConfig
+
+from .conftest import WAIT
+
+
+async def all_held(bus: Bus, queue: str, n: int) -> None:
+    """Wait until ``n`` messages of ``queue`` are held (claimed) by a consumer."""
+    with anyio.fail_after(WAIT):
+        while sum([m.locked async for m in bus.browse(queue=queue)]) < n:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_buffered_messages_go_back_uncounted(root: Path, fast: BusConfig) -> None:
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        for i in range(5):
+            await bus.publish("t.x", str(i))
+        async with bus.messages(queue="q", prefetch=5, buffer=5, ack_previous=False) as it:
+            await all_held(bus, "q", 5)  # one read below, four left in the buffer
+            taken = await it.receive(WAIT)
+            second = await it.receive(WAIT)  # read, and left unsettled
+            await it.ack(taken)
+        counts = {}
+        for _ in range(4):
+            async with bus.get("q") as msg:
+                assert msg is not None
+                counts[msg.payload] = msg.delivery_count
+        async with bus.get("q") as msg:
+            assert msg is None
+    assert taken.delivery_count == 1
+    assert counts.pop(second.payload) == 2  # it was read: a redelivery
+    assert set(counts.values()) == {1}, counts
