@@ -653,10 +653,14 @@ class Channel:
         return spec.Basic.Properties(headers=table or None), "amq.topic", msg.topic
 
     async def _consume(self, m: spec.Basic.Consume) -> None:
+        counted = None
         if m.queue == DIRECT_REPLY_TO:
             name = await self._direct_reply_queue(m)
         else:
-            name = await self._queue_name(m.queue)
+            # Counted only when exclusive (its consumers are asked for): the subscription
+            # below says if the queue is gone.
+            name = await self._queue_name(m.queue, count=bool(m.exclusive))
+            counted = self._last_info
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(
             secrets.token_bytes(16)
         ).decode().rstrip("=")
@@ -666,7 +670,7 @@ class Channel:
                 f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                 connection=True,
             )
-        if m.exclusive and (await self.bus.queue_info(bus_queue_name(name))).consumers:
+        if m.exclusive and (counted or await self.bus.queue_info(bus_queue_name(name))).consumers:
             raise AmqpError(
                 ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use"
             )
@@ -684,9 +688,15 @@ class Channel:
             await self._deliver(consumer, msg)
 
         prefetch = self.prefetch or UNLIMITED_PREFETCH
-        consumer.sub = await self.bus.subscribe(
-            None, handle, queue=bus_queue_name(name), prefetch=prefetch
-        )
+        try:
+            consumer.sub = await self.bus.subscribe(
+                None, handle, queue=bus_queue_name(name), prefetch=prefetch
+            )
+        except BaseException as exc:
+            del self.consumers[tag]
+            if isinstance(exc, QueueNotFound):
+                raise _not_found_queue(name) from None
+            raise
         self.gateway.track(name, consumer.sub)
         self.gateway.consumers.setdefault(name, set()).add((self, tag))
         if not m.nowait:
