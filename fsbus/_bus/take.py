@@ -2,9 +2,9 @@
 
 A subscription scans, claims in rounds and hands messages to a handler task: right for a
 stream of messages, and several times the cost of one listing and one claim for a
-single one. Taking one lists every bucket once, orders the work-queue messages as a
-consumer would take them (priority, then publish time and the publisher's sequence) and
-claims them in that order until one locks.
+single one. A take keeps the listing of the queue's buckets in the process, in the order
+a consumer takes them (priority, then publish time and the publisher's sequence), brings
+it up to date from UPDATE (:class:`TakeView`), and claims in that order until one locks.
 """
 
 from __future__ import annotations
