@@ -263,6 +263,50 @@ def test_durable_queues_across_the_two_clients(two_clients: TwoClients, peers: P
         assert bus.queue_info("paid").depth == 0
 
 
+def test_gets_on_both_clients_take_each_message_once(two_clients: TwoClients, peers: Peers) -> None:
+    """``bus.get`` across the two clients: getters on A and B take a queue's messages one
+    at a time while a publisher on B publishes; the getter on A is SIGKILLed holding one.
+    Every message is handled, the held one by a survivor as a redelivery, none twice
+    otherwise. A getter's listing follows the other client's publishes (and takes) only
+    through UPDATE and the bucket listings, as a consumer's does."""
+    a, b = two_clients.a / "bus", two_clients.b / "bus"
+    with BlockingBus(a) as bus:
+        bus.declare_queue("jobs", ["jobs.#"])
+    getters = [
+        peers.fsbus(
+            "getter", a, name="getter on A", child=QUEUE_CHILD, queue="jobs", hang_after=10
+        ),
+        peers.fsbus("getter", b, name="getter on B", child=QUEUE_CHILD, queue="jobs"),
+        peers.fsbus("getter", a, name="getter 2 on A", child=QUEUE_CHILD, queue="jobs"),
+    ]
+    for g in getters:
+        g.wait_count("ready", 1, timeout=WAIT)
+    ids = [f"j{i}" for i in range(150)]
+    publisher = peers.fsbus(
+        "pub", b, name="publisher on B", child=QUEUE_CHILD, messages=[["jobs.x", i] for i in ids]
+    )
+    victim, survivors = getters[0], getters[1:]
+    victim.wait_count("hanging", 1, timeout=WAIT)
+    victim.proc.kill()
+    victim.wait_exit()
+    publisher.wait_count("published", len(ids), timeout=WAIT)
+    (held,) = {str(e["id"]) for e in victim.of("hanging")}
+    until(
+        lambda: set(ids) <= set(counts(getters, "done")),
+        "every message taken and handled",
+        timeout=2 * WAIT,
+    )
+    done = counts(getters, "done")
+    assert set(done) == set(ids)
+    assert {i for i, k in done.items() if k > 1} == set()
+    again = [e for g in survivors for e in g.of("start") if str(e["id"]) == held]
+    assert again
+    assert again[-1]["delivery_count"] > 1
+    assert counts(survivors[:1], "done").total() > 0  # client B took a share
+    with BlockingBus(a) as bus:
+        until(lambda: bus.queue_info("jobs").depth == 0, "queue jobs empty")
+
+
 def test_qlobber_fsq_on_one_client_and_fsbus_on_the_other(
     two_clients: TwoClients, peers: Peers
 ) -> None:
