@@ -100,26 +100,30 @@ class TakeView:
         if not wanted:
             return full
         listings = fs.list_buckets(wanted)
-        changed: set[int] = set()
+        removed = False
         added: list[tuple[str, int, str]] = []
         for bi, names in listings.items():
             new = set(names)
             old = self._names.get(bi, set())
             if new == old:
                 continue
-            changed.add(bi)
             self._names[bi] = new
             for name in old - new:
                 self._keys.pop(name, None)
+                removed = True
             for name in new - old:
                 key = self._keys[name] = name_order(name)
                 added.append((key, bi, name))
-        if changed:
+        order = self._order
+        if removed:  # gone since (taken elsewhere): one pass over the whole order
             keys = self._keys
-            kept = [t for t in self._order if t[1] not in changed or t[2] in keys]
-            kept.extend(added)
-            kept.sort()  # nearly sorted: a merge of two runs
-            self._order = kept
+            order = self._order = [t for t in order if t[2] in keys]
+        if added:
+            added.sort()
+            behind = bool(order) and added[0] < order[-1]
+            order.extend(added)
+            if behind:  # not all published after the others: two sorted runs to merge
+                order.sort()
         return full
 
     def _drop(self, bi: int, name: str) -> None:
