@@ -135,6 +135,10 @@ class Stream:
         self._ops = ops
         self._writer: Writer | None = None
         self._closed = False
+        # The highest end this handle has seen (records it read or appended): on a shared
+        # filesystem a client can see a file shorter, for a moment, than it has already
+        # read it (stale pages), and an offset already read is never out of range.
+        self._seen_end = 0
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -250,11 +254,15 @@ class Stream:
 
     @property
     def end_offset(self) -> int:
-        """The next offset to be written (read from disk on each access)."""
+        """The next offset to be written (read from disk on each access).
+
+        Never less than the end of what this handle has read or appended.
+        """
         self._check_open()
-        return stream_end(
+        end = stream_end(
             self._ops, self._dir, list_segments(self._ops, self._dir), self._config.read_chunk_bytes
         )
+        return max(end, self._seen_end)
 
     @property
     def recoveries(self) -> tuple[RecoveryInfo, ...]:
@@ -286,9 +294,9 @@ class Stream:
             item = prepare_parts(
                 value, key=key, headers=headers, timestamp=timestamp, max_record_bytes=max_bytes
             )
-        offset = writer.append([item], now_us=self._now_us).start
-        self._after_append(writer)
-        return offset
+        offsets = writer.append([item], now_us=self._now_us)
+        self._after_append(writer, offsets)
+        return offsets.start
 
     def append_batch(self, records: Iterable[bytes | str | RecordIn]) -> range:
         """Append many records under one hold of the append lock; return their offsets.
@@ -325,7 +333,7 @@ class Stream:
             raise _too_large(biggest, max_bytes)
         writer = self._get_writer()
         offsets = writer.append(batch, now_us=self._now_us)
-        self._after_append(writer)
+        self._after_append(writer, offsets)
         return offsets
 
     def append_values(
@@ -437,7 +445,7 @@ class Stream:
                 return Encoded(tuple(parts), tuple(frames), base, shift)
 
             offsets = writer.append((None,), now_us=self._now_us, encode=encode)
-        self._after_append(writer)
+        self._after_append(writer, offsets)
         return offsets
 
     def recover(self) -> tuple[RecoveryInfo, ...]:
@@ -467,6 +475,7 @@ class Stream:
             stop,
             max_records,
             self._config.read_chunk_bytes,
+            self._see,
         )
 
     def read_columns(
@@ -489,6 +498,7 @@ class Stream:
             stop,
             max_records,
             self._config.read_chunk_bytes,
+            self._see,
         )
 
     def _check_read(self, start: int, stop: int | None, max_records: int | None) -> None:
@@ -501,7 +511,7 @@ class Stream:
             raise UsageError(f"max_records must be >= 0 or None, got {max_records!r}")
         bases = list_segments(self._ops, self._dir)
         first = bases[0] if bases else 0
-        if start < first or start > (bases[-1] if bases else 0):
+        if start < first or start > max(bases[-1] if bases else 0, self._seen_end):
             end = stream_end(self._ops, self._dir, bases, self._config.read_chunk_bytes)
             if not first <= start <= end:
                 _out_of_range(self._name, start, first, end)
@@ -653,7 +663,12 @@ class Stream:
             self._writer = Writer(self._dir, self._config, self._ops)
         return self._writer
 
-    def _after_append(self, writer: Writer) -> None:
+    def _see(self, end: int) -> None:
+        if end > self._seen_end:
+            self._seen_end = end
+
+    def _after_append(self, writer: Writer, offsets: range) -> None:
+        self._see(offsets.stop)
         if writer.rolled:
             writer.rolled = False
             cfg = self._config

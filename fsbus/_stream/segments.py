@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
@@ -203,6 +203,10 @@ def find_start(
     return max(bisect.bisect_right(bases, start) - 1, 0)
 
 
+RECHECK_WAITS = (0.0, 0.01, 0.05, 0.2)
+"""Waits before each new read of a closed segment's end that read short or torn."""
+
+
 def iter_records(
     ops: StreamOps,
     sdir: Path,
@@ -211,13 +215,14 @@ def iter_records(
     stop: int | None,
     max_records: int | None,
     chunk: int,
+    note: Callable[[int], object] | None = None,
 ) -> Iterator[Record]:
     """Records in [start, stop) up to the current end of the stream, in offset order.
 
     :func:`iter_frames` hands out one iterator per frame; chaining them runs only the
-    frame's own generator per record.
+    frame's own generator per record. ``note`` is given the end offset of each frame read.
     """
-    records = chain.from_iterable(iter_frames(ops, sdir, name, start, stop, chunk))
+    records = chain.from_iterable(iter_frames(ops, sdir, name, start, stop, chunk, note))
     return records if max_records is None else islice(records, max_records)
 
 
@@ -228,9 +233,10 @@ def iter_frames(
     start: int,
     stop: int | None,
     chunk: int,
+    note: Callable[[int], object] | None = None,
 ) -> Iterator[Iterator[Record]]:
     """An iterator of records per frame, for [start, stop) up to the current end."""
-    for data, pos, fr, lo in frame_spans(ops, sdir, name, start, stop, chunk):
+    for data, pos, fr, lo in frame_spans(ops, sdir, name, start, stop, chunk, note):
         yield iter_frame(data, pos, fr, lo, stop)
 
 
@@ -242,10 +248,11 @@ def iter_columns(
     stop: int | None,
     max_records: int | None,
     chunk: int,
+    note: Callable[[int], object] | None = None,
 ) -> Iterator[ColumnBatch]:
     """The records of [start, stop) up to the current end, one :class:`ColumnBatch` per frame."""
     left = max_records
-    for data, pos, fr, lo in frame_spans(ops, sdir, name, start, stop, chunk):
+    for data, pos, fr, lo in frame_spans(ops, sdir, name, start, stop, chunk, note):
         cols = frame_columns(data, pos, fr, lo, stop)
         if left is not None:
             if left <= len(cols):
@@ -264,11 +271,18 @@ def frame_spans(
     start: int,
     stop: int | None,
     chunk: int,
+    note: Callable[[int], object] | None = None,
 ) -> Iterator[tuple[bytes, int, FrameHeader, int]]:
     """The frames holding [start, stop) up to the current end, in order.
 
     Yields ``(buffer, position of the frame in it, header, first offset wanted)``; the
-    buffer is valid as long as the caller keeps it.
+    buffer is valid as long as the caller keeps it. ``note``, if given, is told the end
+    offset of each frame yielded (a valid, complete frame: that much of the stream exists).
+
+    A closed segment that reads short or torn is read again a few times, a little later
+    each time, before it is called corrupt: on a shared filesystem a client's page cache
+    can hold stale pages of a file another client appended to, for a moment after the
+    other client's write (ceph-fuse invalidates them asynchronously).
     """
     if not ops.is_dir(sdir):
         raise StreamNotFound(f"stream {name!r} does not exist (looked in {sdir})")
@@ -304,13 +318,15 @@ def frame_spans(
                 pos = e.position if e else 0
                 seek = False
             want = chunk
-            rechecked = False
+            rechecks = 0
             while True:
                 data = ops.pread(fd, want, pos)
                 sc = scan_frames(data, base=pos)
                 for fr in sc.frames:
                     if fr.next_offset <= off:
                         continue
+                    if note is not None:
+                        note(fr.next_offset)
                     yield data, fr.position - pos, fr, off
                     off = fr.next_offset
                     if stop is not None and off >= stop:
@@ -328,20 +344,24 @@ def frame_spans(
                 later = [b for b in bases if b > base]
                 if not later:
                     return  # the active segment: its end is the end of the stream
-                if not rechecked:
-                    rechecked = True  # closed since we read it: read its final bytes once
+                if sc.problem is None and off >= later[0]:
+                    i = bisect.bisect_left(bases, later[0])  # all of it read: the next one
+                    break
+                if rechecks < len(RECHECK_WAITS):
+                    # closed since we read it, or a stale page: read its final bytes again
+                    if rechecks:
+                        ops.sleep(RECHECK_WAITS[rechecks])
+                    rechecks += 1
                     want = chunk
                     continue
-                if sc.problem is not None:
-                    raise CorruptDataError(
-                        f"segment {path} has {sc.problem} at byte {sc.end} although later "
-                        f"segments exist; records from offset {off} to {later[0]} are "
-                        "unreadable (restore the file from a copy, or move it away and "
-                        "read from offset " + str(later[0]) + ")",
-                        path,
-                    )
-                i = bisect.bisect_left(bases, later[0])
-                break
+                what = f"has {sc.problem}" if sc.problem else "ends"
+                raise CorruptDataError(
+                    f"segment {path} {what} at byte {sc.end} although later "
+                    f"segments exist; records from offset {off} to {later[0]} are "
+                    "unreadable (restore the file from a copy, or move it away and "
+                    "read from offset " + str(later[0]) + ")",
+                    path,
+                )
         except OSError as exc:
             raise storage_error("read a segment", exc, path) from exc
         finally:
