@@ -61,6 +61,10 @@ class TakeView:
         self._keys: dict[str, str] = {}
         self._order: list[tuple[str, int, str]] = []
         self._gone: collections.deque[tuple[int, str]] = collections.deque()
+        # Names in the order that are not a message to take, and never will be (foreign
+        # files, expired messages, messages whose spill went): passed over without
+        # being parsed again, until they leave the listing.
+        self._passed: set[str] = set()
 
     def forget(self, bucket_index: int, name: str) -> None:
         """Message ``name`` is gone (acked here): never try it again."""
@@ -110,6 +114,7 @@ class TakeView:
             self._names[bi] = new
             for name in old - new:
                 self._keys.pop(name, None)
+                self._passed.discard(name)
                 removed = True
             for name in new - old:
                 key = self._keys[name] = name_order(name)
@@ -127,6 +132,7 @@ class TakeView:
         return full
 
     def _drop(self, bi: int, name: str) -> None:
+        self._passed.discard(name)
         key = self._keys.pop(name, None)
         names = self._names.get(bi)
         if names is not None:
@@ -143,8 +149,9 @@ class TakeView:
         buckets = fs.layout.buckets
         now_ms = int(time.time() * 1000)
         tries = 0
+        passed = self._passed
         for _, bi, name in self._order:
-            if (bi, name) in skip:
+            if (bi, name) in skip or name in passed:
                 continue
             # A queue's bus holds single messages only; a name that is not a message's
             # ranks first and is passed over.
@@ -156,6 +163,7 @@ class TakeView:
                 or not entry.parsed.single
                 or entry.parsed.expires_ms <= now_ms  # the sweep removes it
             ):
+                passed.add(name)
                 continue
             fields = entry.parsed.fields
             has_meta = fields is not None and bool(fields.flags & FLAG_META)
@@ -169,5 +177,6 @@ class TakeView:
             if count_deliveries:
                 fs.count_deliveries([claim])
             held_here = sum(1 for _, n in skip if n in self._keys)
-            return Taken(entry, claim, max(0, len(self._order) - held_here - 1))
+            ready = len(self._order) - len(passed) - held_here - 1
+            return Taken(entry, claim, max(0, ready))
         return None

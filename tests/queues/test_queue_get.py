@@ -219,3 +219,41 @@ def test_a_message_no_stamp_told_of_is_found(root: Path, fast: BusConfig) -> Non
         with bus.get("q") as msg:
             assert msg is not None
             assert msg.payload == b"unstamped"
+
+
+@pytest.mark.anyio
+async def test_foreign_files_at_the_head_are_passed_over_and_not_counted(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files that are not messages rank first in a listing: each get passes over them
+    without parsing them again, and they are not counted as ready (``get-ok``'s count)."""
+    import fsbus._bus.take as take
+
+    parsed: list[str] = []
+    real = take.parse_entry
+
+    def counting(bi: int, name: str, spills: dict[tuple[int, str], bytes]) -> object:
+        parsed.append(name)
+        return real(bi, name, spills)
+
+    monkeypatch.setattr(take, "parse_entry", counting)
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        for i in range(3):
+            await bus.publish("t.x", str(i))
+        message = next((root / "fsbus" / "queues" / "q" / "bus" / "messages").glob("*/*@*"))
+        foreign = [message.parent / f"notes-{i}.txt" for i in range(4)]
+        for p in foreign:
+            p.write_text("not a message")
+        got, ready = [], []
+        for _ in range(3):
+            async with bus._taking("q") as taken:
+                assert taken is not None
+                got.append(taken[0].payload)
+                ready.append(taken[1])
+        async with bus.get("q") as msg:
+            assert msg is None
+    assert got == [b"0", b"1", b"2"]
+    assert ready == [2, 1, 0]
+    assert sorted(n for n in parsed if n.startswith("notes-")) == sorted(p.name for p in foreign)
+    assert all(p.exists() for p in foreign)  # left where they are
