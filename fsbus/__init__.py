@@ -38,7 +38,7 @@ if _typing.TYPE_CHECKING:
     from ._bus.doctor import DoctorCheck, DoctorReport, check_directory
     from ._bus.engine import Bus, Handler, Subscription
     from ._bus.fs import probe_locking
-    from ._bus.iterator import MessageIterator
+    from ._bus.iterator import Decline, MessageIterator
     from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeReport
     from ._config import BusConfig
     from ._core.trie import TopicTrie
@@ -67,6 +67,7 @@ __all__ = (
     "CompactionReport",
     "ConsumerGroup",
     "CorruptDataError",
+    "Decline",
     "DiskFull",
     "DoctorCheck",
     "DoctorReport",
@@ -128,6 +129,7 @@ _LAZY = {
     "BusStatistics": "._bus.message",
     "ColumnBatch": "._stream.framing",
     "CompactionReport": "._stream.maint",
+    "Decline": "._bus.iterator",
     "ConsumerGroup": "._stream.groups",
     "DoctorCheck": "._bus.doctor",
     "DoctorReport": "._bus.doctor",

@@ -41,7 +41,7 @@ from .._queues.routed import RouteMark
 from .._queues.store import QueueStore
 from .browse import browse_messages
 from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
-from .iterator import GiveBack, MessageIterator, Released
+from .iterator import Decline, GiveBack, MessageIterator, Released
 from .jobs import Batcher, JobQueue
 from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
@@ -324,7 +324,7 @@ class Bus:
 
                 def give_back() -> None:
                     for c in queued:
-                        self._fs.release(c, failed=False)
+                        self._fs.release(c, failed=False, uncount=True)
 
                 await anyio.to_thread.run_sync(give_back)
                 self._counts["released"] += len(queued)
@@ -1225,6 +1225,8 @@ class Bus:
     async def _run_multi(self, sub: Subscription, msg: Message) -> None:
         try:
             await sub.handler(msg)
+        except Decline:
+            pass  # nothing to give back: a multi message is each subscriber's own
         except Exception:
             self._counts["failed"] += 1
             log.exception("handler for %r failed on multi message %s", sub.pattern, msg.name)
@@ -1915,7 +1917,9 @@ class Bus:
         message in it is held by a consumer). The message is held while the block runs:
         acknowledged when it ends, given back for redelivery when it raises, as a
         handler's message is (a failed delivery, dead-lettered or dropped after the
-        queue's ``max_deliveries``). A ``get`` is not a consumer of the queue. ::
+        queue's ``max_deliveries``). :class:`~fsbus.Decline` raised in the block gives it
+        back untouched, not counted as a delivery, and ends the block quietly. A ``get`` is
+        not a consumer of the queue. ::
 
             async with bus.get("billing") as msg:
                 if msg is not None:
@@ -1923,8 +1927,9 @@ class Bus:
 
         A queue that does not exist raises :class:`~fsbus.QueueNotFound`.
         """
-        async with self._taking(queue) as taken:
-            yield None if taken is None else taken[0]
+        with contextlib.suppress(Decline):
+            async with self._taking(queue) as taken:
+                yield None if taken is None else taken[0]
 
     @asynccontextmanager
     async def _taking(self, queue: str) -> AsyncIterator[tuple[Message, int, int] | None]:
@@ -1954,6 +1959,9 @@ class Bus:
             try:
                 yield msg, waiting, consumers
                 outcome = "ack"
+            except Decline:
+                outcome = "unseen"
+                raise
             except Exception as exc:
                 outcome = "ack" if await self._give_up(queue, d.options, msg, exc) else "fail"
                 raise
@@ -1990,7 +1998,7 @@ class Bus:
         self, claim: Claim, msg: Message, key: tuple[int, str], outcome: str
     ) -> None:
         """Ack (``"ack"``) or give back (``"fail"``: a failed delivery; ``"release"``: not
-        one) a message :meth:`_take` took."""
+        one; ``"unseen"``: not even a delivery) a message :meth:`_take` took."""
         try:
             if outcome == "release":
                 await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))

@@ -9,7 +9,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .message import Message
 
-__all__ = ["GiveBack", "MessageIterator", "Released"]
+__all__ = ["Decline", "GiveBack", "MessageIterator", "Released"]
 
 
 class MessageIterator:
@@ -122,3 +122,20 @@ class GiveBack(Exception):
     def __init__(self, name: str, *, seen: bool = True) -> None:
         super().__init__(name)
         self.seen = seen
+
+
+class Decline(GiveBack):
+    """Raise it in a handler to give a work-queue or queue message back untouched.
+
+    The message is released at once, for this or another consumer, as if it had not been
+    delivered: its delivery is not counted (its next ``delivery_count`` is the same
+    again), it is no failure, and it is never dead-lettered for it. For a handler that
+    cannot take a message now, such as one whose consumer is stopping; a message the
+    handler tried and failed on should fail (raise anything else), so that
+    ``max_deliveries`` can stop it. In a handler of multi messages it does nothing (they
+    are not given back), and it is not logged as a failure. In a :meth:`Bus.get` block,
+    the message is given back the same way.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("", seen=False)

@@ -14,6 +14,7 @@ from pamqp import frame as pframe
 from pamqp import header as pheader
 
 from .. import (
+    Decline,
     Message,
     QueueFull,
     QueueInfo,
@@ -684,7 +685,8 @@ class Channel:
             if not self.flow.is_set():
                 await self.flow.wait()
             if self.consumers.get(tag) is not consumer:
-                raise _Requeue
+                # cancelled before it was sent: back untouched (not "redelivered")
+                raise Decline
             await self._deliver(consumer, msg)
 
         prefetch = self.prefetch or UNLIMITED_PREFETCH
