@@ -265,6 +265,18 @@ class Stream:
         return max(end, self._seen_end)
 
     @property
+    def seen_end(self) -> int:
+        """The end of what this handle has read or appended: the offset after the last
+        complete frame it read or the last record it appended (0 before either).
+
+        Offsets below it exist. On a shared filesystem a client can, for a moment, read a
+        file another client appends to shorter than it read it before (stale pages); a
+        reader that knows from elsewhere how far the stream reaches (a plan made on another
+        host) compares it with this to tell such a view from the end of the stream.
+        """
+        return self._seen_end
+
+    @property
     def recoveries(self) -> tuple[RecoveryInfo, ...]:
         """Torn tails this handle found and cut (empty in the normal case)."""
         return tuple(self._writer.recoveries) if self._writer is not None else ()

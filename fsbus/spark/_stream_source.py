@@ -7,6 +7,8 @@ stream from what travels in its :class:`StreamRangePartition` (root, name, range
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -43,6 +45,11 @@ ARROW_BATCH_BYTES = 1 << 20
 """Bytes of values after which an Arrow batch is handed to Spark: about a frame (the
 stream's ``max_frame_bytes``), so a frame of a batch append becomes one Arrow batch whose
 values are the frame's bytes as they are, and only small frames are joined (a copy)."""
+LAGGING_VIEW_WAITS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 1.0, 2.0)
+"""Seconds between reads of a range that this host sees shorter than the plan says it is
+(a client's stale pages of a segment on a shared filesystem): about 5 s in all."""
+
+log = logging.getLogger("fsbus.spark")
 
 
 class StreamRangePartition(InputPartition):
@@ -83,15 +90,34 @@ def read_range(
             return
         parts: list[ColumnBatch] = []
         rows = size = 0
-        for cols in stream.read_columns(start, part.stop):
-            parts.append(cols)
-            rows += len(cols)
-            size += len(cols.value_data)
-            if rows >= ARROW_BATCH_ROWS or size >= ARROW_BATCH_BYTES:
-                yield columns_batch(part.stream, parts, columns)
-                parts, rows, size = [], 0, 0
+        reached = start
+        for wait in (0.0, *LAGGING_VIEW_WAITS):
+            if wait:
+                time.sleep(wait)
+            for cols in stream.read_columns(reached, part.stop):
+                parts.append(cols)
+                rows += len(cols)
+                size += len(cols.value_data)
+                if rows >= ARROW_BATCH_ROWS or size >= ARROW_BATCH_BYTES:
+                    yield columns_batch(part.stream, parts, columns)
+                    parts, rows, size = [], 0, 0
+            # The plan saw offsets up to stop: a read that ends before it is this host's
+            # view lagging (stale pages of a shared filesystem), not the stream's end.
+            reached = max(reached, stream.seen_end)
+            if reached >= part.stop:
+                break
         if parts:
             yield columns_batch(part.stream, parts, columns)
+        if reached < part.stop:
+            msg = (
+                f"stream {part.stream!r}: offsets {reached}..{part.stop - 1}, planned for "
+                f"this task, are not readable on this host (read for "
+                f"{sum(LAGGING_VIEW_WAITS):.0f} s); the segment holding them was cut "
+                "or is corrupt"
+            )
+            if part.fail_on_data_loss:
+                raise OffsetOutOfRange(msg + "; set option failOnDataLoss=false to skip them")
+            log.warning("%s; skipped (failOnDataLoss=false)", msg)
 
 
 def _position(stream: Stream, name: str, spec: OffsetSpec, option: str) -> int:

@@ -129,3 +129,57 @@ def test_a_closed_segment_cut_between_records_is_corrupt_not_skipped(tmp_path: P
         assert int(next(s.read(bases[1])).value) == bases[1]
     finally:
         s.close()
+
+
+class _LaggingHost:
+    """Every handle of the process sees segments cut at ``limit`` bytes for the first
+    ``reads`` reads of records (StreamOps patched on the class: Spark's read opens its
+    own handle)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, limit: int, reads: int) -> None:
+        self.limit, self.left, self.sleeps = limit, reads, 0
+        real = StreamOps.pread
+
+        def pread(ops: StreamOps, fd: int, n: int, pos: int) -> bytes:
+            data = real(ops, fd, n, pos)
+            if self.left > 0 and n > 64 and pos + len(data) > self.limit:
+                self.left -= 1
+                return data[: max(self.limit - pos, 0)]
+            return data
+
+        monkeypatch.setattr(StreamOps, "pread", pread)
+
+
+def _spark_range(root: Path, stop: int, *, fail_on_data_loss: bool = True) -> list[int]:
+    spark = pytest.importorskip("fsbus.spark._stream_source")
+    part = spark.StreamRangePartition(
+        root=str(root), stream="s", start=0, stop=stop, fail_on_data_loss=fail_on_data_loss
+    )
+    return [o for b in spark.read_range(part) for o in b.column("offset").to_pylist()]
+
+
+def test_a_spark_task_reads_its_whole_range_through_a_lagging_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver planned [0, 50) from its view; the task's host sees the segment cut
+    for its first two reads: it reads on from where the view ended, nothing twice."""
+    _fill(tmp_path, 50)
+    host = _LaggingHost(monkeypatch, limit=1000, reads=2)
+    assert _spark_range(tmp_path, 50) == list(range(50))
+    assert host.left == 0  # the view did lag
+
+
+def test_a_spark_task_whose_range_stays_unreadable_fails_or_skips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _fill(tmp_path, 50)
+    spark = pytest.importorskip("fsbus.spark._stream_source")
+    monkeypatch.setattr(spark, "LAGGING_VIEW_WAITS", (0.01, 0.01))
+    _LaggingHost(monkeypatch, limit=1000, reads=1 << 30)
+    with pytest.raises(OffsetOutOfRange, match=r"offsets \d+\.\.49, planned for this task"):
+        _spark_range(tmp_path, 50)
+    with caplog.at_level("WARNING", logger="fsbus.spark"):
+        got = _spark_range(tmp_path, 50, fail_on_data_loss=False)
+    assert got == list(range(len(got)))
+    assert 0 < len(got) < 50
+    assert "skipped (failOnDataLoss=false)" in caplog.text
