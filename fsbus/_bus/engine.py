@@ -458,8 +458,13 @@ class Bus:
             targets = self._queues.targets(topic)
         else:
             # The routing table looks at its VERSION file every few milliseconds: on a
-            # slow mount, not from the loop.
-            targets = await anyio.to_thread.run_sync(self._queues.targets, topic)
+            # slow mount, not from the loop (a hop only when it is due).
+            fresh = self._queues.targets_if_fresh(topic)
+            targets = (
+                fresh
+                if fresh is not None
+                else await anyio.to_thread.run_sync(self._queues.targets, topic)
+            )
         if not targets and self._own(topic, single, plan.name):
             plan = plan._replace(own=True)  # as on the fast path above
         if targets:

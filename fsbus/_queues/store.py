@@ -152,6 +152,16 @@ class QueueStore:
         now = time.monotonic()
         if now >= self._next_check:
             self._refresh(now)
+        return self._cached_targets(topic)
+
+    def targets_if_fresh(self, topic: str) -> tuple[Definition, ...] | None:
+        """:meth:`targets` from the table in memory, or None when it is due to be
+        checked against VERSION (a stat: not from the event loop on a slow mount)."""
+        if time.monotonic() >= self._next_check:
+            return None
+        return self._cached_targets(topic)
+
+    def _cached_targets(self, topic: str) -> tuple[Definition, ...]:
         if not self._defs:
             return ()
         hit = self._routes.get(topic)

@@ -174,6 +174,36 @@ async def test_concurrent_publishes_on_a_slow_mount_share_thread_hops(root: Path
 
 
 @pytest.mark.anyio
+async def test_publishes_on_a_slow_mount_read_a_fresh_routing_table_without_a_hop(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the thread, the durable-queue routing table is looked up in memory while it is
+    fresh; only a due check of its VERSION file (a stat) takes a worker-thread hop of
+    its own (one hop per publish for the lookup alone, before)."""
+    from fsbus._queues import store
+
+    monkeypatch.setattr(store, "REFRESH", 60.0)  # fresh for the whole test once read
+    seam = Seam()
+    async with Bus(root, ops=seam) as bus:
+        seam.delay = 0.005
+        await bus.publish("t.first", PAYLOAD)  # the table is read here, in the thread
+        assert not bus._offload.inline
+        real = bus._queues.targets
+        lookups: list[int] = []
+
+        def counting(topic: str) -> tuple[object, ...]:
+            lookups.append(threading.get_ident())
+            return real(topic)
+
+        monkeypatch.setattr(bus._queues, "targets", counting)
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(bus.publish, f"t.c{i}", PAYLOAD)
+        assert lookups == []
+    assert len(message_files(root)) == 21
+
+
+@pytest.mark.anyio
 async def test_the_loop_keeps_running_while_a_publish_waits_on_a_slow_mount(root: Path) -> None:
     """A ticker task counts loop turns; the slow call itself checks that it counted on."""
     seam = Seam()
