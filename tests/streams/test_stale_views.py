@@ -137,7 +137,7 @@ class _LaggingHost:
     own handle)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, limit: int, reads: int) -> None:
-        self.limit, self.left, self.sleeps = limit, reads, 0
+        self.limit, self.left = limit, reads
         real = StreamOps.pread
 
         def pread(ops: StreamOps, fd: int, n: int, pos: int) -> bytes:
