@@ -546,7 +546,11 @@ class BlockingMessages:
             raise StopIteration from None
 
     def ack(self, msg: Message) -> None:
-        """Consume a work-queue message."""
+        """Consume a work-queue message.
+
+        The message leaves its bucket just after this returns, in the bus's next
+        finishing batch; ``statistics().acked`` counts it once it has.
+        """
         self._portal.call(self._iter().ack, msg)
 
     def release(self, msg: Message) -> None:

@@ -78,7 +78,11 @@ class MessageIterator:
             return await self._next(wait=True)
 
     async def ack(self, msg: Message) -> None:
-        """Consume a work-queue message (no-op for multi messages)."""
+        """Consume a work-queue message (no-op for multi messages).
+
+        The message leaves its bucket in the bus's next finishing batch, just after
+        this returns; ``statistics().acked`` counts it once it has.
+        """
         self._settle(msg, True)
 
     async def release(self, msg: Message) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fsbus import BlockingBus, BusConfig
@@ -14,6 +16,14 @@ WAIT = 30.0
 FLOCK = BusConfig(locking="flock")
 """Consumers that claim by flock: a copy they hold stays in its bucket, locked, so it
 still counts in the depth and has not left the queue."""
+
+
+def _wait_until(check: Callable[[], bool]) -> None:
+    """Poll a counter until it holds, or fail the test (a counter has no event)."""
+    deadline = time.monotonic() + WAIT
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
 
 
 def test_no_queues_is_said_plainly(ui: UiServer) -> None:
@@ -90,6 +100,9 @@ def test_queue_rates_count_copies_in_and_out_between_snapshots(bus_root: Path) -
                     msg = it.get(timeout=WAIT)
                     assert msg.text().startswith("old-")
                     it.ack(msg)
+                # an ack unlinks its copy in the bus's next finishing batch, just after
+                # ack() returns: the snapshot comes once both are done
+                _wait_until(lambda: bus.statistics().acked == 2)
                 clock[0] += 2.0
                 second = server.dashboard.snapshot()
     assert second.rate_window == 2.0
