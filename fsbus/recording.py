@@ -100,8 +100,10 @@ def _already_appended(path: str, stream: Stream) -> tuple[int, set[str]]:
     except (OSError, ValueError, KeyError, TypeError):
         # a torn pending file: its batch was never appended (step 2 is after)
         return stream.end_offset, set()
-    start = max(start, stream.start_offset)
-    found = {r.headers.get(MESSAGE, "") for r in stream.read(start)}
+    # every record up to the end the append lock shows: a lagging view (a shared mount,
+    # the crashed drain on another host) would have them appended twice
+    end = stream.locked_end_offset()
+    found = {r.headers.get(MESSAGE, "") for r in stream.read_through(start, end)}
     return start, names & found
 
 

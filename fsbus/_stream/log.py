@@ -22,6 +22,7 @@ from .._errors import (
     ClosedError,
     FsBusError,
     LockingUnsupported,
+    OffsetOutOfRange,
     PayloadTooLarge,
     StreamNotFound,
     UsageError,
@@ -513,6 +514,50 @@ class Stream:
             self._see,
         )
 
+    def locked_end_offset(self) -> int:
+        """The next offset to be written, as the holder of the append lock sees it.
+
+        Takes the append lock once (and cuts a torn tail, as an append would). On a shared
+        filesystem this can be ahead of :attr:`end_offset` for a moment: a client that
+        holds no lock can see the segment another host appended to shorter than it is.
+        What :meth:`read_through` to, to count what a crashed writer had appended.
+        """
+        writer = self._get_writer()
+        writer.recover()
+        return writer.end
+
+    def read_through(self, start: int, stop: int) -> Iterator[Record]:
+        """The records in [start, stop), which the caller knows exist (from
+        :meth:`locked_end_offset`, or a plan made on another host).
+
+        Where this host's view of the stream ends before ``stop``, it reads on from there
+        after a pause, for about 5 s in all, then raises :class:`~fsbus.OffsetOutOfRange`
+        naming the offsets it could not read; it never ends early as :meth:`read` does at
+        the end of what it sees. Records before :attr:`start_offset` (cut by retention)
+        are not waited for.
+        """
+        reached = max(start, self.start_offset)
+        for wait in (0.0, *LAGGING_VIEW_WAITS):
+            if reached >= stop:
+                return
+            if wait:
+                self._ops.sleep(wait)
+            if reached > self.end_offset:
+                continue  # this view ends before where reading resumes: not there yet
+            before = self._seen_end
+            for rec in self.read(reached, stop):
+                reached = rec.offset + 1
+                yield rec
+            if self._seen_end > before:  # the complete frames read in this pass end there
+                reached = max(reached, self._seen_end)
+        if reached < stop:
+            raise OffsetOutOfRange(
+                f"stream {self._name!r}: offsets {reached}..{stop - 1} exist (the append lock "
+                f"says so) but are not readable from this host after "
+                f"{sum(LAGGING_VIEW_WAITS):.0f} s: its view of the segment lags, or the "
+                "segment is damaged; retry later (fsbus doctor checks the segment)"
+            )
+
     def _check_read(self, start: int, stop: int | None, max_records: int | None) -> None:
         self._check_open()
         if not isinstance(start, int) or start < 0:
@@ -695,6 +740,8 @@ class Stream:
         return round(self._ops.now() * 1_000_000)
 
 
+LAGGING_VIEW_WAITS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 1.0, 2.0)
+"""Pauses of :meth:`Stream.read_through` between reads of a view that ends short."""
 _TOKEN = object()
 log = logging.getLogger("fsbus.stream")
 
@@ -711,7 +758,6 @@ def _too_large(size: int, limit: int) -> PayloadTooLarge:
 
 
 def _out_of_range(name: str, start: int, first: int, end: int) -> None:
-    from .._errors import OffsetOutOfRange
 
     raise OffsetOutOfRange(
         f"offset {start} is outside stream {name!r}: valid offsets are {first} "

@@ -114,6 +114,11 @@ class Writer:
             finally:
                 ops.unlock(self._lock_fd)
 
+    @property
+    def end(self) -> int:
+        """The offset the next append gets, as of this writer's last hold of the lock."""
+        return self._next
+
     def recover(self) -> list[RecoveryInfo]:
         """Take the lock and validate the tail now; return the cuts made (if any)."""
         with self._tlock:

@@ -344,7 +344,9 @@ def _append_to_stream(opts: SinkOptions, pending_path: Path, files: list[str], t
             pending = {"files": files, "parts": []}
             done = 0
         else:
-            done = _count_appended(stream, pending["parts"], rows, tag)
+            # read up to the end the append lock shows: a lagging view of what the
+            # crashed attempt appended (another host, a shared mount) would append it twice
+            done = _count_appended(stream, pending["parts"], rows, tag, stream.locked_end_offset())
         if done >= len(rows):
             return len(rows)
         pending["parts"].append({"from": stream.end_offset, "skip": done})
@@ -411,14 +413,14 @@ def _records(rows: _Rows, skip: int, mark: str | None) -> list[bytes | RecordIn]
 
 
 def _count_appended(
-    stream: Stream, parts: Iterable[Mapping[str, int]], rows: _Rows, tag: str
+    stream: Stream, parts: Iterable[Mapping[str, int]], rows: _Rows, tag: str, end: int
 ) -> int:
     """How many staged rows earlier attempts appended.
 
     Each attempt appended ``rows[skip:]`` with one ``append_batch`` (one lock hold), so
     what it got onto disk is a contiguous run starting at the record marked
     ``<tag>:<skip>``; a crash may have cut the run short. Count the records of the run
-    that equal the staged rows, in order.
+    that equal the staged rows, in order, reading every record up to ``end``.
     """
     done = 0
     for part in parts:
@@ -427,7 +429,7 @@ def _count_appended(
         start = max(int(part["from"]), stream.start_offset)
         matched = 0
         found = False
-        for rec in stream.read(start):
+        for rec in stream.read_through(start, end):
             if not found:
                 if rec.headers.get(BATCH_HEADER) != mark:
                     continue

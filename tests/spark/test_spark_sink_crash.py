@@ -14,11 +14,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from fsbus import BlockingBus, RecordIn, Stream
+from fsbus import BlockingBus, OffsetOutOfRange, RecordIn, Stream
 from fsbus.spark import BATCH_HEADER, ID_HEADER
 from fsbus.spark._files import commits_dir, staging_dir
 from fsbus.spark._options import SinkOptions, parse_sink_options
 from fsbus.spark._sink import SinkColumns, StagedFile, publish, stage
+from tests.lagging_view import lagging_view, segment_sizes
 
 pytestmark = [pytest.mark.slow]
 
@@ -250,3 +251,34 @@ def test_batch_job_append_leaves_no_markers(tmp_path: Path) -> None:
     assert all(not r.headers for r in stored)
     assert not commits_dir(str(root), SINK).exists()
     assert not staging_dir(str(root), SINK, BATCH).exists()
+
+
+@pytest.mark.parametrize("heal_after", [2, None])
+def test_stream_commit_replay_through_a_lagging_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heal_after: int | None
+) -> None:
+    """The attempt that crashed appended on another host, and the replay's host does not
+    see those records yet (a shared mount's stale view): reading only what it sees, the
+    replay would append them again. It reads on to the end the append lock shows; if
+    that stays unreadable it fails, appending nothing, and a later replay completes."""
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = stream_rows(3000)
+    with Stream.open(root, "out") as stream:
+        stream.append("before")
+        before = segment_sizes(stream.path)
+    crash(tmp_path, opts, stage_rows(opts, rows, parts=2), "records", 0)  # pending, no rows
+    torn_append(root, rows, 0, 1234)  # what the dead attempt got onto disk
+    with lagging_view(monkeypatch, before, heal_after=heal_after) as view:
+        if heal_after is None:
+            with pytest.raises(OffsetOutOfRange, match=r"offsets 1\.\.1234 exist"):
+                publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True)
+        else:
+            n = publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True)
+            assert n == 3000
+    if heal_after is None:  # the view has caught up: Spark's next replay
+        assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True) == 3000
+    with Stream.open(root, "out", create=False) as stream:
+        values = [r.value.decode() for r in stream.read()]
+    assert values == ["before", *(r["value"] for r in rows)]
+    assert len(view.sleeps) == (heal_after or 8)

@@ -12,8 +12,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from fsbus import BlockingBus, Stream
+import pytest
+
+from fsbus import BlockingBus, OffsetOutOfRange, Stream
 from fsbus.recording import MESSAGE, TOPIC, drain, queue_for
+from tests.lagging_view import lagging_view, segment_sizes
 
 WAIT = 60.0
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -130,3 +133,66 @@ def test_a_crash_between_append_and_ack_is_recovered(tmp_path: Path) -> None:
     r = drain(root, "t.#", "s")
     assert (r.appended, r.skipped) == (0, 5)
     assert ids_in(root, "s") == Counter(str(i) for i in range(5))
+
+
+def _crash_after_append(root: Path) -> dict[Path, int]:
+    """Two messages recorded into Stream ``s``, then five more appended by a drain
+    SIGKILLed before its acks; returns the sizes of the segments before the five."""
+    drain(root, "t.#", "s")
+    with BlockingBus(root) as bus:
+        for i in range(2):
+            bus.publish("t.x", f"pre-{i}".encode())
+    assert drain(root, "t.#", "s").appended == 2
+    with Stream.open(root, "s") as s:
+        before = segment_sizes(s.path)
+    assert before
+    with BlockingBus(root) as bus:
+        for i in range(5):
+            bus.publish("t.x", str(i).encode())
+    script = (
+        "import os, sys, signal\n"
+        "import fsbus.recording as r\n"
+        "real = r.Stream.append_batch\n"
+        "def append_then_die(self, records):\n"
+        "    out = real(self, records)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "r.Stream.append_batch = append_then_die\n"
+        "r.drain(sys.argv[1], 't.#', 's')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(root)], env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    assert proc.returncode == -signal.SIGKILL
+    return before
+
+
+RECORDED = Counter(["pre-0", "pre-1", *(str(i) for i in range(5))])
+
+
+def test_a_recovering_drain_whose_view_lags_reads_on_to_the_locked_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain that crashed appended on another host: this host's view of the segment
+    still ends before those records. Reading only what it sees, the recovering drain
+    would append all five again."""
+    root = tmp_path / "bus"
+    before = _crash_after_append(root)
+    with lagging_view(monkeypatch, before, heal_after=3) as view:
+        r = drain(root, "t.#", "s")
+    assert (r.appended, r.skipped) == (0, 5)
+    assert ids_in(root, "s") == RECORDED
+    assert len(view.sleeps) == 3  # it waited for the view to catch up
+
+
+def test_a_recovering_drain_whose_view_never_catches_up_fails_and_appends_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "bus"
+    before = _crash_after_append(root)
+    with lagging_view(monkeypatch, before, heal_after=None):
+        with pytest.raises(OffsetOutOfRange, match=r"offsets 2\.\.6 exist"):
+            drain(root, "t.#", "s")
+    assert ids_in(root, "s") == RECORDED
+    r = drain(root, "t.#", "s")  # the view has caught up: the recovery completes
+    assert (r.appended, r.skipped) == (0, 5)
+    assert ids_in(root, "s") == RECORDED

@@ -17,6 +17,7 @@ import pytest
 from fsbus import CorruptDataError, OffsetOutOfRange, Stream, StreamConfig
 from fsbus._stream.ops import StreamOps
 from fsbus._stream.segments import list_segments, read_index, segment_name
+from tests.lagging_view import lagging_view, segment_sizes
 
 
 class _StaleOps(StreamOps):
@@ -183,3 +184,33 @@ def test_a_spark_task_whose_range_stays_unreadable_fails_or_skips(
     assert got == list(range(len(got)))
     assert 0 < len(got) < 50
     assert "skipped (failOnDataLoss=false)" in caplog.text
+
+
+@pytest.mark.parametrize("heal_after", [0, 3, None])
+def test_read_through_reads_to_the_locked_end_or_says_what_it_could_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heal_after: int | None
+) -> None:
+    _fill(tmp_path, 20)
+    with Stream.open(tmp_path, "s", config=_config()) as s:
+        sizes = segment_sizes(s.path)
+    _fill(tmp_path, 30)  # appended on "another host": this one's view ends at 20
+    with lagging_view(monkeypatch, sizes, heal_after=heal_after or None) as view:
+        s = Stream.open(tmp_path, "s", config=_config(), create=False)
+        try:
+            if heal_after == 0:
+                view.heal_after = 0  # no lag at all: no pause either
+            else:
+                assert s.end_offset == 20  # what this host's view shows
+            assert s.locked_end_offset() == 50  # what the append lock shows
+            got: list[int] = []
+            if heal_after is None:
+                with pytest.raises(OffsetOutOfRange, match=r"offsets 20\.\.49 exist"):
+                    got.extend(r.offset for r in s.read_through(0, 50))
+                assert got == list(range(20))  # what it could read, before the error
+                assert sum(view.sleeps) == pytest.approx(5.0, abs=0.5)
+            else:
+                got.extend(r.offset for r in s.read_through(5, 50))
+                assert got == list(range(5, 50))
+                assert len(view.sleeps) == heal_after
+        finally:
+            s.close()
