@@ -1483,14 +1483,22 @@ class Bus:
         if not self._closed:
             self._waker.wake()
 
-    async def _finish(self, claim: Claim, msg: Message, outcome: str) -> None:
+    async def _finish(
+        self, claim: Claim, msg: Message, outcome: str, *, direct: bool = False
+    ) -> None:
+        """Settle one claim on disk and count it. ``direct``: not through the finishing
+        batches but on its own, inline while the mount is fast (a ``get``, which waits
+        for it: a batch would cost it a worker-thread hop)."""
         dead = outcome.startswith("dead:")
         if dead:
             await self._dead_letter(msg, outcome[5:])
             outcome = "ack"
         error: BaseException | None = None
         try:
-            await self._finisher.submit((claim, outcome))
+            if direct:
+                [error] = await self._offload.call(lambda: self._finish_many([(claim, outcome)]))
+            else:
+                await self._finisher.submit((claim, outcome))
         except ClosedError:
             [error] = await anyio.to_thread.run_sync(self._finish_many, [(claim, outcome)])
         except Exception as exc:
@@ -1947,7 +1955,7 @@ class Bus:
         def definition() -> tuple[Definition, int | None, int]:
             return self._queues.get(queue), _inode(root), self._queues.consumers(queue)
 
-        d, ino, consumers = await anyio.to_thread.run_sync(definition)
+        d, ino, consumers = await self._offload.call(definition)
         inner = await self._queue_bus(queue, ino)
         entry = self._queue_buses[queue]
         token = object()
@@ -1981,7 +1989,9 @@ class Bus:
         self._check_open()
         if self._take_view is None:
             self._take_view = TakeView()
-        taken = await anyio.to_thread.run_sync(
+        # Inline while the mount is fast (a listing and a non-blocking claim), as a
+        # publish: a worker-thread hop costs more than the work on a local disk.
+        taken = await self._offload.call(
             functools.partial(
                 self._take_view.take,
                 self._fs,
@@ -2006,10 +2016,17 @@ class Bus:
         one; ``"unseen"``: not even a delivery) a message :meth:`_take` took."""
         try:
             if outcome == "release":
-                await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))
+
+                def release() -> None:
+                    self._fs.release(claim, failed=False)
+
+                try:
+                    await self._offload.call(release)
+                except ClosedError:  # the bus is closing: its hand-off is gone
+                    await anyio.to_thread.run_sync(release)
                 self._counts["released"] += 1
             else:
-                await self._finish(claim, msg, outcome)
+                await self._finish(claim, msg, outcome, direct=True)
                 if outcome == "ack" and self._take_view is not None:
                     self._take_view.forget(*key)
         finally:

@@ -33,6 +33,9 @@ one hop):
   thread counts towards going back inline like a fast publish. A scan of every bucket,
   or one made while the buckets hold a big backlog, always goes to the thread (its time
   is not used): its listing and decisions would hold the loop however fast the mount.
+* A queue's ``get`` (the queue's record, the listing and claim of its head, then the
+  ack or the give-back) takes :meth:`Offload.call` too, on the queue's own bus: three
+  worker-thread hops a get cost about four times its file work on a local disk.
 * Some work is never inline: ``durable=True`` publishes (fdatasync and a directory fsync
   take milliseconds by nature; their times are not used for the choice), publishes on a
   filesystem that other hosts share (a network mount can stall for seconds with no

@@ -481,3 +481,36 @@ async def test_enqueue_runs_inline_unless_durable_or_capped(root: Path) -> None:
         assert (await bus.queue_info("capped")).depth == 3
         with pytest.raises(QueueNotFound):
             await bus.enqueue("missing", "t.e", PAYLOAD)
+
+
+@pytest.mark.anyio
+async def test_gets_take_and_settle_on_the_loop_once_the_queue_mount_measures_fast(
+    root: Path,
+) -> None:
+    """``bus.get`` lists, claims and acks (or gives back) a queue's message inline while
+    the mount is fast: three worker-thread hops a get cost four times the work. Every
+    message is taken once, a failed one comes back, and the queue ends empty."""
+    n = FAST_RUN * 4
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        for i in range(n):
+            await bus.publish("t.x", b"%d" % i)
+        got: list[bytes] = []
+        failed_once = False
+        while True:
+            try:
+                async with bus.get("q") as msg:
+                    if msg is None:
+                        break
+                    if msg.payload == b"7" and not failed_once:
+                        failed_once = True
+                        raise ValueError("handled badly once")  # given back, counted
+                    got.append(msg.payload)
+            except ValueError:
+                pass
+        inner = bus._queue_buses["q"].bus
+        assert inner._offload.inline_runs > 0  # the gets moved onto the loop
+        assert inner._offload.thread_runs >= FAST_RUN  # after measuring in the thread
+        assert failed_once
+        assert sorted(got) == sorted(b"%d" % i for i in range(n))
+        assert (await bus.queue_info("q")).depth == 0
