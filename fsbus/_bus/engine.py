@@ -120,6 +120,9 @@ _SPARE_CANDIDATES = 4
 """Claim candidates beyond the free handler slots, for claims that fail."""
 _LOST_ENOUGH = 4
 """Claims lost in one round (and more than twice those won) after which it stops."""
+_INLINE_CLAIMS = 64
+"""Candidates in a claim round beyond which it runs in a worker thread whatever the mount
+(about 1 ms of claims on a local disk: more would hold the event loop)."""
 _CLAIM_ROUND_SECONDS = 0.05
 """How long one round of claims may take before what it won is handed out: hundreds of
 claims on a local disk, a handful on a network filesystem, where a claim waits for the
@@ -220,7 +223,9 @@ class Bus:
         self._closed = False
         # Plain publishes: inline on the loop while the mount is fast, else in a thread.
         self._offload = Offload(self._fs)
-        self._finisher: Batcher[tuple[Claim, str], None] = Batcher(self._finish_many, 256)
+        self._finisher: Batcher[tuple[Claim, str], None] = Batcher(
+            self._finish_many, 256, self._run_finishing
+        )
         # Rename claims held by running handlers: their leases are renewed (_renew_loop).
         self._held: dict[tuple[int, str], Claim] = {}
         self._take_view: TakeView | None = None  # what gets on this (a queue's) bus listed
@@ -1377,7 +1382,9 @@ class Bus:
                 self._fs.count_deliveries(c for _, _, c in got if c is not None)
             return got, untried
 
-        results, untried = await anyio.to_thread.run_sync(claim_some)
+        # Inline while the mount is fast, as a publish (the claims never block: a rename,
+        # or a flock that fails at once); a round of many claims goes to the thread.
+        results, untried = await self._off(claim_some, big=len(ordered) > _INLINE_CLAIMS)
         lost = sum(1 for _, _, c in results if c is None)
         self._counts["claims_lost"] += lost
         self._contention.round(len(results), lost, time.monotonic())
@@ -1496,7 +1503,7 @@ class Bus:
         error: BaseException | None = None
         try:
             if direct:
-                [error] = await self._offload.call(lambda: self._finish_many([(claim, outcome)]))
+                [error] = await self._off(lambda: self._finish_many([(claim, outcome)]))
             else:
                 await self._finisher.submit((claim, outcome))
         except ClosedError:
@@ -1518,6 +1525,23 @@ class Bus:
                 (self.layout.buckets.index(claim.bucket), claim.name),
                 time.monotonic() + self.config.retry_interval,
             )
+
+    async def _run_finishing(
+        self,
+        fn: Callable[[list[tuple[Claim, str]]], list[BaseException | None]],
+        items: list[tuple[Claim, str]],
+    ) -> list[BaseException | None]:
+        """A batch of acks and releases: inline while the mount is fast, as a publish (an
+        unlink or a rename each), in the worker thread when it is slow or the batch big."""
+        return await self._off(functools.partial(fn, items), big=len(items) > _INLINE_CLAIMS)
+
+    async def _off(self, fn: Callable[[], T], *, big: bool = False) -> T:
+        """:meth:`Offload.call` for the work of consuming (claims, acks, releases), which
+        must run even while the bus closes: once the offload has stopped, in a thread."""
+        try:
+            return await self._offload.call(fn, big=big)
+        except ClosedError:  # raised before ``fn`` ran (waiting for a turn)
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
 
     def _finish_many(self, items: list[tuple[Claim, str]]) -> list[BaseException | None]:
         """Ack or release each claim; an item's result is the error that stopped it."""
@@ -2020,10 +2044,7 @@ class Bus:
                 def release() -> None:
                     self._fs.release(claim, failed=False)
 
-                try:
-                    await self._offload.call(release)
-                except ClosedError:  # the bus is closing: its hand-off is gone
-                    await anyio.to_thread.run_sync(release)
+                await self._off(release)
                 self._counts["released"] += 1
             else:
                 await self._finish(claim, msg, outcome, direct=True)

@@ -64,11 +64,26 @@ class _Slot(Generic[T, R]):
 
 
 class Batcher(Generic[T, R]):
-    """Runs ``fn(items)`` in a worker thread for everything submitted meanwhile."""
+    """Runs ``fn(items)`` in a worker thread for everything submitted meanwhile.
 
-    def __init__(self, fn: Callable[[list[T]], list[R | BaseException]], limit: int) -> None:
+    ``runner``, if given, runs each batch instead (``runner(fn, items)``): the engine's
+    runs it inline on the loop while the mount is fast. It must not abandon a batch it
+    has started, as ``to_thread.run_sync(..., abandon_on_cancel=False)`` does not.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[list[T]], list[R | BaseException]],
+        limit: int,
+        runner: Callable[
+            [Callable[[list[T]], list[R | BaseException]], list[T]],
+            Awaitable[list[R | BaseException]],
+        ]
+        | None = None,
+    ) -> None:
         self._fn = fn
         self._limit = limit
+        self._runner = runner
         self._queue: HandOff[_Slot[T, R]] = HandOff()
         self._closed = False
 
@@ -96,10 +111,14 @@ class Batcher(Generic[T, R]):
         try:
             while True:
                 batch = await self._queue.take(self._limit)
+                items = [s.item for s in batch]
                 try:
-                    results = await anyio.to_thread.run_sync(
-                        self._fn, [s.item for s in batch], abandon_on_cancel=False
-                    )
+                    if self._runner is not None:
+                        results = await self._runner(self._fn, items)
+                    else:
+                        results = await anyio.to_thread.run_sync(
+                            self._fn, items, abandon_on_cancel=False
+                        )
                 except BaseException:
                     # Cancelled before the batch ran (run_sync checkpoints first): hand
                     # it back so the finally below answers its submitters.

@@ -33,9 +33,12 @@ one hop):
   thread counts towards going back inline like a fast publish. A scan of every bucket,
   or one made while the buckets hold a big backlog, always goes to the thread (its time
   is not used): its listing and decisions would hold the loop however fast the mount.
-* A queue's ``get`` (the queue's record, the listing and claim of its head, then the
-  ack or the give-back) takes :meth:`Offload.call` too, on the queue's own bus: three
-  worker-thread hops a get cost about four times its file work on a local disk.
+* Consuming takes :meth:`Offload.call` too: a work-queue subscription's claim rounds and
+  its batches of acks and releases (a rename or an unlink each; a flock claim fails at
+  once rather than wait), and a queue's ``get`` (the queue's record, the listing and
+  claim of its head, then the ack or the give-back). A round of more than
+  ``_INLINE_CLAIMS`` claims, or a batch of as many acks, goes to the thread whatever
+  the mount: its size, not the mount, would hold the loop.
 * Some work is never inline: ``durable=True`` publishes (fdatasync and a directory fsync
   take milliseconds by nature; their times are not used for the choice), publishes on a
   filesystem that other hosts share (a network mount can stall for seconds with no
@@ -221,12 +224,13 @@ class Offload:
             if took > SLOW:
                 self._struck()
 
-    async def call(self, fn: Callable[[], T]) -> T:
+    async def call(self, fn: Callable[[], T], *, big: bool = False) -> T:
         """Run the file work of a publish that is more than one plain message (a message
         and its copies into durable queues; ``fn``, blocking) under :meth:`publish`'s
         rule: inline and timed while publishing is inline (a slow one is a strike), in a
-        worker thread otherwise."""
-        return await self._run(fn, scan=False, big=False)
+        worker thread otherwise. ``big``: always in the thread, untimed (work whose size,
+        not the mount, makes it long)."""
+        return await self._run(fn, scan=False, big=big)
 
     async def _take_turn(self) -> None:
         """Yield to the loop, then wait in line for a turn to publish inline again.

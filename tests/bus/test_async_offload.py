@@ -18,7 +18,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fsbus import Bus, QueueNotFound
+from fsbus import Bus, BusConfig, Message, QueueNotFound
 from fsbus._bus import offload
 from fsbus._bus.offload import FAST_RUN
 from fsbus._bus.ops import Ops
@@ -514,3 +514,58 @@ async def test_gets_take_and_settle_on_the_loop_once_the_queue_mount_measures_fa
         assert failed_once
         assert sorted(got) == sorted(b"%d" % i for i in range(n))
         assert (await bus.queue_info("q")).depth == 0
+
+
+class ClaimSeam(Seam):
+    """:class:`Seam`, also recording the thread of each claim (a rename into
+    ``fsbus/claims/``) and each ack (the claimed file's unlink)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.consuming: list[tuple[str, int]] = []
+
+    def rename(self, src: str, dst: str) -> None:
+        if "/claims/" in dst:
+            self.consuming.append(("claim", threading.get_ident()))
+        super().rename(src, dst)
+
+    def unlink(self, path: str) -> None:
+        if "/claims/" in path:
+            self.consuming.append(("ack", threading.get_ident()))
+        super().unlink(path)
+
+
+@pytest.mark.anyio
+async def test_claims_and_acks_run_on_the_loop_while_the_mount_is_fast(root: Path) -> None:
+    """A work-queue subscription's claim rounds and its batches of acks take the
+    publishes' path: inline on a fast mount (a worker-thread hop each cost more than the
+    renames and unlinks), and every message is handled once."""
+    seam = ClaimSeam()
+    me = threading.get_ident()
+    n = FAST_RUN * 4
+    got: list[bytes] = []
+    done = anyio.Event()
+
+    async def handler(msg: Message) -> None:
+        got.append(msg.payload)
+        if len(got) == n:
+            done.set()
+
+    async with Bus(root, ops=seam, config=BusConfig(locking="rename")) as bus:
+        await publish_until_inline(bus, seam)
+        await bus.subscribe("t.w", handler, kind="single")
+        for i in range(n):
+            await bus.publish("t.w", b"%d" % i, single=True)
+        with anyio.fail_after(WAIT):
+            await done.wait()
+        with anyio.fail_after(WAIT):
+            while sum(op == "ack" for op, _ in seam.consuming) < n:  # noqa: ASYNC110
+                await anyio.sleep(0.01)  # the last batch of acks lands just after
+    assert sorted(got) == sorted(b"%d" % i for i in range(n))
+    claims = [t for op, t in seam.consuming if op == "claim"]
+    acks = [t for op, t in seam.consuming if op == "ack"]
+    assert len(claims) == len(acks) == n
+    assert me in claims  # the bus had measured its mount fast: claims moved inline
+    assert me in acks
+    assert files_under(root / "fsbus" / "claims") == []  # every claim acked
+    assert len(message_files(root)) == len(seam.renames()) - n  # the multi ones stay
