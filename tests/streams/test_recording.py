@@ -107,14 +107,9 @@ def test_a_recorder_killed_again_and_again_records_each_message_once(tmp_path: P
         assert bus.queue_info(queue_for("jobs.#", "jobs")).depth == 0
 
 
-def test_a_crash_between_append_and_ack_is_recovered(tmp_path: Path) -> None:
-    """The recovery path itself: records appended, their messages not acknowledged
-    (as a recorder SIGKILLed right after its append leaves them)."""
-    root = tmp_path / "bus"
-    drain(root, "t.#", "s")
-    with BlockingBus(root) as bus:
-        for i in range(5):
-            bus.publish("t.x", str(i).encode())
+def _drain_killed_after_append(root: Path) -> None:
+    """A drain of ``t.#`` into ``s`` in a child process that SIGKILLs itself right after
+    its append, before any ack."""
     script = (
         "import os, sys, signal\n"
         "import fsbus.recording as r\n"
@@ -129,6 +124,17 @@ def test_a_crash_between_append_and_ack_is_recovered(tmp_path: Path) -> None:
         [sys.executable, "-c", script, str(root)], env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_a_crash_between_append_and_ack_is_recovered(tmp_path: Path) -> None:
+    """The recovery path itself: records appended, their messages not acknowledged
+    (as a recorder SIGKILLed right after its append leaves them)."""
+    root = tmp_path / "bus"
+    drain(root, "t.#", "s")
+    with BlockingBus(root) as bus:
+        for i in range(5):
+            bus.publish("t.x", str(i).encode())
+    _drain_killed_after_append(root)
     assert ids_in(root, "s") == Counter(str(i) for i in range(5))  # appended, not acked
     r = drain(root, "t.#", "s")
     assert (r.appended, r.skipped) == (0, 5)
@@ -149,20 +155,7 @@ def _crash_after_append(root: Path) -> dict[Path, int]:
     with BlockingBus(root) as bus:
         for i in range(5):
             bus.publish("t.x", str(i).encode())
-    script = (
-        "import os, sys, signal\n"
-        "import fsbus.recording as r\n"
-        "real = r.Stream.append_batch\n"
-        "def append_then_die(self, records):\n"
-        "    out = real(self, records)\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "r.Stream.append_batch = append_then_die\n"
-        "r.drain(sys.argv[1], 't.#', 's')\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(root)], env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
-    assert proc.returncode == -signal.SIGKILL
+    _drain_killed_after_append(root)
     return before
 
 
