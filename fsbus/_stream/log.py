@@ -520,7 +520,7 @@ class Stream:
         Takes the append lock once (and cuts a torn tail, as an append would). On a shared
         filesystem this can be ahead of :attr:`end_offset` for a moment: a client that
         holds no lock can see the segment another host appended to shorter than it is.
-        What :meth:`read_through` to, to count what a crashed writer had appended.
+        Read up to it with :meth:`read_through` to count what a crashed writer appended.
         """
         writer = self._get_writer()
         writer.recover()
@@ -758,7 +758,6 @@ def _too_large(size: int, limit: int) -> PayloadTooLarge:
 
 
 def _out_of_range(name: str, start: int, first: int, end: int) -> None:
-
     raise OffsetOutOfRange(
         f"offset {start} is outside stream {name!r}: valid offsets are {first} "
         f"(oldest kept) to {end} (the next to be written)"
