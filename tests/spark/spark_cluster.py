@@ -119,7 +119,9 @@ def wait_for(condition: Callable[[], bool], daemons: list[Daemon], what: str) ->
         try:
             if condition():
                 return
-        except OSError:
+        except (OSError, ValueError):
+            # not listening yet, or answering with a page that is not the JSON asked for
+            # (a master's web UI served HTML at /json/ once in CI, while starting)
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {START_TIMEOUT} s waiting for {what}")
