@@ -474,7 +474,7 @@ class Channel:
             return
         self._check_exclusive(name, meta)
         info = await self.bus.queue_info(bus_queue_name(name))
-        if m.if_unused and info.consumers:
+        if m.if_unused and self.gateway.counted_consumers(name, info.consumers):
             raise AmqpError(
                 PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use"
             )

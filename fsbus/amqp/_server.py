@@ -330,6 +330,14 @@ class Gateway:
             if not subs:
                 del self._subs[queue]
 
+    def counted_consumers(self, queue: str, on_disk: int) -> int:
+        """The consumers of ``queue`` as RabbitMQ counts them, from ``on_disk`` (the
+        queue's consumer files): a consumer this gateway cancelled is gone once its
+        ``cancel-ok`` is sent, though its subscription, settling in the background,
+        still holds its file for a moment."""
+        leaving = len(self._subs.get(queue, ())) - len(self.consumers.get(queue, ()))
+        return max(0, on_disk - max(0, leaving))
+
     def held(self, queue: str) -> int:
         """The messages of ``queue`` this gateway's consumers hold: delivered, and not
         yet settled on disk."""
@@ -360,12 +368,13 @@ class Gateway:
             held = self.held(queue)
             info = await self.bus.queue_info(name)
         subs = self._subs.get(queue, ())
+        consumers = self.counted_consumers(queue, info.consumers)
         if info.consumers <= len(subs):
-            return max(0, info.depth - held), info.consumers
+            return max(0, info.depth - held), consumers
         ready = 0
         async for m in self.bus.browse(queue=name):
             ready += not m.locked
-        return ready, info.consumers
+        return ready, consumers
 
     async def ready_after_get(self, queue: str, waiting: int, consumers: int) -> int:
         """A basic.get's message count: the messages ready in ``queue`` besides the one

@@ -18,7 +18,7 @@ import pika
 from fsbus import BlockingBus
 from fsbus.amqp._routing import bus_queue_name
 
-from .conftest import Broker
+from .conftest import Broker, Names
 
 WAIT = 20.0
 
@@ -59,3 +59,30 @@ def test_unsent_messages_of_a_cancelled_consumer_are_not_redelivered(gateway: Br
         conn.close()
     assert first == []
     assert again == {str(i).encode(): False for i in range(6)}
+
+
+def test_a_cancelled_consumer_holding_unacked_messages_no_longer_counts(
+    broker: Broker, names: Names
+) -> None:
+    """Once ``cancel-ok`` is sent the consumer is gone, whatever it still holds unacked:
+    the queue counts no consumer and ``queue.delete(if_unused)`` deletes it. (The
+    gateway settles the cancelled subscription in the background, until those messages
+    are settled.)"""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        q = names("leaving")
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"held")
+        got: list[bytes] = []
+        tag = ch.basic_consume(q, lambda _c, _m, _p, b: got.append(b))
+        deadline = time.monotonic() + WAIT
+        while not got:
+            assert time.monotonic() < deadline, "no delivery"
+            conn.process_data_events(time_limit=0.1)
+        ch.basic_cancel(tag)  # the message stays unacked on this channel
+        assert ch.queue_declare(q, passive=True).method.consumer_count == 0
+        ch.queue_delete(q, if_unused=True)
+    finally:
+        conn.close()
+    assert got == [b"held"]
