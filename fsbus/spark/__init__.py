@@ -52,8 +52,8 @@ __all__ = (
 
 
 def __getattr__(name: str) -> Any:
-    # The decoding helpers need pyarrow and numpy (through ._schema): loaded when first
-    # asked for, so that Spark's planning processes, which import this package, do not.
+    # The decoding helpers need pyspark.sql.functions: loaded when first asked for, so
+    # that Spark's planning processes, which import this package, do not.
     if name in ("value_as_json", "value_as_string"):
         from . import _schema
 

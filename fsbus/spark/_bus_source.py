@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from ._arrow import bus_batch
 from ._options import BusSnapshotOptions
-from ._schema import bus_batch
 
 if TYPE_CHECKING:
     from fsbus import MessageInfo

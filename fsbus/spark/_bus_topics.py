@@ -18,14 +18,15 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 
-from ._schema import ALL_STREAM_COLUMNS, bus_rows_batch
+from ._schema import ALL_STREAM_COLUMNS
 from ._stream_source import StreamMicroBatchReader, StreamRangePartition, read_range
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from fsbus import BlockingBus
 
 __all__ = ["BusTopicsReader", "recording_names"]
@@ -89,6 +90,8 @@ class BusTopicsReader(StreamMicroBatchReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, StreamRangePartition)
+        from ._arrow import bus_rows_batch
+
         for batch in read_range(partition, ALL_STREAM_COLUMNS):
             yield bus_rows_batch(batch.to_pylist())
 

@@ -1,7 +1,9 @@
 """Reading Streams from Spark: micro-batches (with admission control) and batch reads.
 
 The driver only looks at offsets; every record is read on an executor, which opens the
-stream from what travels in its :class:`StreamRangePartition` (root, name, range).
+stream from what travels in its :class:`StreamRangePartition` (root, name, range). The
+Python process that plans a streaming query imports this module, so pyarrow is loaded
+only where rows are built (:mod:`._arrow`).
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
@@ -29,7 +30,10 @@ from fsbus import ColumnBatch, OffsetOutOfRange, Stream
 
 from ._options import OffsetSpec, StreamSourceOptions
 from ._plan import cap_offsets, split_ranges
-from ._schema import ALL_STREAM_COLUMNS, StreamColumns, columns_batch, stream_columns
+from ._schema import ALL_STREAM_COLUMNS, StreamColumns, stream_columns
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "StreamBatchReader",
@@ -75,6 +79,8 @@ def read_range(
     part: StreamRangePartition, columns: StreamColumns = ALL_STREAM_COLUMNS
 ) -> Iterator[pa.RecordBatch]:
     """Read one partition's records as Arrow batches of ``columns`` (runs on an executor)."""
+    from ._arrow import columns_batch  # here: the process planning a query never builds rows
+
     with Stream.open(part.root, part.stream, create=False) as stream:
         start = part.start
         first = stream.start_offset

@@ -24,13 +24,9 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampType,
 )
 
+from fsbus.spark._arrow import _STREAM_ARROW, columns_batch  # noqa: E402
 from fsbus.spark._options import parse_stream_source_options  # noqa: E402
-from fsbus.spark._schema import (  # noqa: E402
-    _STREAM_ARROW,
-    ALL_STREAM_COLUMNS,
-    columns_batch,
-    stream_columns,
-)
+from fsbus.spark._schema import ALL_STREAM_COLUMNS, stream_columns  # noqa: E402
 from fsbus.spark._sink import value_chunks  # noqa: E402
 from fsbus.spark._stream_source import StreamBatchReader  # noqa: E402
 
@@ -155,6 +151,27 @@ def test_reading_does_not_import_pandas(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.split() == ["20", "False"]
+
+
+def test_planning_a_streaming_read_loads_no_arrow(tmp_path: Path) -> None:
+    # Spark plans each streaming query in a Python process of its own: it asks for offsets
+    # and ranges, never for a row, so it should not pay for importing pyarrow and NumPy
+    with _open(tmp_path) as s:
+        s.append_batch([b"v"] * 20)
+    code = (
+        "import sys\n"
+        "from fsbus.spark import FsBusDataSource\n"
+        f"source = FsBusDataSource({{'path': {str(tmp_path)!r}, 'stream': 's'}})\n"
+        "reader = source.streamReader(None)\n"
+        "start = reader.initialOffset()\n"
+        "end = reader.latestOffset(start, reader.getDefaultReadLimit())\n"
+        "parts = reader.partitions(start, end)\n"
+        "print(end['s'], len(parts), 'pyarrow' in sys.modules, 'numpy' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["20", "1", "False", "False"]
 
 
 def _joined(chunks: list[tuple[memoryview, Any]]) -> tuple[bytes, list[int]]:
