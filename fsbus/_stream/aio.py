@@ -12,11 +12,13 @@ turns inotify off.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+from array import array
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -24,14 +26,19 @@ import anyio.to_thread
 from .._core.watch import Waker
 from .._errors import ClosedError, UsageError
 from .config import StreamConfig
-from .framing import Record, RecordIn
-from .groups import ConsumerGroup
+from .framing import ColumnBatch, Record, RecordIn
+from .groups import ConsumerGroup, GroupInfo
 from .log import Stream, StreamInfo
 from .maint import CompactionReport, RetentionReport
+from .writer import RecoveryInfo
 
 __all__ = ["AsyncConsumerGroup", "AsyncStream"]
 
 READ_BATCH = 10_000
+COLUMN_BATCHES = 16
+"""Column batches (frames, about ``max_frame_bytes`` each) moved per thread hop."""
+
+_T = TypeVar("_T")
 
 
 class AsyncStream:
@@ -125,6 +132,36 @@ class AsyncStream:
         items = list(records)
         return await anyio.to_thread.run_sync(s.append_batch, items)
 
+    async def append_values(
+        self,
+        data: bytes | bytearray | memoryview,
+        lengths: Sequence[int] | array[int],
+        *,
+        first_headers: Mapping[str, str] | None = None,
+    ) -> range:
+        """See :meth:`Stream.append_values <fsbus.Stream.append_values>`. Do not change
+        ``data`` until this returns: the append reads it in a worker thread."""
+        return await self.append_value_chunks(((data, lengths),), first_headers=first_headers)
+
+    async def append_value_chunks(
+        self,
+        chunks: Iterable[tuple[bytes | bytearray | memoryview, Sequence[int] | array[int]]],
+        *,
+        first_headers: Mapping[str, str] | None = None,
+    ) -> range:
+        """See :meth:`Stream.append_value_chunks <fsbus.Stream.append_value_chunks>`; the
+        buffers are read in a worker thread, as for :meth:`append_values`."""
+        s = await self._ensure()
+        pairs = list(chunks)
+        return await anyio.to_thread.run_sync(
+            lambda: s.append_value_chunks(pairs, first_headers=first_headers)
+        )
+
+    async def recover(self) -> tuple[RecoveryInfo, ...]:
+        """See :meth:`Stream.recover <fsbus.Stream.recover>`."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(s.recover)
+
     # --- offsets -------------------------------------------------------------------------
 
     async def start_offset(self) -> int:
@@ -136,6 +173,16 @@ class AsyncStream:
         """The next offset to be written."""
         s = await self._ensure()
         return await anyio.to_thread.run_sync(lambda: s.end_offset)
+
+    async def locked_end_offset(self) -> int:
+        """See :meth:`Stream.locked_end_offset <fsbus.Stream.locked_end_offset>`."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(s.locked_end_offset)
+
+    @property
+    def seen_end(self) -> int:
+        """See :attr:`Stream.seen_end <fsbus.Stream.seen_end>`."""
+        return self.stream.seen_end
 
     async def offset_for_time(self, ts: float) -> int:
         """The first offset whose timestamp is >= ``ts``."""
@@ -181,6 +228,25 @@ class AsyncStream:
             if left is not None:
                 left -= len(batch)
 
+    async def read_columns(
+        self, start: int = 0, stop: int | None = None, *, max_records: int | None = None
+    ) -> AsyncIterator[ColumnBatch]:
+        """See :meth:`Stream.read_columns <fsbus.Stream.read_columns>`; batches move
+        from the worker thread a few at a time."""
+        s = await self._ensure()
+        batches = await anyio.to_thread.run_sync(
+            lambda: s.read_columns(start, stop, max_records=max_records)
+        )
+        async for batch in _pulled(batches, COLUMN_BATCHES):
+            yield batch
+
+    async def read_through(self, start: int, stop: int) -> AsyncIterator[Record]:
+        """See :meth:`Stream.read_through <fsbus.Stream.read_through>`. Its pauses while
+        this host's view lags (about 5 s at most in all) are spent in a worker thread."""
+        s = await self._ensure()
+        async for record in _pulled(s.read_through(start, stop), READ_BATCH):
+            yield record
+
     def follow(self, start: int | None = None, *, stop: int | None = None) -> Follower:
         """Records from ``start`` (default: the end at entry) on, waiting for new ones::
 
@@ -201,6 +267,49 @@ class AsyncStream:
         s = await self._ensure()
         g = await anyio.to_thread.run_sync(lambda: s.group(name, consumer=consumer, start=start))
         return AsyncConsumerGroup(g)
+
+    async def groups(self) -> list[str]:
+        """Names of this stream's consumer groups."""
+        return await self._call(lambda s: s.groups())
+
+    async def group_info(self, name: str) -> GroupInfo:
+        """See :meth:`Stream.group_info <fsbus.Stream.group_info>`."""
+        return await self._call(lambda s: s.group_info(name))
+
+    async def reset_group(self, name: str, to: str | int) -> dict[int, int]:
+        """See :meth:`Stream.reset_group <fsbus.Stream.reset_group>`."""
+        return await self._call(lambda s: s.reset_group(name, to))
+
+    async def delete_group(self, name: str) -> None:
+        """See :meth:`Stream.delete_group <fsbus.Stream.delete_group>`."""
+        await self._call(lambda s: s.delete_group(name))
+
+    async def _call(self, fn: Callable[[Stream], _T]) -> _T:
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(lambda: fn(s))
+
+
+async def _pulled(items: Iterator[_T], per_hop: int) -> AsyncIterator[_T]:
+    """The items of a blocking iterator, ``per_hop`` of them taken per worker-thread hop.
+
+    An error the iterator raises is raised after the items it gave before it."""
+
+    def take() -> tuple[list[_T], Exception | None]:
+        chunk: list[_T] = []
+        try:
+            chunk.extend(itertools.islice(items, per_hop))
+        except Exception as exc:
+            return chunk, exc
+        return chunk, None
+
+    while True:
+        chunk, error = await anyio.to_thread.run_sync(take)
+        for item in chunk:
+            yield item
+        if error is not None:
+            raise error
+        if not chunk:
+            return
 
 
 @asynccontextmanager

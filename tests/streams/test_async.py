@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import AsyncStream, Stream, StreamConfig
+from fsbus import AsyncStream, Stream, StreamConfig, UsageError
 
 pytestmark = pytest.mark.anyio
 
@@ -103,3 +103,74 @@ async def test_follow_across_segment_rolls(tmp_path: Path) -> None:
                     await s.append_batch([b"v" * 60] * 50)
         assert got == list(range(600))
         assert len((await s.info()).segments) > 5
+
+
+async def test_bulk_appends_and_column_reads(tmp_path: Path) -> None:
+    cfg = StreamConfig(durability="none", max_frame_bytes=256)  # several frames
+    async with AsyncStream(tmp_path, "cols", config=cfg) as s:
+        values = [b"v%03d" % i for i in range(100)]
+        assert await s.append_values(b"".join(values[:50]), [4] * 50) == range(50)
+        chunks = [(b"".join(values[50:80]), [4] * 30), (b"".join(values[80:]), [4] * 20)]
+        marker = {"batch": "b1"}
+        assert await s.append_value_chunks(chunks, first_headers=marker) == range(50, 100)
+        batches = [b async for b in s.read_columns(10, 95)]
+        assert len(batches) > 1  # a batch per frame, moved in several hops or one
+        got = [bytes(v) for b in batches for v in b.values]
+        assert got == values[10:95]
+        assert [o for b in batches for o in b.offsets] == list(range(10, 95))
+        assert next(s.stream.read(50, 51)).headers == marker
+        assert s.seen_end >= 95
+        # bad input is refused as by Stream, and nothing is appended
+        with pytest.raises(UsageError, match="lengths add up"):
+            await s.append_values(b"abc", [1])
+        assert await s.end_offset() == 100
+
+
+async def test_locked_end_read_through_and_recover(tmp_path: Path) -> None:
+    async with AsyncStream(tmp_path, "t", config=StreamConfig(durability="none")) as s:
+        await s.append_batch([b"%d" % i for i in range(30)])
+        assert await s.locked_end_offset() == 30
+        assert [r.offset async for r in s.read_through(25, 30)] == list(range(25, 30))
+        assert await s.recover() == ()  # a clean tail: nothing cut
+
+
+async def test_read_through_says_what_it_could_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fsbus import OffsetOutOfRange
+    from tests.lagging_view import lagging_view, segment_sizes
+
+    cfg = StreamConfig(durability="none")
+    with Stream.open(tmp_path, "lag", config=cfg) as w:
+        w.append_batch([b"a"] * 20)
+        sizes = segment_sizes(w.path)
+        w.append_batch([b"b"] * 30)  # as from another host: this view ends at 20
+    with lagging_view(monkeypatch, sizes, heal_after=None) as view:
+        async with AsyncStream(tmp_path, "lag", config=cfg, create=False) as s:
+            assert await s.end_offset() == 20
+            assert await s.locked_end_offset() == 50
+            got: list[int] = []
+
+            async def read() -> None:
+                async for r in s.read_through(0, 50):
+                    got.append(r.offset)
+
+            with pytest.raises(OffsetOutOfRange, match=r"offsets 20\.\.49 exist"):
+                await read()
+            assert got == list(range(20))  # what it could read, before the error
+            assert sum(view.sleeps) == pytest.approx(5.0, abs=0.5)
+
+
+async def test_group_administration(tmp_path: Path) -> None:
+    async with AsyncStream(tmp_path, "g", config=StreamConfig(durability="none")) as s:
+        await s.append_batch([b"x"] * 10)
+        g = await s.group("billing", start="earliest")
+        assert len(await g.poll(max_records=4)) == 4
+        await g.commit()
+        await g.aclose()
+        assert await s.groups() == ["billing"]
+        assert (await s.group_info("billing")).lag == 6
+        await s.reset_group("billing", "latest")
+        assert (await s.group_info("billing")).lag == 0
+        await s.delete_group("billing")
+        assert await s.groups() == []
