@@ -91,7 +91,7 @@ def columns_batch(
     a cumulative sum of the value lengths, and the other columns are NumPy buffers. Only
     the requested columns are built. Nothing here imports pandas (``pa.array`` would).
     """
-    schema = arrow_schema(columns)
+    schema = columns.arrow
     n = sum(map(len, parts))
     if n == 0:
         return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
