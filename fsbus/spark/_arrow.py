@@ -82,7 +82,10 @@ def arrow_schema(columns: StreamColumns) -> pa.Schema:
 
 
 def columns_batch(
-    stream: str, parts: Sequence[ColumnBatch], columns: StreamColumns = ALL_STREAM_COLUMNS
+    stream: str,
+    parts: Sequence[ColumnBatch],
+    columns: StreamColumns = ALL_STREAM_COLUMNS,
+    schema: pa.Schema | None = None,
 ) -> pa.RecordBatch:
     """One Arrow batch of Stream rows (``columns`` of them) from column batches of one stream.
 
@@ -90,8 +93,11 @@ def columns_batch(
     Arrow binary array's data as is (a copy only to join several parts), its offsets are
     a cumulative sum of the value lengths, and the other columns are NumPy buffers. Only
     the requested columns are built. Nothing here imports pandas (``pa.array`` would).
+    ``schema``: :func:`arrow_schema` of ``columns``, made once by a caller that builds many
+    batches (for a narrower schema it is converted from Spark's).
     """
-    schema = columns.arrow
+    if schema is None:
+        schema = arrow_schema(columns)
     n = sum(map(len, parts))
     if n == 0:
         return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)

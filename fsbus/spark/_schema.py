@@ -6,7 +6,6 @@ loads this module, and never builds a row (the Arrow conversions are in ``_arrow
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +14,6 @@ from fsbus import InvalidConfig
 from ._names import BUS_SCHEMA, STREAM_SCHEMA
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import Column
 
 __all__ = [
@@ -54,14 +52,6 @@ class StreamColumns:
     spark_schema: Any = None
     """The narrower schema the query gave (a ``StructType``; its spelling of the names is
     the batches'), or None for ``STREAM_SCHEMA``'s columns."""
-
-    @functools.cached_property
-    def arrow(self) -> pa.Schema:
-        """The Arrow schema of the batches (made once, where rows are built: it imports
-        pyarrow)."""
-        from ._arrow import arrow_schema
-
-        return arrow_schema(self)
 
 
 ALL_STREAM_COLUMNS = StreamColumns(STREAM_COLUMNS)

@@ -79,7 +79,9 @@ def read_range(
     part: StreamRangePartition, columns: StreamColumns = ALL_STREAM_COLUMNS
 ) -> Iterator[pa.RecordBatch]:
     """Read one partition's records as Arrow batches of ``columns`` (runs on an executor)."""
-    from ._arrow import columns_batch  # here: the process planning a query never builds rows
+    from ._arrow import arrow_schema, columns_batch  # here: a planner never builds rows
+
+    schema = arrow_schema(columns)
 
     with Stream.open(part.root, part.stream, create=False) as stream:
         start = part.start
@@ -105,7 +107,7 @@ def read_range(
                 rows += len(cols)
                 size += len(cols.value_data)
                 if rows >= ARROW_BATCH_ROWS or size >= ARROW_BATCH_BYTES:
-                    yield columns_batch(part.stream, parts, columns)
+                    yield columns_batch(part.stream, parts, columns, schema)
                     parts, rows, size = [], 0, 0
             # The plan saw offsets up to stop: a read that ends before it is this host's
             # view lagging (stale pages of a shared filesystem), not the stream's end.
@@ -113,7 +115,7 @@ def read_range(
             if reached >= part.stop:
                 break
         if parts:
-            yield columns_batch(part.stream, parts, columns)
+            yield columns_batch(part.stream, parts, columns, schema)
         if reached < part.stop:
             msg = (
                 f"stream {part.stream!r}: offsets {reached}..{part.stop - 1}, planned for "
