@@ -4,6 +4,8 @@ mapped onto the bus's topics and durable queues (see :mod:`fsbus.amqp._routing`)
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -200,9 +202,11 @@ class Channel:
             with anyio.CancelScope(shield=True):
                 await self._leave(c)
 
-    async def _leave(self, consumer: Consumer) -> None:
+    async def _leave(self, consumer: Consumer, *, unused: bool = True) -> None:
         """A consumer is gone (cancelled, or its channel closed): stop its subscription;
-        an auto-delete queue whose last consumer it was is deleted."""
+        with ``unused``, an auto-delete queue whose last consumer it was is deleted once
+        its messages are settled (a ``basic.cancel`` deletes it before, see
+        :meth:`_cancel`)."""
         self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
         if consumer.sub is None:
             return
@@ -210,7 +214,8 @@ class Channel:
             await self.bus.unsubscribe(consumer.sub)
         finally:
             self.gateway.untrack(consumer.queue, consumer.sub)
-        await self.gateway.consumer_left(consumer.queue)
+        if unused:
+            await self.gateway.consumer_left(consumer.queue)
 
     # ------------------------------------------------------------------ exchanges
     async def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
@@ -267,10 +272,41 @@ class Channel:
                 f"ACCESS_REFUSED - operation not permitted on the default or 'amq.*' "
                 f"exchange '{name}'",
             )
-        await anyio.to_thread.run_sync(self.state.remove, "exchanges", name)
+        ex = await anyio.to_thread.run_sync(self.state.exchange, name)
+        if ex is not None:
+            # Its bindings go with it, as on RabbitMQ (an exchange declared again by
+            # that name starts with none); ``if-unused`` refuses while it has any.
+            bound = await self._bindings_of(name, ex["type"])
+            if m.if_unused and bound:
+                raise AmqpError(
+                    PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - exchange '{name}' in vhost '/' in use",
+                )
+            await anyio.to_thread.run_sync(self.state.remove, "exchanges", name)
+            for queue, pattern in bound:
+                if pattern is not None:
+                    with contextlib.suppress(QueueNotFound):
+                        await self.bus.unbind_queue(queue, pattern)
         await anyio.to_thread.run_sync(self.state.remove, "headers", name)
         if not m.nowait:
             await self.reply(spec.Exchange.DeleteOk())
+
+    async def _bindings_of(self, exchange: str, kind: str) -> list[tuple[str, str | None]]:
+        """The bindings to ``exchange``: (bus queue, its pattern), or (AMQP queue, None)
+        for a headers exchange's."""
+        if kind == "headers":
+            found = await anyio.to_thread.run_sync(self.state.headers_bindings, exchange)
+            return [(queue, None) for queue, _args in found]
+        own = binding_pattern(exchange, kind, "")
+        assert own is not None
+        # a topic or direct exchange's patterns start "<kind prefix>.<exchange>."
+        prefix = own if kind == "fanout" else own[: own.rindex(".") + 1]
+        return [
+            (info.name, p)
+            for info in await self.bus.queues()
+            for p in info.bindings
+            if (p == prefix if kind == "fanout" else p.startswith(prefix))
+        ]
 
     async def _exchange_of(self, name: str) -> dict[str, Any]:
         ex = await anyio.to_thread.run_sync(self.state.exchange, name)
@@ -418,6 +454,8 @@ class Channel:
         leaves out the count (:attr:`_last_info`) and the bus's check (the caller's use of
         the queue raises QueueNotFound)."""
         name = name or self.last_queue
+        if not name:
+            raise AmqpError(NOT_FOUND, "NOT_FOUND - no previously declared queue")
         meta = await (self._queue_meta(name) if count else self._queue_owner(name))
         if meta is None:
             raise _not_found_queue(name)
@@ -488,6 +526,7 @@ class Channel:
             n = await self.bus.delete_queue(bus_queue_name(name))
         except QueueNotFound:
             n = 0
+        self.gateway.forget(name)
         await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(name))
         self.conn.exclusive.discard(name)
         if not m.nowait:
@@ -735,7 +774,13 @@ class Channel:
             if consumer.queue == self.reply_queue:
                 self.reply_queue = None
             self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
-            self.conn.tasks.start_soon(self._leave, consumer)
+            # RabbitMQ deletes an auto-delete queue with its last consumer, before the
+            # cancel-ok, though that consumer's messages are not acked yet (they go with
+            # it): a passive declare after the cancel-ok is a 404. Its subscription then
+            # settles in the background; deleting again after it could take a queue of
+            # the same name that the client declared since.
+            await self.gateway.consumer_left(consumer.queue)
+            self.conn.tasks.start_soon(functools.partial(self._leave, consumer, unused=False))
         if not m.nowait:
             await self.reply(spec.Basic.CancelOk(consumer_tag=m.consumer_tag))
 

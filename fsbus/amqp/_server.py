@@ -330,6 +330,11 @@ class Gateway:
             if not subs:
                 del self._subs[queue]
 
+    def forget(self, queue: str) -> None:
+        """``queue`` was deleted: the subscriptions to it still settling in the background
+        are no part of a queue of that name declared next (its counts)."""
+        self._subs.pop(queue, None)
+
     def counted_consumers(self, queue: str, on_disk: int) -> int:
         """The consumers of ``queue`` as RabbitMQ counts them, from ``on_disk`` (the
         queue's consumer files): a consumer this gateway cancelled is gone once its
@@ -389,8 +394,9 @@ class Gateway:
         return ready  # (the taken one is locked: held by this process)
 
     async def consumer_left(self, queue: str) -> None:
-        """An AMQP consumer of ``queue`` left: an auto-delete queue with no consumer left
-        (a basic.get is none) is deleted, as RabbitMQ does."""
+        """An AMQP consumer of ``queue`` left (cancelled, or its subscription settled): an
+        auto-delete queue with no consumer left as RabbitMQ counts them (a basic.get is
+        none, a cancelled one still settling neither) is deleted, as RabbitMQ does."""
         if self.consumers.get(queue):
             return
         name = bus_queue_name(queue)
@@ -399,9 +405,10 @@ class Gateway:
             if not meta or not meta.get("auto_delete") or meta.get("name") != queue:
                 return
             info = await self.bus.queue_info(name)
-            if info.consumers:
+            if self.counted_consumers(queue, info.consumers):
                 return
             await self.bus.delete_queue(name)
+            self.forget(queue)
             await anyio.to_thread.run_sync(self.state.remove, "queues", name)
         except (FsBusError, OSError):
             return  # gone already, or the bus is closing
@@ -416,6 +423,7 @@ class Gateway:
         await self.cancel_consumers_of(queue)
         with contextlib.suppress(QueueNotFound):
             await self.bus.delete_queue(bus_queue_name(queue))
+        self.forget(queue)
         await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(queue))
 
     async def _collect_orphans(self) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 
 import pika
+import pika.exceptions
+import pytest
 
 from fsbus import BlockingBus
 from fsbus.amqp._routing import bus_queue_name
@@ -86,3 +88,49 @@ def test_a_cancelled_consumer_holding_unacked_messages_no_longer_counts(
     finally:
         conn.close()
     assert got == [b"held"]
+
+
+def test_an_auto_delete_queue_goes_at_its_last_consumers_cancel(
+    broker: Broker, names: Names
+) -> None:
+    """RabbitMQ deletes an auto-delete queue when its last consumer is cancelled, before
+    the ``cancel-ok``, though that consumer still holds messages unacked: a passive
+    declare right after is a 404. Acking those messages afterwards is no error, and a
+    queue of the same name declared again after the cancel is a new queue: the old one's
+    settling does not delete it, and it gives what is published into it."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        q = names("auto-del")
+        ch.queue_declare(q, auto_delete=True)
+        for body in (b"one", b"two"):
+            ch.basic_publish("", q, body)
+        got: list[int] = []
+        tag = ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m.delivery_tag))
+        deadline = time.monotonic() + WAIT
+        while len(got) < 2:
+            assert time.monotonic() < deadline, f"only {len(got)} of 2 delivered"
+            conn.process_data_events(time_limit=0.1)
+        ch.basic_cancel(tag)
+        probe = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+            probe.queue_declare(q, passive=True)
+        assert gone.value.reply_code == 404
+        # The same name again, and a message in it, before the old messages are acked.
+        ch.queue_declare(q, auto_delete=True)
+        ch.basic_publish("", q, b"three")
+        ch.basic_ack(got[-1], multiple=True)  # the deleted queue's: accepted, no error
+        # The new queue stays (it has had no consumer) and gives its message.
+        deadline = time.monotonic() + WAIT
+        while True:
+            method, _props, body = ch.basic_get(q)
+            if method is not None:
+                break
+            assert time.monotonic() < deadline, "the queue declared again gave nothing"
+            conn.process_data_events(time_limit=0.02)
+        assert body == b"three"
+        ch.basic_ack(method.delivery_tag)
+        assert ch.queue_declare(q, passive=True).method.message_count == 0
+        ch.queue_delete(q)
+    finally:
+        conn.close()

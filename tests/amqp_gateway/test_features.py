@@ -339,6 +339,46 @@ def test_errors_are_rabbitmqs(broker: Broker, names: Names) -> None:
         ch.exchange_delete(ex)
 
 
+@pytest.mark.parametrize("kind", ["direct", "topic", "fanout", "headers"])
+def test_an_exchange_goes_with_its_bindings(broker: Broker, names: Names, kind: str) -> None:
+    """``exchange.delete(if_unused)`` is refused (406) while a queue is bound to the
+    exchange; a delete takes its bindings with it, so an exchange declared again by that
+    name routes nothing to the queue that was bound."""
+    ex, q = names(f"ex-{kind}"), names(f"bound-{kind}")
+    args = {"x-match": "all", "k": "v"} if kind == "headers" else None
+    props = pika.BasicProperties(headers={"k": "v"})
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare(ex, kind)
+        ch.queue_declare(q)
+        ch.queue_bind(q, ex, "k", arguments=args)
+        assert channel_error(broker, lambda ch: ch.exchange_delete(ex, if_unused=True)) == 406
+        ch.basic_publish(ex, "k", b"routed", props, mandatory=True)  # still bound
+        ch.exchange_delete(ex)
+        ch.exchange_declare(ex, kind)
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish(ex, "k", b"unbound", props, mandatory=True)
+        ((_m, _p, body),) = get_all(ch, q, 1)
+        assert body == b"routed"
+        ch.queue_bind(q, ex, "k", arguments=args)
+        ch.queue_unbind(q, ex, "k", arguments=args)
+        ch.exchange_delete(ex, if_unused=True)  # no binding left: deleted
+        assert channel_error(broker, lambda ch: ch.exchange_declare(ex, passive=True)) == 404
+        ch.queue_delete(q)
+
+
+def test_an_empty_queue_name_needs_a_queue_declared_before(broker: Broker) -> None:
+    """A method naming no queue means the channel's last declared one; with none
+    declared, RabbitMQ closes the channel with 404 and says so."""
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.basic_get("")
+    assert err.value.reply_code == 404
+    assert err.value.reply_text == "NOT_FOUND - no previously declared queue"
+
+
 def test_exclusive_queue_goes_with_its_connection(broker: Broker) -> None:
     with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
         excl = c.channel().queue_declare("", exclusive=True).method.queue
