@@ -674,6 +674,13 @@ class Channel:
 
     # ------------------------------------------------------------------ consuming
     async def _qos(self, m: spec.Basic.Qos) -> None:
+        if m.prefetch_size:
+            # RabbitMQ limits by count only, and closes the connection on a size
+            raise AmqpError(
+                NOT_IMPLEMENTED,
+                f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})",
+                connection=True,
+            )
         self.prefetch = m.prefetch_count or 0
         await self.reply(spec.Basic.QosOk())
 

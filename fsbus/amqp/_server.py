@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import os
@@ -12,6 +13,7 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
+from pamqp import commands as spec
 
 from .. import (
     BlockingBus,
@@ -25,12 +27,15 @@ from .. import (
     UsageError,
     __version__,
 )
-from ._channel import Channel
+from ._channel import EXCHANGE, PROPS, ROUTING_KEY, Channel
 from ._connection import Connection
+from ._deaths import dead_lettered
+from ._frames import decode_properties
 from ._routing import (
     NOT_FOUND,
     AmqpError,
     RouteJob,
+    amqp_priority_to_bus,
     bus_queue_name,
     headers_match,
     publish_topic,
@@ -302,20 +307,50 @@ class Gateway:
                 continue
         return made
 
-    async def dead_letter(self, queue: str, msg: Message) -> None:
-        """A message rejected without requeue: to the queue's dead-letter exchange, if any."""
+    async def dead_letter(self, queue: str, msg: Message, reason: str = "rejected") -> None:
+        """A message of ``queue`` dead-lettered (rejected without requeue): to the queue's
+        dead-letter exchange, if it has one, with the ``x-death`` headers RabbitMQ adds."""
         meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue_name(queue))
         args = (meta or {}).get("arguments") or {}
         dlx = args.get("x-dead-letter-exchange")
         if dlx is None:
             return
-        rk = str(
-            args.get("x-dead-letter-routing-key", msg.headers.get("x-amqp-routing-key", msg.topic))
+        first_rk = msg.headers.get(ROUTING_KEY, msg.topic)
+        rk = str(args.get("x-dead-letter-routing-key", first_rk))
+        props: spec.Basic.Properties | None = None
+        raw = msg.headers.get(PROPS)
+        if raw is not None:
+            with contextlib.suppress(Exception):  # not base64, or not properties
+                props = decode_properties(base64.b64decode(raw))
+        if props is None:  # published by fsbus or qlobber-fsq: its headers, as delivered
+            ours = (PROPS, EXCHANGE, ROUTING_KEY)
+            table: dict[str, Any] = {k: v for k, v in msg.headers.items() if k not in ours}
+            props = spec.Basic.Properties(headers=table or None)
+            exchange = "amq.topic"
+        else:
+            exchange = msg.headers.get(EXCHANGE, "")
+        props = dead_lettered(
+            props,
+            queue=queue,
+            reason=reason,
+            exchange=exchange,
+            routing_keys=[first_rk],
+            now=time.time(),
         )
         headers = dict(msg.headers)
-        headers["x-amqp-exchange"] = str(dlx)
-        headers["x-amqp-routing-key"] = rk
-        await self.route_many([RouteJob(str(dlx), rk, None, msg.payload, headers=headers)])
+        headers[PROPS] = base64.b64encode(props.marshal()).decode("ascii")
+        headers[EXCHANGE] = str(dlx)
+        headers[ROUTING_KEY] = rk
+        job = RouteJob(
+            str(dlx),
+            rk,
+            props.headers,
+            msg.payload,
+            durable=props.delivery_mode == 2,
+            headers=headers,
+            priority=amqp_priority_to_bus(props.priority),
+        )
+        await self.route_many([job])
 
     # ------------------------------------------------------------------ consumers
     def track(self, queue: str, sub: Subscription) -> None:

@@ -263,6 +263,48 @@ def test_dead_letter_exchange_on_reject(conn: pika.BlockingConnection, names: Na
     ch.exchange_delete(dlx)
 
 
+def test_dead_lettering_adds_x_death(conn: pika.BlockingConnection, names: Names) -> None:
+    """A rejected message reaches the dead-letter exchange with the ``x-death`` headers
+    RabbitMQ adds: an entry per queue and reason, counted, the latest first; the first
+    death's queue, reason and exchange; its own headers and properties kept, and its
+    ``expiration`` moved into the entry. A queue whose dead-letter route leads back to
+    itself counts a second rejection in the same entry."""
+    ch = conn.channel()
+    work = names("dl-work")
+    ch.queue_declare(
+        work,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": work},
+    )
+    props = pika.BasicProperties(
+        headers={"mine": "kept"}, expiration="60000", correlation_id="c-1", delivery_mode=2
+    )
+    ch.basic_publish("", work, b"poison", props)
+    for count in (1, 2):
+        method, _p, _body = get_all_unacked(ch, work)
+        ch.basic_reject(method.delivery_tag, requeue=False)  # back to work, dead-lettered
+        method, got, body = get_all_unacked(ch, work)
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        assert body == b"poison"
+        headers = dict(got.headers)
+        (death,) = headers["x-death"]
+        assert {k: v for k, v in death.items() if k != "time"} == {
+            "count": count,
+            "reason": "rejected",
+            "queue": work,
+            "exchange": "",
+            "routing-keys": [work],
+            "original-expiration": "60000",
+        }
+        assert isinstance(death["time"], datetime.datetime)
+        assert headers["x-first-death-queue"] == work
+        assert headers["x-first-death-reason"] == "rejected"
+        assert headers["x-first-death-exchange"] == ""
+        assert headers["mine"] == "kept"
+        assert got.expiration is None
+        assert (got.correlation_id, got.delivery_mode) == ("c-1", 2)
+    ch.queue_delete(work)
+
+
 def get_all_unacked(ch: pika.adapters.blocking_connection.BlockingChannel, q: str) -> tuple:
     deadline = time.monotonic() + WAIT
     while True:
@@ -366,6 +408,14 @@ def test_an_exchange_goes_with_its_bindings(broker: Broker, names: Names, kind: 
         ch.exchange_delete(ex, if_unused=True)  # no binding left: deleted
         assert channel_error(broker, lambda ch: ch.exchange_declare(ex, passive=True)) == 404
         ch.queue_delete(q)
+
+
+def test_a_prefetch_size_is_not_implemented(broker: Broker) -> None:
+    """``basic.qos`` limits by message count; a byte size closes the connection with 540,
+    as RabbitMQ does, rather than being ignored."""
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        c.channel().basic_qos(prefetch_count=5)
+    assert channel_error(broker, lambda ch: ch.basic_qos(prefetch_size=1000)) == 540
 
 
 def test_an_empty_queue_name_needs_a_queue_declared_before(broker: Broker) -> None:

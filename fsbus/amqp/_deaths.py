@@ -1,0 +1,82 @@
+"""What dead-lettering does to a message's properties, as RabbitMQ does it (pure).
+
+A dead-lettered message gains an ``x-death`` header: a list of tables, one per queue and
+reason it was dead-lettered for, the latest first, each counting how many times. The
+``x-first-death-*`` headers name the first queue, reason and exchange and are never
+changed after; the ``x-last-death-*`` headers (RabbitMQ 3.13 and later) name the latest.
+A per-message ``expiration`` is removed (kept in the entry as ``original-expiration``),
+so that the message does not expire again wherever it is routed to.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from pamqp import commands as spec
+
+__all__ = ["dead_lettered"]
+
+_FIELDS = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "message_type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
+
+
+def dead_lettered(
+    props: spec.Basic.Properties,
+    *,
+    queue: str,
+    reason: str,
+    exchange: str,
+    routing_keys: Sequence[str],
+    now: float,
+) -> spec.Basic.Properties:
+    """New properties for a message with ``props`` dead-lettered from ``queue`` for
+    ``reason`` (``rejected``, ``expired``, ``maxlen``, ``delivery_limit``); ``exchange``
+    and ``routing_keys``: where it was published to. ``props`` is not changed."""
+    fields: dict[str, Any] = {name: getattr(props, name) for name in _FIELDS}
+    headers: dict[str, Any] = dict(fields["headers"] or {})
+    deaths = headers.get("x-death")
+    entries = [d for d in deaths if isinstance(d, dict)] if isinstance(deaths, list) else []
+    for i, old in enumerate(entries):
+        if old.get("queue") == queue and old.get("reason") == reason:
+            count = old.get("count")
+            entry = {**old, "count": (count if isinstance(count, int) else 0) + 1}
+            del entries[i]
+            break
+    else:
+        entry = {
+            "count": 1,
+            "reason": reason,
+            "queue": queue,
+            "time": datetime.datetime.fromtimestamp(int(now), tz=datetime.UTC),
+            "exchange": exchange,
+            "routing-keys": list(routing_keys),
+        }
+        if fields["expiration"]:
+            entry["original-expiration"] = fields["expiration"]
+    fields["expiration"] = None
+    headers["x-death"] = [entry, *entries]
+    if "x-first-death-reason" not in headers:
+        headers["x-first-death-queue"] = queue
+        headers["x-first-death-reason"] = reason
+        headers["x-first-death-exchange"] = exchange
+    headers["x-last-death-queue"] = queue
+    headers["x-last-death-reason"] = reason
+    headers["x-last-death-exchange"] = exchange
+    fields["headers"] = headers
+    return spec.Basic.Properties(**fields)
