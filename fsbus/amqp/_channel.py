@@ -91,6 +91,8 @@ class Consumer:
     no_ack: bool
     ready: anyio.Event = field(default_factory=anyio.Event)
     sub: Subscription | None = None
+    exclusive: dict[str, Any] | None = None
+    """Its file in the AMQP state (``exclusive/``) when it consumes exclusively."""
 
 
 @dataclass
@@ -163,6 +165,13 @@ class Channel:
                     "gateway; use publisher confirms",
                     connection=True,
                 )
+            if m.name in ("Exchange.Bind", "Exchange.Unbind"):
+                raise AmqpError(
+                    NOT_IMPLEMENTED,
+                    "NOT_IMPLEMENTED - exchange-to-exchange bindings are not supported by the "
+                    "fsbus gateway; bind the queues to each exchange",
+                    connection=True,
+                )
             raise AmqpError(
                 COMMAND_INVALID,
                 f"COMMAND_INVALID - {m.name} is not valid on a channel",
@@ -202,12 +211,21 @@ class Channel:
             with anyio.CancelScope(shield=True):
                 await self._leave(c)
 
+    async def _drop_exclusive(self, consumer: Consumer) -> None:
+        """An exclusive consumer is gone: others may consume its queue again."""
+        doc, consumer.exclusive = consumer.exclusive, None
+        if doc is not None:
+            queue = bus_queue_name(consumer.queue)
+            with contextlib.suppress(OSError):
+                await anyio.to_thread.run_sync(self.state.drop_exclusive_consumer, queue, doc)
+
     async def _leave(self, consumer: Consumer, *, unused: bool = True) -> None:
         """A consumer is gone (cancelled, or its channel closed): stop its subscription;
         with ``unused``, an auto-delete queue whose last consumer it was is deleted once
         its messages are settled (a ``basic.cancel`` deletes it before, see
         :meth:`_cancel`)."""
         self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
+        await self._drop_exclusive(consumer)
         if consumer.sub is None:
             return
         try:
@@ -717,11 +735,21 @@ class Channel:
                 f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                 connection=True,
             )
+        in_use = AmqpError(
+            ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use"
+        )
+        held = await anyio.to_thread.run_sync(self.state.exclusive_consumer, bus_queue_name(name))
+        if held is not None:
+            raise in_use
         if m.exclusive and (counted or await self.bus.queue_info(bus_queue_name(name))).consumers:
-            raise AmqpError(
-                ACCESS_REFUSED, f"ACCESS_REFUSED - queue '{name}' in vhost '/' in exclusive use"
-            )
+            raise in_use
         consumer = Consumer(tag, name, bool(m.no_ack))
+        if m.exclusive:
+            consumer.exclusive = {"owner": self.conn.id, "tag": tag}
+            if not await anyio.to_thread.run_sync(
+                self.state.take_exclusive_consumer, bus_queue_name(name), consumer.exclusive
+            ):
+                raise in_use
         self.consumers[tag] = consumer
 
         async def handle(msg: Message) -> None:
@@ -742,6 +770,8 @@ class Channel:
             )
         except BaseException as exc:
             del self.consumers[tag]
+            with anyio.CancelScope(shield=True):
+                await self._drop_exclusive(consumer)
             if isinstance(exc, QueueNotFound):
                 raise _not_found_queue(name) from None
             raise
@@ -781,6 +811,7 @@ class Channel:
             if consumer.queue == self.reply_queue:
                 self.reply_queue = None
             self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
+            await self._drop_exclusive(consumer)
             # RabbitMQ deletes an auto-delete queue with its last consumer, before the
             # cancel-ok, though that consumer's messages are not acked yet (they go with
             # it): a passive declare after the cancel-ok is a 404. Its subscription then
@@ -796,6 +827,7 @@ class Channel:
         consumer = self.consumers.pop(tag, None)
         if consumer is None:
             return
+        await self._drop_exclusive(consumer)
         if consumer.sub is not None:
             sub = consumer.sub
 
@@ -899,6 +931,8 @@ class Channel:
         self._settle(m.delivery_tag or 0, False, "requeue" if m.requeue else "drop")
 
     async def _recover(self, m: spec.Basic.Recover) -> None:
+        if not m.requeue:  # as RabbitMQ: only a recover that requeues
+            raise AmqpError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false", connection=True)
         for p in self.unacked.values():
             p.outcome = "requeue"
             p.done.set()

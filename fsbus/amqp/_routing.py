@@ -191,6 +191,9 @@ class RouteJob:
     """Its bus priority."""
     error: AmqpError | None = None
     """Why it cannot be routed (a bad property): a channel error in its turn."""
+    internal_ok: bool = False
+    """Routed by the gateway itself (dead-lettering): an internal exchange takes it, as it
+    takes no client's publish."""
 
 
 @dataclass(frozen=True)

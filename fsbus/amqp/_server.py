@@ -32,6 +32,7 @@ from ._connection import Connection
 from ._deaths import dead_lettered
 from ._frames import decode_properties
 from ._routing import (
+    ACCESS_REFUSED,
     NOT_FOUND,
     AmqpError,
     RouteJob,
@@ -258,6 +259,15 @@ class Gateway:
                         )
                     )
                     continue
+                if ex.get("internal") and not job.internal_ok:
+                    out.append(
+                        AmqpError(
+                            ACCESS_REFUSED,
+                            f"ACCESS_REFUSED - cannot publish to internal exchange "
+                            f"'{job.exchange}' in vhost '/'",
+                        )
+                    )
+                    continue
                 kind = str(ex["type"])
                 if kind == "headers" and job.exchange not in headers_bindings:
                     headers_bindings[job.exchange] = self.state.headers_bindings(job.exchange)
@@ -349,6 +359,7 @@ class Gateway:
             durable=props.delivery_mode == 2,
             headers=headers,
             priority=amqp_priority_to_bus(props.priority),
+            internal_ok=True,
         )
         await self.route_many([job])
 

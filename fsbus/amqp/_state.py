@@ -5,6 +5,7 @@ Layout, under ``<root>/fsbus/amqp/``::
     exchanges/<X>.json     an exchange: type, durable, auto_delete, internal, arguments
     queues/<Q>.json        a queue's AMQP side: durable, exclusive owner, arguments
     headers/<X>.json       the bindings of headers exchange X: [[queue, arguments], ...]
+    exclusive/<Q>.json     queue Q's exclusive consumer: its owner and consumer tag
     owners/<id>            one file per gateway, flocked while it runs
     LOCK                   flock held while any of these changes
 
@@ -45,7 +46,7 @@ class AmqpState:
 
     def __init__(self, root: str) -> None:
         self.base = os.path.join(root, "fsbus", "amqp")
-        for sub in ("exchanges", "queues", "headers", "owners"):
+        for sub in ("exchanges", "queues", "headers", "owners", "exclusive"):
             os.makedirs(os.path.join(self.base, sub), exist_ok=True)
         self.gateway_id = uuid.uuid4().hex[:16]
         path = os.path.join(self.base, "owners", self.gateway_id)
@@ -147,6 +148,32 @@ class AmqpState:
             return False
         finally:
             os.close(fd)
+
+    def exclusive_consumer(self, queue: str) -> dict[str, Any] | None:
+        """The exclusive consumer of ``queue`` (a bus queue name), if a running gateway
+        has one; the file of one whose gateway is gone is removed."""
+        doc = self.read("exclusive", queue)
+        if doc is None:
+            return None
+        if self.owner_alive(str(doc.get("owner"))):
+            return doc
+        self.remove("exclusive", queue)
+        return None
+
+    def take_exclusive_consumer(self, queue: str, doc: dict[str, Any]) -> bool:
+        """Record ``doc`` as ``queue``'s exclusive consumer, unless a running gateway has
+        one already (False)."""
+        with self.locked():
+            if self.exclusive_consumer(queue) is not None:
+                return False
+            self.write("exclusive", queue, doc)
+            return True
+
+    def drop_exclusive_consumer(self, queue: str, doc: dict[str, Any]) -> None:
+        """``queue``'s exclusive consumer ``doc`` is gone (another's file stays)."""
+        with self.locked():
+            if self.read("exclusive", queue) == doc:
+                self.remove("exclusive", queue)
 
     def orphaned_exclusive_queues(self) -> list[str]:
         """Exclusive queues whose gateway is gone (crashed): to be deleted."""

@@ -10,6 +10,8 @@ import pika
 import pika.exceptions
 import pytest
 
+from fsbus.amqp import running
+
 from .conftest import Broker, Names
 
 WAIT = 20.0
@@ -416,6 +418,76 @@ def test_a_prefetch_size_is_not_implemented(broker: Broker) -> None:
     with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
         c.channel().basic_qos(prefetch_count=5)
     assert channel_error(broker, lambda ch: ch.basic_qos(prefetch_size=1000)) == 540
+
+
+def test_an_exclusive_consumer_keeps_every_other_off(broker: Broker, names: Names) -> None:
+    """While a queue has an exclusive consumer, any other ``basic.consume`` of it is
+    refused with 403, exclusive or not, from any connection; after its cancel another
+    may consume."""
+    q = names("solo")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        tag = ch.basic_consume(q, lambda *_: None, exclusive=True)
+        assert channel_error(broker, lambda ch: ch.basic_consume(q, print)) == 403
+        assert channel_error(broker, lambda ch: ch.basic_consume(q, print, exclusive=True)) == 403
+        ch.basic_cancel(tag)
+        other = ch.basic_consume(q, lambda *_: None)
+        assert channel_error(broker, lambda ch: ch.basic_consume(q, print, exclusive=True)) == 403
+        ch.basic_cancel(other)
+        ch.queue_delete(q)
+
+
+def test_an_exclusive_consumer_holds_across_gateways(gateway: Broker, names: Names) -> None:
+    """Two gateways on one bus: one's exclusive consumer keeps the other's clients off
+    the queue until it is cancelled, or until its connection ends."""
+    assert gateway.root is not None
+    q = names("solo")
+    with running(gateway.root) as second:
+        other_url = second.url
+        with pika.BlockingConnection(pika.URLParameters(gateway.url)) as c:
+            ch = c.channel()
+            ch.queue_declare(q)
+            tag = ch.basic_consume(q, lambda *_: None, exclusive=True)
+            with pika.BlockingConnection(pika.URLParameters(other_url)) as c2:
+                ch2 = c2.channel()
+                with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+                    ch2.basic_consume(q, lambda *_: None)
+                assert err.value.reply_code == 403
+            ch.basic_cancel(tag)
+            ch.basic_consume(q, lambda *_: None, exclusive=True)
+        # that connection ended: its exclusive consumer with it
+        with pika.BlockingConnection(pika.URLParameters(other_url)) as c2:
+            c2.channel().basic_consume(q, lambda *_: None)
+
+
+def test_internal_exchanges_and_unsupported_methods(broker: Broker, names: Names) -> None:
+    """A client cannot publish to an internal exchange (403, as RabbitMQ); dead-lettering
+    into one works. ``basic.recover`` without requeue is 540, as on RabbitMQ."""
+    inner, q = names("inner"), names("behind")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.exchange_declare(inner, "fanout", internal=True)
+        ch.queue_declare(q)
+        ch.queue_bind(q, inner)
+        work = ch.queue_declare(
+            names("to-inner"), arguments={"x-dead-letter-exchange": inner}
+        ).method.queue
+        ch.basic_publish("", work, b"dead")
+        method, _p, _b = get_all_unacked(ch, work)
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        ((_m, _props, body),) = get_all(ch, q, 1)
+        assert body == b"dead"
+        assert (
+            channel_error(
+                broker, lambda ch: (ch.basic_publish(inner, "", b"x"), ch.queue_declare(q))
+            )
+            == 403
+        )
+        assert channel_error(broker, lambda ch: ch.basic_recover(requeue=False)) == 540
+        for name in (q, work):
+            ch.queue_delete(name)
+        ch.exchange_delete(inner)
 
 
 def test_an_empty_queue_name_needs_a_queue_declared_before(broker: Broker) -> None:
