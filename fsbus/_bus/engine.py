@@ -41,7 +41,7 @@ from .._queues.routed import RouteMark
 from .._queues.store import QueueStore
 from .browse import browse_messages
 from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
-from .iterator import Decline, GiveBack, MessageIterator, Released
+from .iterator import Decline, GiveBack, MessageIterator
 from .jobs import Batcher, JobQueue
 from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
@@ -1892,9 +1892,9 @@ class Bus:
         async def consume(msg: Message) -> None:
             try:
                 await handler(msg)
-            except (GiveBack, Released):
+            except GiveBack:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # an iterator's release (Released) included
                 if not await self._give_up(name, d.options, msg, exc):
                     raise
 

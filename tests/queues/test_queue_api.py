@@ -315,6 +315,33 @@ async def test_dead_letter_after_max_deliveries(root: Path, fast: BusConfig) -> 
 
 
 @pytest.mark.anyio
+async def test_an_iterators_release_counts_toward_max_deliveries(
+    root: Path, fast: BusConfig
+) -> None:
+    """``release`` on a queue's message iterator is a failed delivery, as a handler's
+    raise is: after ``max_deliveries`` of them the message is dead-lettered, not
+    delivered again."""
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("dlq", ["dead.#"])
+        await bus.declare_queue("work", ["jobs.#"], max_deliveries=2, dead_letter="dead.work")
+        await bus.subscribe(None, dead, queue="dlq")
+        await bus.publish("jobs.a", b"poison")
+        counts = []
+        async with bus.messages(queue="work") as it:
+            for _ in range(2):
+                msg = await it.receive(timeout=10)
+                counts.append(msg.delivery_count)
+                await it.release(msg)
+            (gone,) = await dead.wait_for(1)
+            with pytest.raises(TimeoutError):
+                await it.receive(timeout=0.5)  # dead-lettered: not delivered a third time
+    assert counts == [1, 2]
+    assert gone.payload == b"poison"
+    assert gone.headers["x-fsbus-queue"] == "work"
+
+
+@pytest.mark.anyio
 async def test_auto_delete_when_the_last_consumer_leaves(root: Path) -> None:
     async with Bus(root) as bus:
         await bus.declare_queue("temp", ["t.#"], auto_delete=True)
