@@ -38,6 +38,7 @@ from ._frames import (
 from ._routing import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
+    DEAD_TOPIC,
     EXCHANGE_TYPES,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -52,7 +53,6 @@ from ._routing import (
     bus_queue_name,
     expiration_seconds,
     own_pattern,
-    publish_topic,
     queue_arguments,
 )
 from ._state import jsonable
@@ -422,13 +422,11 @@ class Channel:
                             f"in vhost '/': received {_arg(wanted['arguments'].get(key))} but "
                             f"current is {_arg(have.get(key))}",
                         )
-            dead_letter = None
-            if args.dead_letter_exchange is not None and args.dead_letter_routing_key is not None:
-                ex = await anyio.to_thread.run_sync(self.state.exchange, args.dead_letter_exchange)
-                if ex is not None:
-                    dead_letter = publish_topic(
-                        args.dead_letter_exchange, ex["type"], args.dead_letter_routing_key
-                    )
+            # x-delivery-limit: a message delivered one time more than the limit, and
+            # given back each time, goes to the dead-letter exchange (resolved then, as
+            # RabbitMQ does) through the gateways' own queue, or is dropped without one.
+            limit = args.delivery_limit
+            dead_letter = DEAD_TOPIC if args.dead_letter_exchange is not None else None
             try:
                 await self.bus.declare_queue(
                     bus_queue_name(name),
@@ -436,8 +434,8 @@ class Channel:
                     message_ttl=args.message_ttl,
                     max_length=args.max_length or None,
                     overflow=args.overflow,
-                    dead_letter=dead_letter if args.delivery_limit else None,
-                    max_deliveries=args.delivery_limit or None,
+                    dead_letter=dead_letter if limit is not None else None,
+                    max_deliveries=None if limit is None else limit + 1,
                     # the gateway deletes an auto-delete queue when its last AMQP
                     # consumer leaves (see Gateway.consumer_left): a basic.get is no
                     # consumer. A queue the bus already deletes so keeps its option.
@@ -850,6 +848,7 @@ class Channel:
         async def take() -> None:
             # The bus holds the message while this block runs: acked when it ends, given
             # back (a failed delivery, as RabbitMQ counts a requeue) when _Requeue ends it.
+            counted = sent = False
             try:
                 async with self.bus._taking(bus_queue_name(name)) as taken:
                     if taken is None:
@@ -857,25 +856,30 @@ class Channel:
                         return
                     msg, waiting, consumers = taken
                     self.gateway.taken(name, 1)
-                    try:
-                        left = await self.gateway.ready_after_get(name, waiting, consumers)
-                        pending = await self._send_get_ok(m, msg, name, left)
+                    counted = True
+                    left = await self.gateway.ready_after_get(name, waiting, consumers)
+                    pending = await self._send_get_ok(m, msg, name, left)
+                    sent = True
+                    if pending is not None:
                         answered.set()
-                        if pending is not None:
-                            await self._settled(pending)
-                    finally:
-                        self.gateway.taken(name, -1)
+                        await self._settled(pending)
+                    # no-ack: answered below, once the block's end acked it on disk, so
+                    # that the channel's next method finds it gone, as on RabbitMQ
             except _Requeue:
                 pass
             except QueueNotFound:
-                if answered.is_set():
+                if sent:
                     raise
                 failed.append(_not_found_queue(name))  # deleted since its name was read
             except Exception as exc:
-                if answered.is_set():
+                if sent:
                     raise  # not the method's error any more: the connection's
                 failed.append(exc)
             finally:
+                if counted:
+                    # Held until settled on disk (the block's end, which acks it or gives
+                    # it back): a count meanwhile leaves it out, as RabbitMQ's would.
+                    self.gateway.taken(name, -1)
                 answered.set()
 
         self.conn.tasks.start_soon(take)

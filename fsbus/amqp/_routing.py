@@ -103,6 +103,14 @@ def own_pattern(queue: str) -> str:
     return f"amqp-queue.{word(queue)}"
 
 
+DEAD_TOPIC = "amqp-dead-letter"
+"""The bus topic a queue with ``x-delivery-limit`` and a dead-letter exchange gives a
+message up to (its queue in the ``x-fsbus-queue`` header): the gateways take it from
+:data:`DEAD_QUEUE` to the queue's dead-letter exchange."""
+DEAD_QUEUE = "_amqp:dead-letters"
+"""The bus queue bound to :data:`DEAD_TOPIC`. No AMQP name gives it (see
+:func:`bus_queue_name`: ``:de`` followed by ``a`` escapes no character)."""
+
 MAX_QUEUE_NAME = 200
 """The longest fsbus queue name."""
 _LONG_HEAD = 150

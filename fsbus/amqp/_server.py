@@ -33,6 +33,8 @@ from ._deaths import dead_lettered
 from ._frames import decode_properties
 from ._routing import (
     ACCESS_REFUSED,
+    DEAD_QUEUE,
+    DEAD_TOPIC,
     NOT_FOUND,
     AmqpError,
     RouteJob,
@@ -157,6 +159,11 @@ class Gateway:
         tg = await stack.enter_async_context(anyio.create_task_group())
         self._tg = tg
         stack.callback(tg.cancel_scope.cancel)
+        # the messages of queues with x-delivery-limit that went over it (see
+        # _limit_reached): every gateway consumes them, each message taken by one
+        await self.bus.declare_queue(DEAD_QUEUE, [DEAD_TOPIC])
+        dead = await self.bus.subscribe(None, self._limit_reached, queue=DEAD_QUEUE)
+        stack.push_async_callback(self.bus.unsubscribe, dead)
         tg.start_soon(listener.serve, self._handle)
         tg.start_soon(self._collect_orphans)
         tg.start_soon(self._watch_disk)
@@ -320,25 +327,45 @@ class Gateway:
     async def dead_letter(self, queue: str, msg: Message, reason: str = "rejected") -> None:
         """A message of ``queue`` dead-lettered (rejected without requeue): to the queue's
         dead-letter exchange, if it has one, with the ``x-death`` headers RabbitMQ adds."""
-        meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue_name(queue))
+        await self._dead_letter(bus_queue_name(queue), msg.headers, msg.topic, msg.payload, reason)
+
+    async def _limit_reached(self, msg: Message) -> None:
+        """A message delivered ``x-delivery-limit`` + 1 times and given back each time,
+        which its queue's bus published to :data:`DEAD_TOPIC` (its queue and topic in
+        ``x-fsbus-*`` headers): to that queue's dead-letter exchange. Raising gives it
+        back for a retry."""
+        queue = msg.headers.get("x-fsbus-queue")
+        if queue is None:
+            log.warning("%s: a message without its queue (x-fsbus-queue): dropped", DEAD_QUEUE)
+            return
+        ours = ("x-fsbus-queue", "x-fsbus-topic")
+        inner = {k: v for k, v in msg.headers.items() if k not in ours}
+        topic = msg.headers.get("x-fsbus-topic", msg.topic)
+        await self._dead_letter(queue, inner, topic, msg.payload, "delivery_limit")
+
+    async def _dead_letter(
+        self, bus_queue: str, old: Mapping[str, str], topic: str, payload: bytes, reason: str
+    ) -> None:
+        meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue)
         args = (meta or {}).get("arguments") or {}
         dlx = args.get("x-dead-letter-exchange")
-        if dlx is None:
-            return
-        first_rk = msg.headers.get(ROUTING_KEY, msg.topic)
+        if meta is None or dlx is None:
+            return  # the queue is gone, or has no dead-letter exchange: dropped
+        queue = str(meta.get("name", bus_queue))
+        first_rk = old.get(ROUTING_KEY, topic)
         rk = str(args.get("x-dead-letter-routing-key", first_rk))
         props: spec.Basic.Properties | None = None
-        raw = msg.headers.get(PROPS)
+        raw = old.get(PROPS)
         if raw is not None:
             with contextlib.suppress(Exception):  # not base64, or not properties
                 props = decode_properties(base64.b64decode(raw))
         if props is None:  # published by fsbus or qlobber-fsq: its headers, as delivered
             ours = (PROPS, EXCHANGE, ROUTING_KEY)
-            table: dict[str, Any] = {k: v for k, v in msg.headers.items() if k not in ours}
+            table: dict[str, Any] = {k: v for k, v in old.items() if k not in ours}
             props = spec.Basic.Properties(headers=table or None)
             exchange = "amq.topic"
         else:
-            exchange = msg.headers.get(EXCHANGE, "")
+            exchange = old.get(EXCHANGE, "")
         props = dead_lettered(
             props,
             queue=queue,
@@ -347,7 +374,7 @@ class Gateway:
             routing_keys=[first_rk],
             now=time.time(),
         )
-        headers = dict(msg.headers)
+        headers = dict(old)
         headers[PROPS] = base64.b64encode(props.marshal()).decode("ascii")
         headers[EXCHANGE] = str(dlx)
         headers[ROUTING_KEY] = rk
@@ -355,7 +382,7 @@ class Gateway:
             str(dlx),
             rk,
             props.headers,
-            msg.payload,
+            payload,
             durable=props.delivery_mode == 2,
             headers=headers,
             priority=amqp_priority_to_bus(props.priority),

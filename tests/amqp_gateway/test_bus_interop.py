@@ -123,6 +123,48 @@ def test_fsbus_and_amqp_consumers_compete_on_one_queue(gateway: Broker) -> None:
         ch.queue_delete("shared")
 
 
+def test_a_delivery_limit_reached_while_no_gateway_runs(tmp_path: Path) -> None:
+    """An fsbus consumer of an AMQP queue with ``x-delivery-limit`` fails a message the
+    limit and one more times while no gateway runs: it waits on the bus, and the next
+    gateway to start takes it to the queue's dead-letter exchange, once, with its
+    ``x-death``."""
+    root = tmp_path / "bus"
+    with running(root) as gw, connect(gw.url) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("parking", "fanout")
+        ch.queue_declare("parked", durable=True)
+        ch.queue_bind("parked", "parking")
+        ch.queue_declare(
+            "limited",
+            durable=True,
+            arguments={"x-delivery-limit": 1, "x-dead-letter-exchange": "parking"},
+        )
+        ch.confirm_delivery()
+        ch.basic_publish("", "limited", b"poison", pika.BasicProperties(delivery_mode=2))
+    failures = 0
+    with BlockingBus(root) as bus, bus.messages(queue="limited") as it:
+        while failures < 2:
+            msg = it.get(timeout=WAIT)
+            failures += 1
+            it.release(msg)  # a failed delivery: the second one is the last
+        with pytest.raises(TimeoutError):
+            it.get(timeout=0.5)  # not delivered a third time
+    with running(root) as gw, connect(gw.url) as conn:
+        ch = conn.channel()
+        got: list[tuple[bytes, str]] = []
+        deadline = time.monotonic() + WAIT
+        while not got:
+            assert time.monotonic() < deadline, "not dead-lettered"
+            method, props, body = ch.basic_get("parked", auto_ack=True)
+            if method is None:
+                conn.process_data_events(time_limit=0.05)
+                continue
+            got.append((body, props.headers["x-death"][0]["reason"]))
+        assert got == [(b"poison", "delivery_limit")]
+        extra = ch.basic_get("parked", auto_ack=True)
+        assert extra[0] is None, extra
+
+
 def test_a_queue_name_outside_fsbus_rules_is_escaped(gateway: Broker) -> None:
     """An AMQP queue named 'w@host/x' is the fsbus queue 'w:40host:2fx' (the kombu
     transport's name for it too); clients see the name they gave."""
