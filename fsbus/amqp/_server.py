@@ -159,12 +159,8 @@ class Gateway:
         tg = await stack.enter_async_context(anyio.create_task_group())
         self._tg = tg
         stack.callback(tg.cancel_scope.cancel)
-        # the messages of queues with x-delivery-limit that went over it (see
-        # _limit_reached): every gateway consumes them, each message taken by one
-        await self.bus.declare_queue(DEAD_QUEUE, [DEAD_TOPIC])
-        dead = await self.bus.subscribe(None, self._limit_reached, queue=DEAD_QUEUE)
-        stack.push_async_callback(self.bus.unsubscribe, dead)
         tg.start_soon(listener.serve, self._handle)
+        tg.start_soon(self._consume_dead_letters)
         tg.start_soon(self._collect_orphans)
         tg.start_soon(self._watch_disk)
         return self
@@ -328,6 +324,18 @@ class Gateway:
         """A message of ``queue`` dead-lettered (rejected without requeue): to the queue's
         dead-letter exchange, if it has one, with the ``x-death`` headers RabbitMQ adds."""
         await self._dead_letter(bus_queue_name(queue), msg.headers, msg.topic, msg.payload, reason)
+
+    async def _consume_dead_letters(self) -> None:
+        """Consume :data:`DEAD_QUEUE` (see :meth:`_limit_reached`) while the gateway runs:
+        every gateway of a bus does, each message taken by one. Started beside the
+        listener, so that it does not hold up the gateway's start."""
+        await self.bus.declare_queue(DEAD_QUEUE, [DEAD_TOPIC])
+        sub = await self.bus.subscribe(None, self._limit_reached, queue=DEAD_QUEUE)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(FsBusError):
+                await self.bus.unsubscribe(sub)
 
     async def _limit_reached(self, msg: Message) -> None:
         """A message delivered ``x-delivery-limit`` + 1 times and given back each time,
