@@ -30,26 +30,11 @@ import anyio
 import pytest
 
 from fsbus import Bus, BusConfig, Message, probe_locking
+from tests.bindfs_mounts import mount_pair
 
 from .conftest import WAIT, Inbox, is_root, unmount, until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-def _need_bindfs() -> str:
-    if not is_root():
-        pytest.skip("needs root to mount bindfs (FUSE)")
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("needs /dev/fuse for bindfs")
-    exe = shutil.which("bindfs")
-    if exe is None:
-        subprocess.run(
-            ["apt-get", "install", "-y", "-q", "bindfs"], capture_output=True, check=False
-        )
-        exe = shutil.which("bindfs")
-    if exe is None:
-        pytest.skip("bindfs is not installed and apt-get could not install it")
-    return exe
 
 
 @dataclass(frozen=True)
@@ -65,24 +50,8 @@ class Hosts:
 
 
 def _mounts(tmp_path: Path, *, forward_locks: bool) -> Iterator[Hosts]:
-    exe = _need_bindfs()
-    backing, a, b = tmp_path / "backing", tmp_path / "host-a", tmp_path / "host-b"
-    for d in (backing, a, b):
-        d.mkdir()
-    opts = ["--multithreaded"] + (["--enable-lock-forwarding"] if forward_locks else [])
-    mounted = []
-    try:
-        for m in (a, b):
-            proc = subprocess.run(
-                [exe, *opts, str(backing), str(m)], capture_output=True, text=True, check=False
-            )
-            if proc.returncode != 0:
-                pytest.skip(f"bindfs could not mount: {proc.stderr.strip()}")
-            mounted.append(m)
+    for backing, a, b in mount_pair(tmp_path, forward_locks=forward_locks):
         yield Hosts(backing, a, b)
-    finally:
-        for m in mounted:
-            unmount(m)
 
 
 @pytest.fixture

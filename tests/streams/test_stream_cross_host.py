@@ -8,10 +8,7 @@ Needs root, /dev/fuse and bindfs.
 
 from __future__ import annotations
 
-import os
 import queue
-import shutil
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,47 +18,15 @@ import pytest
 from helpers import Worker
 
 from fsbus import AsyncStream, RecordIn, Stream, StreamConfig
+from tests.bindfs_mounts import mount_pair
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-def _unmount(target: Path) -> None:
-    if subprocess.run(["umount", str(target)], capture_output=True, check=False).returncode:
-        subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
 
 
 @pytest.fixture
 def mounts(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     """(backing directory, host A's mount, host B's mount), flocks forwarded."""
-    yield from _mounts(tmp_path, forward_locks=True)
-
-
-def _mounts(tmp_path: Path, *, forward_locks: bool) -> Iterator[tuple[Path, Path, Path]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount bindfs (FUSE)")
-    exe = shutil.which("bindfs")
-    if exe is None or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs bindfs and /dev/fuse")
-    backing, a, b = tmp_path / "backing", tmp_path / "host-a", tmp_path / "host-b"
-    for d in (backing, a, b):
-        d.mkdir()
-    mounted = []
-    try:
-        for m in (a, b):
-            forward = ["--enable-lock-forwarding"] if forward_locks else []
-            proc = subprocess.run(
-                [exe, "--multithreaded", *forward, str(backing), str(m)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if proc.returncode != 0:
-                pytest.skip(f"bindfs could not mount: {proc.stderr.strip()}")
-            mounted.append(m)
-        yield backing, a, b
-    finally:
-        for m in mounted:
-            _unmount(m)
+    yield from mount_pair(tmp_path, forward_locks=True)
 
 
 def test_appenders_on_two_mounts(mounts: tuple[Path, Path, Path]) -> None:
