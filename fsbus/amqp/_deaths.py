@@ -18,23 +18,6 @@ from pamqp import commands as spec
 
 __all__ = ["dead_lettered"]
 
-_FIELDS = (
-    "content_type",
-    "content_encoding",
-    "headers",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "message_type",
-    "user_id",
-    "app_id",
-    "cluster_id",
-)
-
 
 def dead_lettered(
     props: spec.Basic.Properties,
@@ -48,7 +31,7 @@ def dead_lettered(
     """New properties for a message with ``props`` dead-lettered from ``queue`` for
     ``reason`` (``rejected``, ``expired``, ``maxlen``, ``delivery_limit``); ``exchange``
     and ``routing_keys``: where it was published to. ``props`` is not changed."""
-    fields: dict[str, Any] = {name: getattr(props, name) for name in _FIELDS}
+    fields: dict[str, Any] = {name: getattr(props, name) for name in props.attributes()}
     headers: dict[str, Any] = dict(fields["headers"] or {})
     deaths = headers.get("x-death")
     entries = [d for d in deaths if isinstance(d, dict)] if isinstance(deaths, list) else []
