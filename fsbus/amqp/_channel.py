@@ -7,6 +7,7 @@ import base64
 import contextlib
 import functools
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,24 @@ ROUTING_KEY = "x-amqp-routing-key"
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 UNLIMITED_PREFETCH = 256
 """Messages claimed at once for a consumer with no prefetch limit."""
+
+
+def message_view(
+    headers: Mapping[str, str], topic: str
+) -> tuple[bytes | spec.Basic.Properties, str, str]:
+    """(properties, marshalled or as pamqp properties; exchange; routing key) a client
+    sees for a bus message with ``headers`` and ``topic``."""
+    raw = headers.get(PROPS)
+    if raw is not None:
+        try:
+            props = base64.b64decode(raw)
+            decode_properties(props)  # pamqp's reading, kept for the content header
+        except Exception:  # not base64, or not properties pamqp can read
+            props = EMPTY_PROPERTIES
+        return props, headers.get(EXCHANGE, ""), headers.get(ROUTING_KEY, topic)
+    # published by fsbus or qlobber-fsq: its headers become the headers table
+    table: dict[str, Any] = dict(headers) if headers else {}
+    return spec.Basic.Properties(headers=table or None), "amq.topic", topic
 
 
 class _Requeue(Exception):
@@ -700,21 +719,6 @@ class Channel:
         self.prefetch = m.prefetch_count or 0
         await self.reply(spec.Basic.QosOk())
 
-    def _view(self, msg: Message) -> tuple[bytes | spec.Basic.Properties, str, str]:
-        """(properties, marshalled or as pamqp properties; exchange; routing key) a client
-        sees for a bus message."""
-        raw = msg.headers.get(PROPS)
-        if raw is not None:
-            try:
-                props = base64.b64decode(raw)
-                decode_properties(props)  # pamqp's reading, kept for the content header
-            except Exception:  # not base64, or not properties pamqp can read
-                props = EMPTY_PROPERTIES
-            return props, msg.headers.get(EXCHANGE, ""), msg.headers.get(ROUTING_KEY, msg.topic)
-        # published by fsbus or qlobber-fsq: its headers become the headers table
-        table: dict[str, Any] = dict(msg.headers) if msg.headers else {}
-        return spec.Basic.Properties(headers=table or None), "amq.topic", msg.topic
-
     async def _consume(self, m: spec.Basic.Consume) -> None:
         counted = None
         if m.queue == DIRECT_REPLY_TO:
@@ -780,7 +784,7 @@ class Channel:
         consumer.ready.set()
 
     async def _deliver(self, consumer: Consumer, msg: Message) -> None:
-        props, exchange, rk = self._view(msg)
+        props, exchange, rk = message_view(msg.headers, msg.topic)
         tag = self.next_tag
         self.next_tag += 1
         pending = None
@@ -890,7 +894,7 @@ class Channel:
     async def _send_get_ok(
         self, m: spec.Basic.Get, msg: Message, queue: str, left: int
     ) -> Pending | None:
-        props, exchange, rk = self._view(msg)
+        props, exchange, rk = message_view(msg.headers, msg.topic)
         tag = self.next_tag
         self.next_tag += 1
         pending = None if m.no_ack else Pending(msg, queue)

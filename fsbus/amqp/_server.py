@@ -13,7 +13,6 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
-from pamqp import commands as spec
 
 from .. import (
     BlockingBus,
@@ -27,7 +26,7 @@ from .. import (
     UsageError,
     __version__,
 )
-from ._channel import EXCHANGE, PROPS, ROUTING_KEY, Channel
+from ._channel import EXCHANGE, PROPS, ROUTING_KEY, Channel, message_view
 from ._connection import Connection
 from ._deaths import dead_lettered
 from ._frames import decode_properties
@@ -360,20 +359,9 @@ class Gateway:
         if meta is None or dlx is None:
             return  # the queue is gone, or has no dead-letter exchange: dropped
         queue = str(meta.get("name", bus_queue))
-        first_rk = old.get(ROUTING_KEY, topic)
+        view, exchange, first_rk = message_view(old, topic)
+        props = decode_properties(view) if isinstance(view, bytes) else view
         rk = str(args.get("x-dead-letter-routing-key", first_rk))
-        props: spec.Basic.Properties | None = None
-        raw = old.get(PROPS)
-        if raw is not None:
-            with contextlib.suppress(Exception):  # not base64, or not properties
-                props = decode_properties(base64.b64decode(raw))
-        if props is None:  # published by fsbus or qlobber-fsq: its headers, as delivered
-            ours = (PROPS, EXCHANGE, ROUTING_KEY)
-            table: dict[str, Any] = {k: v for k, v in old.items() if k not in ours}
-            props = spec.Basic.Properties(headers=table or None)
-            exchange = "amq.topic"
-        else:
-            exchange = old.get(EXCHANGE, "")
         props = dead_lettered(
             props,
             queue=queue,
