@@ -50,6 +50,7 @@ if _typing.TYPE_CHECKING:
     from ._stream.log import SegmentInfo, Stream, StreamInfo, list_streams
     from ._stream.maint import CompactionReport, RetentionReport
     from ._stream.queue import QueueEmpty, StreamQueue
+    from ._stream.staged import SegmentStager, StagedSegment, read_staged_columns
     from ._stream.writer import RecoveryInfo
 
 __version__ = "0.1.0"
@@ -98,6 +99,8 @@ __all__ = (
     "RecoveryInfo",
     "RetentionReport",
     "SegmentInfo",
+    "SegmentStager",
+    "StagedSegment",
     "StorageError",
     "StoragePermissionError",
     "Stream",
@@ -114,6 +117,7 @@ __all__ = (
     "check_directory",
     "list_streams",
     "probe_locking",
+    "read_staged_columns",
 )
 
 # Everything but the errors is imported on first use (PEP 562), so ``import fsbus`` and the
@@ -148,6 +152,8 @@ _LAZY = {
     "RecoveryInfo": "._stream.writer",
     "RetentionReport": "._stream.maint",
     "SegmentInfo": "._stream.log",
+    "SegmentStager": "._stream.staged",
+    "StagedSegment": "._stream.staged",
     "Stream": "._stream.log",
     "StreamConfig": "._stream.config",
     "StreamInfo": "._stream.log",
@@ -157,6 +163,7 @@ _LAZY = {
     "check_directory": "._bus.doctor",
     "list_streams": "._stream.log",
     "probe_locking": "._bus.fs",
+    "read_staged_columns": "._stream.staged",
 }
 
 

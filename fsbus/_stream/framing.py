@@ -79,6 +79,7 @@ __all__ = [
     "parse_segment_name",
     "scan_frames",
     "segment_name",
+    "too_large",
 ]
 
 MAGIC: Final = 0x5346
@@ -401,6 +402,14 @@ class _Prepared:
         return len(self.value) + len(self.headers) + (len(self.key) if self.key else 0)
 
 
+def too_large(size: int, limit: int) -> PayloadTooLarge:
+    """The error for a record of ``size`` bytes where ``limit`` is the most accepted."""
+    return PayloadTooLarge(
+        f"record of {size} bytes exceeds max_record_bytes={limit}; "
+        "split it or raise StreamConfig.max_record_bytes"
+    )
+
+
 def prepare(item: bytes | str | RecordIn, *, max_record_bytes: int) -> _Prepared:
     """Validate one record and reduce it to bytes (raises UsageError subclasses)."""
     if isinstance(item, RecordIn):
@@ -426,10 +435,7 @@ def prepare_parts(
     h = encode_headers(headers) if headers else b""
     size = len(v) + len(h) + (len(k) if k is not None else 0)
     if size > max_record_bytes:
-        raise PayloadTooLarge(
-            f"record of {size} bytes exceeds max_record_bytes={max_record_bytes}; "
-            "split it or raise StreamConfig.max_record_bytes"
-        )
+        raise too_large(size, max_record_bytes)
     ts_us: int | None = None
     if timestamp is not None:
         if (

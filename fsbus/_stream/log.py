@@ -23,7 +23,6 @@ from .._errors import (
     FsBusError,
     LockingUnsupported,
     OffsetOutOfRange,
-    PayloadTooLarge,
     StreamNotFound,
     UsageError,
     storage_error,
@@ -40,6 +39,7 @@ from .framing import (
     prepare,
     prepare_parts,
     segment_name,
+    too_large,
 )
 from .groups import (
     ConsumerGroup,
@@ -58,6 +58,8 @@ from .segments import (
     offset_for_time,
     stream_end,
 )
+from .staged import ADOPT_BYTES, SegmentStager, StagedSegment, is_staged_name
+from .staged import PREFIX as STAGED_PREFIX
 from .writer import RecoveryInfo, Writer
 
 __all__ = ["SegmentInfo", "Stream", "StreamInfo", "list_streams", "stream_dir"]
@@ -301,7 +303,7 @@ class Stream:
         max_bytes = self._config.max_record_bytes
         if type(value) is bytes and key is None and not headers and timestamp is None:
             if len(value) > max_bytes:
-                raise _too_large(len(value), max_bytes)
+                raise too_large(len(value), max_bytes)
             item: object = value
         else:
             item = prepare_parts(
@@ -343,7 +345,7 @@ class Stream:
                 ]
             biggest = max((len(x) for x in batch if type(x) is bytes), default=0)
         if biggest > max_bytes:
-            raise _too_large(biggest, max_bytes)
+            raise too_large(biggest, max_bytes)
         writer = self._get_writer()
         offsets = writer.append(batch, now_us=self._now_us)
         self._after_append(writer, offsets)
@@ -411,7 +413,7 @@ class Stream:
         # could hold one too large (a pass over a million lengths costs ~20 ms)
         biggest = max((max(lens) for view, lens in pairs if len(view) > max_bytes), default=0)
         if biggest > max_bytes:
-            raise _too_large(biggest, max_bytes)
+            raise too_large(biggest, max_bytes)
         head = None
         if first_headers:
             view, lens = pairs[0]
@@ -460,6 +462,83 @@ class Stream:
             offsets = writer.append((None,), now_us=self._now_us, encode=encode)
         self._after_append(writer, offsets)
         return offsets
+
+    def stager(self, prefix: str, *, durable: bool | None = None) -> SegmentStager:
+        """A :class:`~fsbus.SegmentStager` that frames records into files of this stream,
+        away from the append lock, for :meth:`append_staged` to append whole.
+
+        Any number of producers (processes, hosts) may stage at once, each with a prefix
+        of its own; the files are named ``.staged.<prefix>.<n>.seg`` in the stream's
+        directory and are not part of the stream until appended. ``durable`` (default:
+        unless the stream's durability is 'none') syncs each file when complete.
+        """
+        self._check_open()
+        if durable is None:
+            durable = self._config.durability != "none"
+        return SegmentStager(self._dir, prefix, config=self._config, durable=durable, ops=self._ops)
+
+    def append_staged(
+        self,
+        segments: Iterable[StagedSegment | str | os.PathLike[str]],
+        *,
+        copy_below: int = ADOPT_BYTES,
+    ) -> range:
+        """Append the records of staged segments, in order, with one hold of the append lock.
+
+        ``segments`` come from :meth:`stager` (of this stream). Each file's frames get
+        their offsets here; a file of at least ``copy_below`` bytes then becomes a segment
+        as it is (renamed: no data is copied), and a smaller one is written at the end of
+        the newest segment and removed. Durable on return as ``config.durability`` says.
+        Returns the offsets.
+
+        A renamed file is in whole or not at all, and its staged name goes in the same
+        step, so a caller that crashed part way can tell which of its files of at least
+        ``copy_below`` bytes were appended by which are still staged (a copied file may
+        still be there after its records were written).
+        """
+        self._check_open()
+        paths: list[Path] = []
+        for s in segments:
+            path = Path(s.path if isinstance(s, StagedSegment) else s)
+            if path.parent != self._dir or not is_staged_name(path.name):
+                raise UsageError(
+                    f"{str(path)!r} is not a staged segment of stream {self._name!r}: stage "
+                    "the records with this stream's stager() and append the files it made"
+                )
+            paths.append(path)
+        if not paths:
+            end = self.end_offset
+            return range(end, end)
+        writer = self._get_writer()
+        offsets = writer.append_staged(paths, copy_below=copy_below)
+        self._after_append(writer, offsets)
+        return offsets
+
+    def staged(self, prefix: str = "") -> list[str]:
+        """Paths of this stream's staged files (complete, or left part written by a
+        producer that died) whose prefix starts with ``prefix``, sorted."""
+        self._check_open()
+        start = STAGED_PREFIX + prefix
+        try:
+            names = self._ops.listdir(self._dir)
+        except OSError as exc:
+            raise storage_error("list the staged segments", exc, self._dir) from exc
+        return sorted(str(self._dir / n) for n in names if n.startswith(start))
+
+    def remove_staged(self, paths: Iterable[str | os.PathLike[str]]) -> int:
+        """Remove staged files of this stream that will not be appended; how many were
+        there. Removing one that a producer still writes makes that producer fail."""
+        self._check_open()
+        removed = 0
+        for p in paths:
+            path = Path(p)
+            if path.parent != self._dir or not path.name.startswith(STAGED_PREFIX):
+                raise UsageError(f"{str(path)!r} is not a staged file of stream {self._name!r}")
+            try:
+                removed += self._ops.remove(path)
+            except OSError as exc:
+                raise storage_error("remove a staged segment", exc, path) from exc
+        return removed
 
     def recover(self) -> tuple[RecoveryInfo, ...]:
         """Validate the tail now (as the first append would) and cut a torn record.
@@ -748,13 +827,6 @@ log = logging.getLogger("fsbus.stream")
 
 def _reopen(root: str, name: str, config: StreamConfig) -> Stream:
     return Stream.open(root, name, config=config, create=False)
-
-
-def _too_large(size: int, limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"record of {size} bytes exceeds max_record_bytes={limit}; "
-        "split it or raise StreamConfig.max_record_bytes"
-    )
 
 
 def _out_of_range(name: str, start: int, first: int, end: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import stat
 import time
@@ -180,6 +181,10 @@ class StreamOps(MountReader):
                     break
                 n -= size
                 i += 1
+
+    def map_rw(self, fd: int, size: int) -> mmap.mmap:
+        """Map ``size`` bytes of ``fd`` read-write and shared (writes go to the file)."""
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
     def write(self, fd: int, data: bytes | bytearray) -> None:
         """Write all of ``data`` at the current position (O_APPEND files)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from .framing import (
     IndexEntry,
     encode_frames,
     encode_index_entry,
+    encoded,
     index_name,
     segment_name,
 )
@@ -35,6 +37,7 @@ from .segments import (
     scan_segment,
     seek_entry,
 )
+from .staged import rebase
 
 __all__ = ["RecoveryInfo", "Writer"]
 
@@ -113,6 +116,35 @@ class Writer:
                 return range(first, self._next)
             finally:
                 ops.unlock(self._lock_fd)
+
+    def append_staged(self, paths: Sequence[Path], *, copy_below: int) -> range:
+        """Append staged segments (see :mod:`.staged`; files in the stream's directory) in
+        order, with one hold of the lock.
+
+        A file of at least ``copy_below`` bytes becomes a segment of its own (renamed: no
+        data is copied); a smaller one is written at the end of the newest segment, then
+        removed. Either way the file is gone from its path on return.
+        """
+        with self._tlock:
+            if self._closed:
+                raise ClosedError("this stream handle is closed; open the stream again")
+            self._take_lock()
+            try:
+                self._sync()
+                first = self._next
+                copied = False
+                for path in paths:
+                    copied |= self._take_staged(Path(path), copy_below)
+                if copied and self._config.durability != "none":
+                    assert self._seg_fd is not None
+                    self._ops.fdatasync(self._seg_fd)
+                return range(first, self._next)
+            except OSError as exc:
+                raise storage_error(
+                    f"append staged records to stream {self._dir.name!r}", exc, self._dir
+                ) from exc
+            finally:
+                self._ops.unlock(self._lock_fd)
 
     @property
     def end(self) -> int:
@@ -318,6 +350,88 @@ class Writer:
         if not first:
             self.rolled = True
 
+    def _take_staged(self, path: Path, copy_below: int) -> bool:
+        """Append one staged segment; True if it was copied into the newest segment."""
+        ops = self._ops
+        fd = ops.open_rw(path, create=False)
+        keep_fd = False
+        try:
+            size = ops.size(fd)
+            if size == 0:
+                ops.remove(path)
+                return False
+            try:
+                buf: mmap.mmap | bytearray = ops.map_rw(fd, size)
+            except OSError:  # a mount that cannot map the file shared: rewrite it instead
+                buf = bytearray(ops.pread(fd, size, 0))
+            try:
+                frames, next_offset, _ = rebase(
+                    buf, self._next, path=str(path), max_ts=self._max_ts
+                )
+                if size >= copy_below:
+                    self._adopt(path, fd, buf, frames, next_offset)
+                    keep_fd = True
+                    return False
+                view = memoryview(buf)
+                try:
+                    self._write_frames(encoded(view, tuple(frames), next_offset), sync=False)
+                finally:
+                    view.release()
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
+            ops.remove(path)
+            return True
+        finally:
+            if not keep_fd:
+                ops.close(fd)
+
+    def _adopt(
+        self,
+        path: Path,
+        fd: int,
+        buf: mmap.mmap | bytearray,
+        frames: list[tuple[int, int, int]],
+        next_offset: int,
+    ) -> None:
+        """Rename a rebased staged segment into the stream as its newest segment."""
+        ops = self._ops
+        base = self._next
+        durable = self._config.durability != "none"
+        seg_path = self._dir / segment_name(base)
+        idx_path = self._dir / index_name(base)
+        entries, last_pos, max_ts = _index_entries(
+            frames, 0, 0, self._max_ts, self._config.index_interval_bytes
+        )
+        entries.insert(0, encode_index_entry(base, 0, self._max_ts))  # as a roll writes it
+        if isinstance(buf, bytearray):
+            ops.pwrite(fd, buf, 0)  # the rebased frames, where the file could not be mapped
+        elif durable:
+            buf.flush()
+        if durable:
+            ops.fdatasync(fd)  # the new headers are on disk before the name is
+            if self._seg_fd is not None and self._size:
+                ops.fdatasync(self._seg_fd)  # the old segment is complete before the new one
+        idx_fd = ops.open_rw(idx_path, truncate=True)
+        try:
+            ops.pwrite(idx_fd, b"".join(entries), 0)
+        finally:
+            ops.close(idx_fd)
+        # in the stream's directory: replaces an empty newest segment of this base, and
+        # one sync makes the new name and the staged name's removal durable together
+        ops.rename(path, seg_path)
+        if durable:
+            ops.fsync_dir(self._dir)
+        self._drop_segment()
+        self._seg_fd = fd
+        self._idx_fd = ops.open_append(idx_path)
+        self._base = base
+        self._size = ops.size(fd)
+        self._next = next_offset
+        self._max_ts = max_ts
+        self._last_index_pos = last_pos
+        self.rolled = True
+
     def _write_frames(self, enc: Encoded, *, sync: bool) -> None:
         """Write the frames, rolling to a new segment between frames when one is full."""
         limit = self._config.segment_bytes
@@ -366,16 +480,9 @@ class Writer:
             raise storage_error(
                 f"append to stream {self._dir.name!r}", exc, self._dir / segment_name(self._base)
             ) from exc
-        entries: list[bytes] = []
-        interval = self._config.index_interval_bytes
-        max_ts = self._max_ts
-        for off, fpos, fmax in enc.frames:
-            at = pos + fpos
-            if at - self._last_index_pos >= interval and at > 0:
-                entries.append(encode_index_entry(off, at, max_ts))
-                self._last_index_pos = at
-            if fmax > max_ts:
-                max_ts = fmax
+        entries, self._last_index_pos, max_ts = _index_entries(
+            enc.frames, pos, self._last_index_pos, self._max_ts, self._config.index_interval_bytes
+        )
         self._size = pos + enc.size
         self._next = enc.next_offset
         self._max_ts = max_ts
@@ -388,6 +495,26 @@ class Writer:
             raise storage_error(
                 f"append to stream {self._dir.name!r}", exc, self._dir / segment_name(self._base)
             ) from exc
+
+
+def _index_entries(
+    frames: Sequence[tuple[int, int, int]], at: int, last_pos: int, max_ts: int, interval: int
+) -> tuple[list[bytes], int, int]:
+    """Index entries for ``frames`` written from byte ``at`` of a segment (pure).
+
+    An entry goes to each frame at least ``interval`` bytes after the last entry (at
+    ``last_pos``); returns them, the position of the last entry and the largest
+    timestamp after the frames.
+    """
+    entries: list[bytes] = []
+    for off, fpos, fmax in frames:
+        pos = at + fpos
+        if pos - last_pos >= interval and pos > 0:
+            entries.append(encode_index_entry(off, pos, max_ts))
+            last_pos = pos
+        if fmax > max_ts:
+            max_ts = fmax
+    return entries, last_pos, max_ts
 
 
 def _entry_at(ops: StreamOps, fd: int, pos: int) -> IndexEntry:
