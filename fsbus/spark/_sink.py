@@ -31,9 +31,10 @@ depend on Spark recomputing identical rows.
 
 from __future__ import annotations
 
+import os
 import time
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -44,7 +45,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
-from fsbus import InvalidConfig, RecordIn, Stream, UsageError
+from fsbus import (
+    InvalidConfig,
+    RecordIn,
+    SegmentStager,
+    Stream,
+    StreamNotFound,
+    UsageError,
+    read_staged_columns,
+)
 
 from ._files import (
     Ledger,
@@ -102,11 +111,13 @@ class StagedFile(WriterCommitMessage):
     """The commit message of one task: the file it staged. Spark pickles it to the driver."""
 
     path: str
-    """The staged Arrow file."""
+    """The staged file: an Arrow file (the Bus), or the first staged segment (a Stream)."""
     rows: int
     """How many rows it holds."""
     partition: int
     """The Spark partition it came from (commit order)."""
+    more: tuple[str, ...] = ()
+    """The task's further staged segments, in order (a Stream's, cut at its segment size)."""
 
 
 def sink_columns(schema: Any, opts: SinkOptions) -> SinkColumns:
@@ -206,26 +217,116 @@ def stage(
 ) -> StagedFile:
     """Stage one task's rows (runs on an executor); the commit message names the file.
 
-    ``durable=False`` skips syncing it: for a commit that nothing replays (a batch job's
-    append to a Stream, which reads the files back at once and leaves no marker)."""
+    A Stream's rows are framed here, into staged segments that the commit appends
+    without copying them (always synced). For the Bus, an Arrow file: ``durable=False``
+    skips syncing it, for a commit that nothing replays."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     attempt = ctx.taskAttemptId() if ctx is not None else time.time_ns()
-    path = staging_dir(opts.root, sink_id, batch) / f"{partition:05d}-{attempt}.arrow"
     schema = _staged_schema(cols)
-    count = write_staged(path, schema, (_normalise(b, cols, schema) for b in rows), durable=durable)
+    batches = (_normalise(b, cols, schema) for b in rows)
+    directory = staging_dir(opts.root, sink_id, batch)
+    if opts.stream is not None:
+        prefix = f"{staged_prefix(sink_id, batch)}{partition:05d}-{attempt}"
+        return _stage_segments(opts, prefix, partition, batches)
+    path = directory / f"{partition:05d}-{attempt}.arrow"
+    count = write_staged(path, schema, batches, durable=durable)
     return StagedFile(path=str(path), rows=count, partition=partition)
+
+
+def staged_prefix(sink_id: str, batch: str) -> str:
+    """The start of the stager prefixes of one batch of one sink (``~`` is in no sink id)."""
+    return f"{sink_id}~{batch}~"
+
+
+def _stage_segments(
+    opts: SinkOptions, prefix: str, partition: int, batches: Iterable[pa.RecordBatch]
+) -> StagedFile:
+    """Frame a task's rows for a Stream here, on the executor, into staged segments of
+    the stream: the commit then renames them in (see :meth:`fsbus.Stream.append_staged`).
+    Always synced: the commit does not copy them, so their data must be on disk."""
+    assert opts.stream is not None
+    with Stream.open(opts.root, opts.stream, create=opts.create_stream) as stream:
+        return _stage_into(stream.stager(prefix, durable=True), partition, batches)
+
+
+def _stage_into(
+    stager: SegmentStager, partition: int, batches: Iterable[pa.RecordBatch]
+) -> StagedFile:
+    count = 0
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            count += batch.num_rows
+            rows = _stream_rows(pa.Table.from_batches([batch]))
+            if rows.keys is None and rows.headers is None:
+                assert rows.value_column is not None
+                for data, lengths in value_chunks(rows.value_column):
+                    stager.add_values(data, lengths)
+            else:
+                stager.add_records(_records(rows, 0, None))
+        files = [s.path for s in stager.finish()]
+    except BaseException:  # the task failed or was killed while producing rows
+        stager.abort()
+        raise
+    if not files:
+        return StagedFile(path="", rows=0, partition=partition)
+    return StagedFile(path=files[0], rows=count, partition=partition, more=tuple(files[1:]))
 
 
 def _ordered_files(messages: Sequence[Any]) -> list[str]:
     staged = [m for m in messages if isinstance(m, StagedFile)]
-    return [m.path for m in sorted(staged, key=lambda m: m.partition) if m.rows]
+    return [
+        path
+        for m in sorted(staged, key=lambda m: m.partition)
+        if m.rows
+        for path in (m.path, *m.more)
+    ]
+
+
+def _adoptable(files: Sequence[str]) -> bool:
+    """Whether every staged file is a segment large enough to be renamed into the stream
+    (then whether it is still there says whether it was appended: see
+    :meth:`fsbus.Stream.append_staged`)."""
+    return bool(files) and all(
+        _is_segment(f) and os.path.getsize(f) >= SegmentStager.ADOPT_BYTES for f in files
+    )
+
+
+def _is_segment(path: str) -> bool:
+    return path.endswith(SegmentStager.SUFFIX)
+
+
+def _segment_table(path: str) -> pa.Table:
+    """A staged segment's records as the staged Arrow schema (value, key, headers)."""
+    values: list[pa.Array] = []
+    keys: list[bytes | None] = []
+    headers: list[Mapping[str, str]] = []
+    for batch in read_staged_columns(path):
+        ends = np.zeros(len(batch) + 1, dtype=np.int32)
+        np.cumsum(np.frombuffer(batch.value_lengths, dtype=np.uint32), out=ends[1:])
+        data = pa.py_buffer(bytes(batch.value_data))
+        values.append(
+            pa.Array.from_buffers(pa.binary(), len(batch), [None, pa.py_buffer(ends), data])
+        )
+        keys += batch.keys
+        headers += batch.headers
+    columns: dict[str, Any] = {"value": pa.chunked_array(values, pa.binary())}
+    if any(k is not None for k in keys):
+        columns["key"] = pa.array(keys, pa.binary())
+    if any(headers):
+        columns["headers"] = pa.array([list(h.items()) for h in headers], _HEADERS)
+    return pa.table(columns)
 
 
 def _load(files: Sequence[str]) -> pa.Table | None:
-    tables = [read_staged(Path(f)) for f in files]
+    tables = [
+        _segment_table(f) if f.endswith(SegmentStager.SUFFIX) else read_staged(Path(f))
+        for f in files
+    ]
     if not tables:
         return None
     return pa.concat_tables(tables)
@@ -244,25 +345,26 @@ def publish(
     if not replayable and opts.stream is not None:
         try:
             with Stream.open(opts.root, opts.stream, create=opts.create_stream) as stream:
-                return _append_plain(stream, _stream_rows(_load(files)), skip=0, mark=None)
+                return len(stream.append_staged(files))
         finally:
-            remove_tree(staging_dir(opts.root, sink_id, batch))
+            _remove_staged(opts, sink_id, batch)
     markers = commits_dir(opts.root, sink_id)
     done = markers / f"{batch}.done"
     if done.exists():
-        remove_tree(staging_dir(opts.root, sink_id, batch))
+        _remove_staged(opts, sink_id, batch)
         return 0
     tag = f"{sink_id}/{batch}"
     if opts.stream is not None:
-        count = _append_to_stream(opts, markers / f"{batch}.pending", files, tag)
+        rows = sum(m.rows for m in messages if isinstance(m, StagedFile))
+        count = _append_to_stream(opts, markers / f"{batch}.pending", files, tag, rows)
     else:
         count = _publish_on_bus(opts, markers / f"{batch}.ledger", files, tag)
     atomic_write_json(done, {"batch": batch, "rows": count, "at": time.time()})
     remove_file(markers / f"{batch}.pending")
     remove_file(markers / f"{batch}.ledger")
-    remove_tree(staging_dir(opts.root, sink_id, batch))
+    _remove_staged(opts, sink_id, batch)
     if replayable:
-        _prune(opts.root, sink_id, batch)
+        _prune(opts, sink_id, batch)
     else:
         remove_file(done)
     return count
@@ -280,13 +382,37 @@ def discard(opts: SinkOptions, sink_id: str, batch: str, messages: Sequence[Any]
     remove_empty_dir(staging_dir(opts.root, sink_id, batch))
 
 
-def _prune(root: str, sink_id: str, batch: str) -> None:
+def _remove_staged(opts: SinkOptions, sink_id: str, batch: str) -> None:
+    """Remove what the tasks of a batch staged, dead attempts' included."""
+    remove_tree(staging_dir(opts.root, sink_id, batch))
+    _remove_stream_staged(opts, sink_id, lambda b: b == batch)
+
+
+def _remove_stream_staged(opts: SinkOptions, sink_id: str, which: Callable[[str], bool]) -> None:
+    """Remove the target Stream's staged files of this sink's batches that ``which`` names."""
+    if opts.stream is None:
+        return
+    try:
+        stream = Stream.open(opts.root, opts.stream, create=False)
+    except StreamNotFound:
+        return
+    with stream:
+        start = staged_prefix(sink_id, "")
+        mine = stream.staged(start)
+        stream.remove_staged(
+            p for p in mine if which(Path(p).name[len(SegmentStager.PREFIX) + len(start) :].split("~")[0])
+        )
+
+
+def _prune(opts: SinkOptions, sink_id: str, batch: str) -> None:
+    root = opts.root
     if not batch.isdigit():
         return
     current = int(batch)
     for name in subdirs(staging_dir(root, sink_id, batch).parent):
         if name.isdigit() and int(name) < current:
             remove_tree(staging_dir(root, sink_id, name))
+    _remove_stream_staged(opts, sink_id, lambda b: b.isdigit() and int(b) < current)
     markers = commits_dir(root, sink_id)
     for name in marker_names(markers):
         stem, _, ext = name.partition(".")
@@ -333,11 +459,22 @@ def _stream_rows(table: pa.Table | None) -> _Rows:
     return _Rows(table.column("value"), keys, headers)
 
 
-def _append_to_stream(opts: SinkOptions, pending_path: Path, files: list[str], tag: str) -> int:
+def _append_to_stream(
+    opts: SinkOptions, pending_path: Path, files: list[str], tag: str, staged_rows: int
+) -> int:
     assert opts.stream is not None
     pending = read_json(pending_path)
     if pending is not None:
         files = list(pending["files"])  # a replay publishes the first attempt's rows
+    elif _adoptable(files):
+        pending = {"files": files, "renamed": True, "rows": staged_rows}
+        atomic_write_json(pending_path, pending)
+    if pending is not None and pending.get("renamed"):
+        # each file is renamed into the stream whole: those still here were not appended
+        left = [f for f in files if os.path.exists(f)]
+        with Stream.open(opts.root, opts.stream, create=opts.create_stream) as stream:
+            stream.append_staged(left, copy_below=0)
+        return int(pending["rows"])
     rows = _stream_rows(_load(files))
     with Stream.open(opts.root, opts.stream, create=opts.create_stream) as stream:
         if pending is None:

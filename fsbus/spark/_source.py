@@ -131,8 +131,8 @@ class BatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from ._sink import stage
 
-        # A batch job's append to a Stream is never replayed: its staged files need not
-        # survive a power cut (publishing on the Bus keeps a ledger naming them).
+        # Publishing on the Bus keeps a ledger naming the staged files, which must survive
+        # a power cut; a Stream's staged segments are always synced (they are renamed in).
         durable = self.opts.stream is None
         return stage(self.opts, self.cols, self.sink_id, self.job, iterator, durable=durable)
 

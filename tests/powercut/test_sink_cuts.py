@@ -31,7 +31,7 @@ pytest.importorskip("pyspark")
 
 from pyspark import TaskContext
 
-from fsbus import BlockingBus, Stream
+from fsbus import BlockingBus, SegmentStager, Stream
 from fsbus.spark._names import ID_HEADER
 from fsbus.spark._options import SinkOptions
 from fsbus.spark._sink import SinkColumns, StagedFile, publish, stage
@@ -249,6 +249,20 @@ def test_stream_sink_commits_survive_cuts(pfs: PowerCut, sink_state: str, sweep:
     tally = sweep_sink(
         pfs, "sink", opts, every=1 if sweep else 6, randoms=20 if sweep else 3, seed=11
     )
+    assert tally.cuts >= 5
+    assert tally.ok(), (tally.lost, tally.corrupt)
+
+
+def test_stream_sink_renamed_segments_survive_cuts(
+    pfs: PowerCut, sink_state: str, sweep: bool
+) -> None:
+    """The same with every staged segment renamed into the stream (as a large batch's
+    are): the rename is the append, and a replay appends only the files still staged."""
+    opts = options(sink_state, "out")
+    with mock.patch.object(SegmentStager, "ADOPT_BYTES", 1):
+        tally = sweep_sink(
+            pfs, "sink", opts, every=1 if sweep else 6, randoms=20 if sweep else 3, seed=13
+        )
     assert tally.cuts >= 5
     assert tally.ok(), (tally.lost, tally.corrupt)
 

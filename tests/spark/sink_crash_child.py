@@ -7,7 +7,8 @@
 * ``records`` - inside the Stream append, after ``n`` records were handed to it (rows
   appended as plain values from the Arrow buffers: only ``n`` = 0, before the append);
 * ``done`` - after the whole append or publish, just before the done marker;
-* ``ledger`` - after Bus message ``n`` is published, before the ledger records it.
+* ``ledger`` - after Bus message ``n`` is published, before the ledger records it;
+* ``rename`` - after ``n`` staged segments were renamed into the Stream, before the next.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def main() -> None:
             real_record(self, index)
 
         _sink.Ledger.record = record  # type: ignore[method-assign]
+    elif point == "rename":
+        from fsbus._stream import writer
+
+        real_adopt = writer.Writer._adopt
+        renamed = 0
+
+        def adopt(self: Any, *args: Any) -> bool:
+            nonlocal renamed
+            if renamed == n:
+                die()
+            renamed += 1
+            return real_adopt(self, *args)
+
+        writer.Writer._adopt = adopt  # type: ignore[method-assign]
     _sink.publish(opts, sink_id, batch, messages, replayable=True)
     print("finished without crashing", file=sys.stderr)
     sys.exit(3)

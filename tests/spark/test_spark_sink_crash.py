@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from fsbus import BlockingBus, OffsetOutOfRange, RecordIn, Stream
+from fsbus import BlockingBus, OffsetOutOfRange, RecordIn, SegmentStager, Stream
 from fsbus.spark import BATCH_HEADER, ID_HEADER
 from fsbus.spark._files import commits_dir, staging_dir
 from fsbus.spark._options import SinkOptions, parse_sink_options
@@ -144,6 +144,47 @@ def test_bus_commit_replay_after_crash(tmp_path: Path, point: str, n: int) -> No
     assert seen == Counter((r["topic"], r["value"].encode(), r["headers"]["n"]) for r in rows)
     ids = Counter(i.headers[ID_HEADER] for i in infos)
     assert sorted(ids) == sorted(f"{SINK}/{BATCH}:{i}" for i in range(80))
+
+
+def large_rows(n: int) -> list[dict[str, Any]]:
+    """Rows of 1,000-byte values: 10,000 of them stage a segment the commit renames."""
+    return [{"value": f"{i:08d}".ljust(1000, "x"), "key": None, "headers": {}} for i in range(n)]
+
+
+@pytest.mark.parametrize(("point", "n"), [("rename", 0), ("rename", 1), ("done", 0)])
+def test_stream_commit_renames_large_segments_exactly_once(
+    tmp_path: Path, point: str, n: int
+) -> None:
+    """Large staged segments are renamed into the stream; a crash between two renames,
+    or after both, is replayed with every row once (a file still staged was not
+    appended, one gone was), whatever another writer appended meanwhile."""
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = large_rows(20_000)
+    with Stream.open(root, "out") as stream:
+        stream.append("before")
+    staged = stage_rows(opts, rows, parts=2)
+    assert [Path(m.path).stat().st_size >= SegmentStager.ADOPT_BYTES for m in staged] == [
+        True,
+        True,
+    ]
+    crash(tmp_path, opts, staged, point, n)
+    with Stream.open(root, "out") as stream:
+        stream.append("foreign")
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True) == 20_000
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=2), replayable=True) == 0
+
+    with Stream.open(root, "out", create=False) as stream:
+        stored = [r.value.decode() for r in stream.read()]
+        segments = len(stream.info().segments)
+    renamed = {"rename": n, "done": 2}[point]
+    expect = [r["value"] for r in rows]
+    cut = 10_000 * renamed
+    assert stored == ["before", *expect[:cut], "foreign", *expect[cut:]]
+    assert segments >= 3  # the first segment, then one per staged file
+    markers = sorted(p.name for p in commits_dir(str(root), SINK).iterdir())
+    assert markers == [f"{BATCH}.done"]
+    assert not staging_dir(str(root), SINK, BATCH).exists()
 
 
 def test_only_the_attempt_spark_kept_is_published(tmp_path: Path) -> None:
