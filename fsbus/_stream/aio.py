@@ -30,6 +30,7 @@ from .framing import ColumnBatch, Record, RecordIn
 from .groups import ConsumerGroup, GroupInfo
 from .log import Stream, StreamInfo
 from .maint import CompactionReport, RetentionReport
+from .staged import ADOPT_BYTES, SegmentStager, StagedSegment
 from .writer import RecoveryInfo
 
 __all__ = ["AsyncConsumerGroup", "AsyncStream"]
@@ -156,6 +157,34 @@ class AsyncStream:
         return await anyio.to_thread.run_sync(
             lambda: s.append_value_chunks(pairs, first_headers=first_headers)
         )
+
+    async def stager(self, prefix: str, *, durable: bool | None = None) -> SegmentStager:
+        """See :meth:`Stream.stager <fsbus.Stream.stager>`. The stager is blocking: call
+        its methods in a worker thread (``anyio.to_thread.run_sync``) from a loop."""
+        s = await self._ensure()
+        return s.stager(prefix, durable=durable)
+
+    async def append_staged(
+        self,
+        segments: Iterable[StagedSegment | str | os.PathLike[str]],
+        *,
+        copy_below: int = ADOPT_BYTES,
+    ) -> range:
+        """See :meth:`Stream.append_staged <fsbus.Stream.append_staged>`."""
+        s = await self._ensure()
+        items = list(segments)
+        return await anyio.to_thread.run_sync(lambda: s.append_staged(items, copy_below=copy_below))
+
+    async def staged(self, prefix: str = "") -> list[str]:
+        """See :meth:`Stream.staged <fsbus.Stream.staged>`."""
+        s = await self._ensure()
+        return await anyio.to_thread.run_sync(s.staged, prefix)
+
+    async def remove_staged(self, paths: Iterable[str | os.PathLike[str]]) -> int:
+        """See :meth:`Stream.remove_staged <fsbus.Stream.remove_staged>`."""
+        s = await self._ensure()
+        items = list(paths)
+        return await anyio.to_thread.run_sync(s.remove_staged, items)
 
     async def recover(self) -> tuple[RecoveryInfo, ...]:
         """See :meth:`Stream.recover <fsbus.Stream.recover>`."""

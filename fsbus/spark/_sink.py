@@ -400,7 +400,9 @@ def _remove_stream_staged(opts: SinkOptions, sink_id: str, which: Callable[[str]
         start = staged_prefix(sink_id, "")
         mine = stream.staged(start)
         stream.remove_staged(
-            p for p in mine if which(Path(p).name[len(SegmentStager.PREFIX) + len(start) :].split("~")[0])
+            p
+            for p in mine
+            if which(Path(p).name[len(SegmentStager.PREFIX) + len(start) :].split("~")[0])
         )
 
 

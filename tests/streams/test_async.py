@@ -126,6 +126,22 @@ async def test_bulk_appends_and_column_reads(tmp_path: Path) -> None:
         assert await s.end_offset() == 100
 
 
+async def test_staged_segments(tmp_path: Path) -> None:
+    async with AsyncStream(tmp_path, "st", config=StreamConfig(durability="none")) as s:
+        await s.append(b"first")
+        stager = await s.stager("t")
+        await anyio.to_thread.run_sync(stager.add_records, [b"a", b"b"])
+        staged = await anyio.to_thread.run_sync(stager.finish)
+        assert await s.staged() == [staged[0].path]
+        assert await s.append_staged(staged, copy_below=0) == range(1, 3)
+        assert [r.value async for r in s.read()] == [b"first", b"a", b"b"]
+        left = await s.stager("dead")
+        await anyio.to_thread.run_sync(left.add_records, [b"never"])
+        await anyio.to_thread.run_sync(left.finish)
+        assert await s.remove_staged(await s.staged("dead")) == 1
+        assert await s.staged() == []
+
+
 async def test_locked_end_read_through_and_recover(tmp_path: Path) -> None:
     async with AsyncStream(tmp_path, "t", config=StreamConfig(durability="none")) as s:
         await s.append_batch([b"%d" % i for i in range(30)])
