@@ -743,8 +743,12 @@ class Channel:
         held = await anyio.to_thread.run_sync(self.state.exclusive_consumer, bus_queue_name(name))
         if held is not None:
             raise in_use
-        if m.exclusive and (counted or await self.bus.queue_info(bus_queue_name(name))).consumers:
-            raise in_use
+        if m.exclusive:
+            # a consumer this gateway cancelled is gone, though its subscription may still
+            # be settling (holding its consumer file), as for the counts
+            info = counted or await self.bus.queue_info(bus_queue_name(name))
+            if self.gateway.counted_consumers(name, info.consumers):
+                raise in_use
         consumer = Consumer(tag, name, bool(m.no_ack))
         if m.exclusive:
             consumer.exclusive = {"owner": self.conn.id, "tag": tag}

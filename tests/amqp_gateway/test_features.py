@@ -487,6 +487,30 @@ def test_an_exclusive_consumer_keeps_every_other_off(broker: Broker, names: Name
         ch.queue_delete(q)
 
 
+def test_an_exclusive_consumer_may_follow_a_cancelled_one_still_holding_a_message(
+    broker: Broker, names: Names
+) -> None:
+    """A cancelled consumer is gone at its cancel-ok, though the message it was sent is
+    not acked yet: another may consume exclusively at once, and the ack still counts."""
+    q = names("relay")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"held")
+        got: list[int] = []
+        tag = ch.basic_consume(q, lambda _ch, m, _p, _b: got.append(m.delivery_tag), exclusive=True)
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            c.process_data_events(time_limit=0.05)
+        assert len(got) == 1
+        ch.basic_cancel(tag)
+        second = ch.basic_consume(q, lambda *_: None, exclusive=True)
+        ch.basic_ack(got[0])
+        ch.basic_cancel(second)
+        assert ch.queue_declare(q, passive=True).method.message_count == 0
+        ch.queue_delete(q)
+
+
 def test_an_exclusive_consumer_holds_across_gateways(gateway: Broker, names: Names) -> None:
     """Two gateways on one bus: one's exclusive consumer keeps the other's clients off
     the queue until it is cancelled, or until its connection ends."""
