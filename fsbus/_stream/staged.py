@@ -219,9 +219,11 @@ class SegmentStager:
         """Frame plain values lying back to back in ``data`` (``lengths``: ``array('I')``)."""
         if not lengths:
             return
-        biggest = max(lengths)
-        if biggest > self._config.max_record_bytes:
-            raise too_large(biggest, self._config.max_record_bytes)
+        limit = self._config.max_record_bytes
+        # no value is longer than all of them: look at each only where one could be too
+        # large (a pass over a million lengths costs ~20 ms)
+        if len(memoryview(data).cast("B")) > limit and (biggest := max(lengths)) > limit:
+            raise too_large(biggest, limit)
         self._add(
             lambda base: encode_packed(
                 data,

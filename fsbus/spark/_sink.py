@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
 from fsbus import (
@@ -193,9 +192,9 @@ def _normalise(batch: pa.RecordBatch, cols: SinkColumns, schema: pa.Schema) -> p
             f"a row has a null {cols.value!r}; every record needs a value "
             "(use coalesce(value, '') to write empty values)"
         )
-    arrays = [pc.cast(value, pa.binary())]
+    arrays = [value.cast(pa.binary())]
     if cols.key:
-        arrays.append(pc.cast(batch.column(cols.key), pa.binary()))
+        arrays.append(batch.column(cols.key).cast(pa.binary()))
     if cols.headers:
         arrays.append(batch.column(cols.headers).cast(_HEADERS))
     if cols.topic:
@@ -526,7 +525,13 @@ def value_chunks(column: pa.ChunkedArray, skip: int = 0) -> list[tuple[memoryvie
         first, last = int(ends[0]), int(ends[-1])
         lens = array("I")
         lens.frombytes(np.diff(ends).astype(np.uint32).tobytes())
-        data = memoryview(data_buf)[first:last] if data_buf is not None else memoryview(b"")
+        # read-only: Arrow arrays do not change, so the Stream frames them where they lie
+        # (a writable buffer it would copy first, lest it change before it is written)
+        data = (
+            memoryview(data_buf).toreadonly()[first:last]
+            if data_buf is not None
+            else memoryview(b"")
+        )
         out.append((data, lens))
     return out
 
