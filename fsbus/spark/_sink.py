@@ -396,13 +396,10 @@ def _remove_stream_staged(opts: SinkOptions, sink_id: str, which: Callable[[str]
     except StreamNotFound:
         return
     with stream:
-        start = staged_prefix(sink_id, "")
+        start = f"{sink_id}~"  # what staged_prefix puts before the batch
+        skip = len(SegmentStager.PREFIX) + len(start)
         mine = stream.staged(start)
-        stream.remove_staged(
-            p
-            for p in mine
-            if which(Path(p).name[len(SegmentStager.PREFIX) + len(start) :].split("~")[0])
-        )
+        stream.remove_staged(p for p in mine if which(Path(p).name[skip:].split("~")[0]))
 
 
 def _prune(opts: SinkOptions, sink_id: str, batch: str) -> None:

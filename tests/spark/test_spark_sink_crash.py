@@ -28,7 +28,9 @@ SINK = "test-sink"
 BATCH = "7"
 
 
-def stage_rows(opts: SinkOptions, rows: list[dict[str, Any]], parts: int) -> list[StagedFile]:
+def stage_rows(
+    opts: SinkOptions, rows: list[dict[str, Any]], parts: int, batch: str = BATCH
+) -> list[StagedFile]:
     """Stage rows as ``parts`` Spark tasks would (a fresh attempt each call)."""
     cols = SinkColumns(
         value="value",
@@ -46,7 +48,7 @@ def stage_rows(opts: SinkOptions, rows: list[dict[str, Any]], parts: int) -> lis
     )
     size = -(-len(rows) // parts)
     return [
-        stage(opts, cols, SINK, BATCH, iter(table.slice(i * size, size).to_batches()))
+        stage(opts, cols, SINK, batch, iter(table.slice(i * size, size).to_batches()))
         for i in range(parts)
     ]
 
@@ -197,7 +199,33 @@ def test_only_the_attempt_spark_kept_is_published(tmp_path: Path) -> None:
     assert publish(opts, SINK, BATCH, kept, replayable=True) == 10
     with Stream.open(root, "out", create=False) as stream:
         assert stream.end_offset == 10
+        assert stream.staged() == []  # the dead attempt's staged segment went too
     assert not staging_dir(str(root), SINK, BATCH).exists()
+
+
+def test_dead_attempts_and_older_batches_leftovers_are_removed(tmp_path: Path) -> None:
+    """Staged segments no commit names (an attempt whose executor died after staging, or
+    one that finished after its batch was committed) are removed by that batch's commit,
+    or by a later batch's; files of other stagers are left alone."""
+    root = tmp_path / "bus"
+    opts = parse_sink_options({"path": str(root), "stream": "out", "sinkId": SINK}, streaming=True)
+    rows = stream_rows(10)
+    orphan = stage_rows(opts, rows, parts=1)  # batch 7; Spark kept another attempt
+    assert publish(opts, SINK, BATCH, stage_rows(opts, rows, parts=1), replayable=True) == 10
+    assert not Path(orphan[0].path).exists()
+    with Stream.open(root, "out", create=False) as stream:
+        late = stream.stager(f"{SINK}~{BATCH}~00099-1")  # batch 7, after its commit
+        late.add_records([b"late"])
+        late.finish()
+        other = stream.stager("someone-else")
+        other.add_records([b"not the sink's"])
+        theirs = other.finish()
+    assert (
+        publish(opts, SINK, "8", stage_rows(opts, rows, parts=1, batch="8"), replayable=True) == 10
+    )
+    with Stream.open(root, "out", create=False) as stream:
+        assert stream.staged() == [theirs[0].path]
+        assert stream.end_offset == 20
 
 
 def plain_rows(n: int) -> list[dict[str, Any]]:
