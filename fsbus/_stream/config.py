@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .._config import env_force_polling
 from .._errors import InvalidConfig
 
-__all__ = ["Durability", "StreamConfig"]
+__all__ = ["Durability", "StreamConfig", "default_config"]
 
 Durability = Literal["none", "batch", "record"]
 
@@ -22,7 +22,9 @@ class StreamConfig(BaseModel):
     the newest segment by name, whatever size the others roll at).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The validators are built on the first validation, not at import: a process that
+    # only opens streams with the defaults (a Spark planner, the CLI) never builds them.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     durability: Durability = Field(
         "batch",
@@ -104,3 +106,9 @@ class StreamConfig(BaseModel):
                 f"session_timeout ({self.session_timeout})"
             )
         return self
+
+
+def default_config() -> StreamConfig:
+    """A config with every option at its default: what ``StreamConfig()`` gives, made
+    without running the validators (the defaults are valid), so without building them."""
+    return StreamConfig.model_construct()

@@ -27,7 +27,7 @@ from .._errors import (
     UsageError,
     storage_error,
 )
-from .config import StreamConfig
+from .config import StreamConfig, default_config
 from .framing import (
     ColumnBatch,
     Encoded,
@@ -172,7 +172,7 @@ class Stream:
         ops: StreamOps,
     ) -> Stream:
         sdir = stream_dir(root, name)
-        cfg = config if config is not None else StreamConfig()
+        cfg = config if config is not None else default_config()
         if not isinstance(cfg, StreamConfig):
             raise UsageError(f"config must be a StreamConfig, got {type(cfg).__name__}")
         if not ops.is_dir(sdir):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .._errors import CorruptDataError, UsageError, storage_error
-from .config import StreamConfig
+from .config import StreamConfig, default_config
 from .framing import (
     ColumnBatch,
     Encoded,
@@ -55,6 +55,7 @@ __all__ = [
     "is_staged_name",
     "read_staged_columns",
     "rebase",
+    "staged_records",
 ]
 
 ADOPT_BYTES = 8 << 20
@@ -171,6 +172,15 @@ def read_staged_columns(path: str | Path, *, ops: StreamOps | None = None) -> It
         yield frame_columns(data, f.position, f)
 
 
+def staged_records(buf: Any) -> int:
+    """How many records the frames of a staged segment held in ``buf`` hold, from their
+    headers (checksums are checked by :func:`rebase`); 0 where it is not frames."""
+    scan = scan_frames(buf, verify=False)
+    if not scan.frames:
+        return 0
+    return scan.frames[-1].next_offset - scan.frames[0].base_offset
+
+
 class SegmentStager:
     """Frames records into staged segments ``.staged.<prefix>.<n>.seg`` of one stream.
 
@@ -201,7 +211,7 @@ class SegmentStager:
 
         self._dir = Path(directory)
         self._prefix = check_prefix(prefix)
-        self._config = config if config is not None else StreamConfig()
+        self._config = config if config is not None else default_config()
         self._durable = durable
         self._ops = ops if ops is not None else DEFAULT_OPS
         self._done: list[StagedSegment] = []
