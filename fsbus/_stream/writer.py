@@ -11,9 +11,11 @@ from __future__ import annotations
 import errno
 import logging
 import mmap
+import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._errors import ClosedError, CorruptDataError, LockingUnsupported, storage_error
@@ -37,7 +39,7 @@ from .segments import (
     scan_segment,
     seek_entry,
 )
-from .staged import rebase
+from .staged import rebase, staged_records
 
 __all__ = ["RecoveryInfo", "Writer"]
 
@@ -123,18 +125,33 @@ class Writer:
 
         A file of at least ``copy_below`` bytes becomes a segment of its own (renamed: no
         data is copied); a smaller one is written at the end of the newest segment, then
-        removed. Either way the file is gone from its path on return.
+        removed. Either way the file is gone from its path on return. Every file is
+        checked before any is appended: a corrupt one appends nothing.
         """
         with self._tlock:
             if self._closed:
                 raise ClosedError("this stream handle is closed; open the stream again")
             self._take_lock()
+            staged: list[_Staged] = []
             try:
                 self._sync()
                 first = self._next
-                copied = False
                 for path in paths:
-                    copied |= self._take_staged(Path(path), copy_below)
+                    staged.append(self._open_staged(Path(path), copy_below))
+                base = self._next
+                for st in staged:
+                    st.base = base
+                    base += st.count
+                self._rebase_all(staged)
+                copied = False
+                for st in staged:
+                    if st.adopt:
+                        self._adopt(st)
+                    elif st.size:
+                        self._copy(st)
+                        copied = True
+                    else:
+                        self._ops.remove(st.path)
                 if copied and self._config.durability != "none":
                     assert self._seg_fd is not None
                     self._ops.fdatasync(self._seg_fd)
@@ -144,6 +161,8 @@ class Writer:
                     f"append staged records to stream {self._dir.name!r}", exc, self._dir
                 ) from exc
             finally:
+                for st in staged:
+                    st.release(self._ops)
                 self._ops.unlock(self._lock_fd)
 
     @property
@@ -350,68 +369,71 @@ class Writer:
         if not first:
             self.rolled = True
 
-    def _take_staged(self, path: Path, copy_below: int) -> bool:
-        """Append one staged segment; True if it was copied into the newest segment."""
+    def _open_staged(self, path: Path, copy_below: int) -> _Staged:
+        """Open and map a staged segment, and count its records (its frame headers)."""
         ops = self._ops
-        fd = ops.open_rw(path, create=False)
-        keep_fd = False
+        st = _Staged(path, ops.open_rw(path, create=False))
+        st.size = ops.size(st.fd)
+        if not st.size:
+            return st
         try:
-            size = ops.size(fd)
-            if size == 0:
-                ops.remove(path)
-                return False
-            try:
-                buf: mmap.mmap | bytearray = ops.map_rw(fd, size)
-            except OSError:  # a mount that cannot map the file shared: rewrite it instead
-                buf = bytearray(ops.pread(fd, size, 0))
-            try:
-                frames, next_offset, _ = rebase(
-                    buf, self._next, path=str(path), max_ts=self._max_ts
-                )
-                if size >= copy_below:
-                    self._adopt(path, fd, buf, frames, next_offset)
-                    keep_fd = True
-                    return False
-                view = memoryview(buf)
-                try:
-                    self._write_frames(encoded(view, tuple(frames), next_offset), sync=False)
-                finally:
-                    view.release()
-            finally:
-                if isinstance(buf, mmap.mmap):
-                    buf.close()
-            ops.remove(path)
-            return True
-        finally:
-            if not keep_fd:
-                ops.close(fd)
+            st.buf = ops.map_rw(st.fd, st.size)
+        except OSError:  # a mount that cannot map the file shared: rewrite it instead
+            st.buf = bytearray(ops.pread(st.fd, st.size, 0))
+        st.count = staged_records(st.buf)
+        st.adopt = st.size >= copy_below
+        return st
 
-    def _adopt(
-        self,
-        path: Path,
-        fd: int,
-        buf: mmap.mmap | bytearray,
-        frames: list[tuple[int, int, int]],
-        next_offset: int,
-    ) -> None:
+    def _rebase_all(self, staged: list[_Staged]) -> None:
+        """Check and rebase every file (in threads when there are several large ones: the
+        hashing and the syncs leave the GIL); an adopted file's new headers are written
+        back and synced here, before any file is renamed."""
+        work = [st for st in staged if st.size]
+        if len(work) > 1 and sum(st.size for st in work) >= _PARALLEL_BYTES:
+            with ThreadPoolExecutor(max_workers=min(len(work), os.cpu_count() or 1)) as pool:
+                for future in [pool.submit(self._rebase, st) for st in work]:
+                    future.result()
+        else:
+            for st in work:
+                self._rebase(st)
+
+    def _rebase(self, st: _Staged) -> None:
+        assert st.buf is not None
+        st.frames, st.next_offset, _ = rebase(st.buf, st.base, path=str(st.path), max_ts=I64_MIN)
+        if not st.adopt:
+            return
+        ops = self._ops
+        if isinstance(st.buf, bytearray):
+            ops.pwrite(st.fd, st.buf, 0)  # the rebased frames, where the file could not be mapped
+        if self._config.durability != "none":
+            if isinstance(st.buf, mmap.mmap):
+                st.buf.flush()
+            ops.fdatasync(st.fd)  # the new headers are on disk before the name is
+
+    def _copy(self, st: _Staged) -> None:
+        """Write a rebased staged segment at the end of the newest segment; remove it."""
+        assert st.buf is not None
+        view = memoryview(st.buf)
+        try:
+            self._write_frames(encoded(view, tuple(st.frames), st.next_offset), sync=False)
+        finally:
+            view.release()
+        self._ops.remove(st.path)
+
+    def _adopt(self, st: _Staged) -> None:
         """Rename a rebased staged segment into the stream as its newest segment."""
         ops = self._ops
         base = self._next
+        assert st.base == base
         durable = self._config.durability != "none"
         seg_path = self._dir / segment_name(base)
         idx_path = self._dir / index_name(base)
         entries, last_pos, max_ts = _index_entries(
-            frames, 0, 0, self._max_ts, self._config.index_interval_bytes
+            st.frames, 0, 0, self._max_ts, self._config.index_interval_bytes
         )
         entries.insert(0, encode_index_entry(base, 0, self._max_ts))  # as a roll writes it
-        if isinstance(buf, bytearray):
-            ops.pwrite(fd, buf, 0)  # the rebased frames, where the file could not be mapped
-        elif durable:
-            buf.flush()
-        if durable:
-            ops.fdatasync(fd)  # the new headers are on disk before the name is
-            if self._seg_fd is not None and self._size:
-                ops.fdatasync(self._seg_fd)  # the old segment is complete before the new one
+        if durable and self._seg_fd is not None and self._size:
+            ops.fdatasync(self._seg_fd)  # the old segment is complete before the new one
         idx_fd = ops.open_rw(idx_path, truncate=True)
         try:
             ops.pwrite(idx_fd, b"".join(entries), 0)
@@ -419,15 +441,15 @@ class Writer:
             ops.close(idx_fd)
         # in the stream's directory: replaces an empty newest segment of this base, and
         # one sync makes the new name and the staged name's removal durable together
-        ops.rename(path, seg_path)
+        ops.rename(st.path, seg_path)
         if durable:
             ops.fsync_dir(self._dir)
         self._drop_segment()
-        self._seg_fd = fd
+        self._seg_fd, st.fd = st.fd, -1  # the segment's descriptor now
         self._idx_fd = ops.open_append(idx_path)
         self._base = base
-        self._size = ops.size(fd)
-        self._next = next_offset
+        self._size = st.size
+        self._next = st.next_offset
         self._max_ts = max_ts
         self._last_index_pos = last_pos
         self.rolled = True
@@ -495,6 +517,34 @@ class Writer:
             raise storage_error(
                 f"append to stream {self._dir.name!r}", exc, self._dir / segment_name(self._base)
             ) from exc
+
+
+_PARALLEL_BYTES = 16 << 20
+"""Staged files of this many bytes in all are rebased in threads."""
+
+
+@dataclass(slots=True)
+class _Staged:
+    """A staged segment being appended."""
+
+    path: Path
+    fd: int
+    size: int = 0
+    buf: mmap.mmap | bytearray | None = None
+    count: int = 0
+    base: int = 0
+    adopt: bool = False
+    frames: list[tuple[int, int, int]] = field(default_factory=list)
+    next_offset: int = 0
+
+    def release(self, ops: StreamOps) -> None:
+        """Unmap, and close the descriptor unless the writer took it (``fd`` -1)."""
+        if isinstance(self.buf, mmap.mmap):
+            self.buf.close()
+        self.buf = None
+        if self.fd >= 0:
+            ops.close(self.fd)
+            self.fd = -1
 
 
 def _index_entries(

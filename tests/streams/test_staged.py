@@ -276,3 +276,38 @@ def test_staged_segments_are_appended_where_files_cannot_be_mapped(
     with Stream.open(tmp_path, "s", create=False) as fresh:  # checksums hold on disk
         assert [r.value for r in fresh.read()] == [b"first", *values(700), b"last"]
     assert len(segment_files(tmp_path)) == (2 if copy_below == 0 else 1)
+
+
+def test_a_corrupt_file_among_several_appends_none_of_them(tmp_path: Path) -> None:
+    """Every file is checked before any is appended."""
+    with Stream.open(tmp_path, "s") as stream:
+        good = stage(stream, "a", values(300, "a"))
+        bad = stage(stream, "b", values(300, "b"))
+        raw = bytearray(Path(bad[0].path).read_bytes())
+        raw[-1] ^= 0xFF
+        Path(bad[0].path).write_bytes(bytes(raw))
+        with pytest.raises(CorruptDataError, match="fails its checksum"):
+            stream.append_staged([*good, *bad], copy_below=0)
+        assert stream.end_offset == 0
+        assert stream.staged() == [good[0].path, bad[0].path]
+        assert stream.append_staged(good, copy_below=0) == range(300)  # the good one, later
+        assert [r.value for r in stream.read()] == values(300, "a")
+
+
+def test_large_files_are_rebased_side_by_side_and_appended_in_order(tmp_path: Path) -> None:
+    """Files of 16 MiB or more in all are checked and rebased in threads; the offsets
+    follow the order the files were given, whatever thread finished first."""
+    big = [b"x" * 990 + f"{i:010d}".encode() for i in range(9_000)]  # ~9 MB a file
+    with Stream.open(tmp_path, "s") as stream:
+        stream.append(b"first")
+        files = [stage(stream, f"t{k}", [v[:-1] + str(k).encode() for v in big]) for k in range(3)]
+        staged = [s for f in files for s in f]
+        assert sum(s.size for s in staged) >= 16 << 20
+        assert stream.append_staged(staged) == range(1, 27_001)
+        got = [r.value for r in stream.read(1)]
+    assert [g[-1:] for g in got[::9_000]] == [b"0", b"1", b"2"]
+    assert got[9_000 * 2 + 5] == big[5][:-1] + b"2"
+    assert len(segment_files(tmp_path)) == 4
+    with Stream.open(tmp_path, "s", create=False) as fresh:
+        assert fresh.end_offset == 27_001
+        assert [r.offset for r in fresh.read(8_999, 9_002)] == [8_999, 9_000, 9_001]
