@@ -305,6 +305,10 @@ class SegmentStager:
                 chunk = parts[i : i + IOV_MAX]
                 self._ops.pwritev(self._fd, chunk, pos)
                 pos += sum(len(p) for p in chunk)
+            if self._durable:
+                # the disk writes while the producer makes its next batch: the sync at
+                # the end waits for the last of it only
+                self._ops.start_writeback(self._fd, self._size, enc.size)
         except OSError as exc:
             self.abort()
             raise storage_error("stage records", exc, self._dir) from exc
