@@ -57,6 +57,11 @@ def bus_config(args: argparse.Namespace) -> BusConfig:
         if not sep or not key:
             raise CliError(f"-o/--option needs KEY=VALUE (a BusConfig field), got {item!r}")
         options[key.strip().replace("-", "_")] = _option_value(value)
+    if not options:
+        # the defaults as they are: validating them would first build BusConfig's
+        # validators (and scan the installed packages for pydantic plugins), about 30 ms
+        # of every command's start, for values known to be valid
+        return BusConfig.model_construct()
     return BusConfig(**options)
 
 
