@@ -1,4 +1,5 @@
-"""The append side of a stream: the append lock, tail recovery, rolling and the index.
+"""The append side of a stream: the append lock, tail recovery, rolling, the index, and
+appending staged segments (renamed in as segments, or copied).
 
 One writer per :class:`~fsbus.Stream` handle. Every append takes a thread lock and the
 stream's ``append.lock`` flock, then *syncs*: it checks (one fstat and one stat) whether

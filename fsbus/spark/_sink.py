@@ -226,11 +226,10 @@ def stage(
     attempt = ctx.taskAttemptId() if ctx is not None else time.time_ns()
     schema = _staged_schema(cols)
     batches = (_normalise(b, cols, schema) for b in rows)
-    directory = staging_dir(opts.root, sink_id, batch)
     if opts.stream is not None:
         prefix = f"{staged_prefix(sink_id, batch)}{partition:05d}-{attempt}"
         return _stage_segments(opts, prefix, partition, batches)
-    path = directory / f"{partition:05d}-{attempt}.arrow"
+    path = staging_dir(opts.root, sink_id, batch) / f"{partition:05d}-{attempt}.arrow"
     count = write_staged(path, schema, batches, durable=durable)
     return StagedFile(path=str(path), rows=count, partition=partition)
 
@@ -322,10 +321,7 @@ def _segment_table(path: str) -> pa.Table:
 
 
 def _load(files: Sequence[str]) -> pa.Table | None:
-    tables = [
-        _segment_table(f) if f.endswith(SegmentStager.SUFFIX) else read_staged(Path(f))
-        for f in files
-    ]
+    tables = [_segment_table(f) if _is_segment(f) else read_staged(Path(f)) for f in files]
     if not tables:
         return None
     return pa.concat_tables(tables)
