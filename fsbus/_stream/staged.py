@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import xxhash
+
 from .._errors import CorruptDataError, UsageError, storage_error
 from .config import StreamConfig, default_config
 from .framing import (
@@ -120,8 +122,6 @@ def rebase(
             "written whole by a stager; remove it and stage the records again",
             Path(path),
         )
-    import xxhash
-
     hash64 = xxhash.xxh64_intdigest
     mv = memoryview(buf)
     first = scan.frames[0].base_offset if scan.frames else 0
