@@ -158,11 +158,13 @@ class AsyncStream:
             lambda: s.append_value_chunks(pairs, first_headers=first_headers)
         )
 
-    async def stager(self, prefix: str, *, durable: bool | None = None) -> SegmentStager:
+    async def stager(
+        self, prefix: str, *, durable: bool | None = None, frame_bytes: int | None = None
+    ) -> SegmentStager:
         """See :meth:`Stream.stager <fsbus.Stream.stager>`. The stager is blocking: call
         its methods in a worker thread (``anyio.to_thread.run_sync``) from a loop."""
         s = await self._ensure()
-        return s.stager(prefix, durable=durable)
+        return s.stager(prefix, durable=durable, frame_bytes=frame_bytes)
 
     async def append_staged(
         self,

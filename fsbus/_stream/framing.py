@@ -72,6 +72,7 @@ __all__ = [
     "encode_generations",
     "encode_offsets_file",
     "encode_packed",
+    "encode_value_frame",
     "encode_values",
     "frame_columns",
     "index_name",
@@ -381,6 +382,34 @@ def _scatter_values(
         pos += size
         vpos += vlen
     return Encoded(tuple(parts), tuple(frames), base_offset + len(raw_lengths) // 4, pos)
+
+
+def encode_value_frame(
+    pieces: Sequence[tuple[memoryview, array[int]]], base_offset: int, now_us: int
+) -> Encoded:
+    """One frame of the plain values of several buffers (``(data, lengths)`` pairs, each
+    ``data`` read-only and its values back to back), none of them copied: the frame is a
+    head buffer (header and every length), then the buffers as they are. The caller keeps
+    the frame within the 4 GiB frame limit."""
+    lengths = array("I")
+    for _, lens in pieces:
+        lengths += lens
+    if _BIG_ENDIAN:
+        lengths.byteswap()
+    count = len(lengths)
+    head = bytearray(HEADER_SIZE)
+    head += lengths.tobytes()
+    size = len(head) + sum(len(view) for view, _ in pieces)
+    HEADER.pack_into(
+        head, 0, 0, MAGIC, VERSION, 0, size, base_offset, count - 1, count, now_us, now_us
+    )
+    hasher = xxhash.xxh64(memoryview(head)[8:])
+    for view, _ in pieces:
+        hasher.update(view)
+    _CHECKSUM.pack_into(head, 0, hasher.intdigest())
+    parts: list[Buffer] = [head]
+    parts += (view for view, _ in pieces)
+    return Encoded(tuple(parts), ((base_offset, 0, now_us),), base_offset + count, size)
 
 
 @dataclass(frozen=True, slots=True)

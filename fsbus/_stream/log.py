@@ -463,7 +463,9 @@ class Stream:
         self._after_append(writer, offsets)
         return offsets
 
-    def stager(self, prefix: str, *, durable: bool | None = None) -> SegmentStager:
+    def stager(
+        self, prefix: str, *, durable: bool | None = None, frame_bytes: int | None = None
+    ) -> SegmentStager:
         """A :class:`~fsbus.SegmentStager` that frames records into files of this stream,
         away from the append lock, for :meth:`append_staged` to append whole.
 
@@ -471,11 +473,21 @@ class Stream:
         of its own; the files are named ``.staged.<prefix>.<n>.seg`` in the stream's
         directory and are not part of the stream until appended. ``durable`` (default:
         unless the stream's durability is 'none') syncs each file when complete.
+        ``frame_bytes`` (default ``config.max_frame_bytes``) sizes the frames: readers
+        see a renamed file's records all at once anyway, and larger frames leave fewer
+        headers for :meth:`append_staged` to rewrite and sync.
         """
         self._check_open()
         if durable is None:
             durable = self._config.durability != "none"
-        return SegmentStager(self._dir, prefix, config=self._config, durable=durable, ops=self._ops)
+        return SegmentStager(
+            self._dir,
+            prefix,
+            config=self._config,
+            durable=durable,
+            frame_bytes=frame_bytes,
+            ops=self._ops,
+        )
 
     def append_staged(
         self,

@@ -35,11 +35,13 @@ import xxhash
 from .._errors import CorruptDataError, UsageError, storage_error
 from .config import StreamConfig, default_config
 from .framing import (
+    HEADER_SIZE,
     ColumnBatch,
     Encoded,
     RecordIn,
     encode_frames,
     encode_packed,
+    encode_value_frame,
     frame_columns,
     prepare,
     scan_frames,
@@ -53,6 +55,7 @@ __all__ = [
     "SUFFIX",
     "SegmentStager",
     "StagedSegment",
+    "check_frame_bytes",
     "check_prefix",
     "is_staged_name",
     "read_staged_columns",
@@ -78,6 +81,13 @@ def check_prefix(prefix: object) -> str:
             f"starting with '.', got {prefix!r}"
         )
     return prefix
+
+
+def check_frame_bytes(n: object) -> int:
+    """A stager's frame size: 256 bytes to 4 GiB, as ``StreamConfig.max_frame_bytes``."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 256 <= n <= (1 << 32) - 1:
+        raise UsageError(f"frame_bytes must be an int from 256 to 2**32 - 1, got {n!r}")
+    return n
 
 
 def is_staged_name(name: str) -> bool:
@@ -205,6 +215,7 @@ class SegmentStager:
         *,
         config: StreamConfig | None = None,
         durable: bool = True,
+        frame_bytes: int | None = None,
         ops: StreamOps | None = None,
     ) -> None:
         from .ops import DEFAULT_OPS
@@ -213,12 +224,17 @@ class SegmentStager:
         self._prefix = check_prefix(prefix)
         self._config = config if config is not None else default_config()
         self._durable = durable
+        self._frame_bytes = check_frame_bytes(
+            self._config.max_frame_bytes if frame_bytes is None else frame_bytes
+        )
         self._ops = ops if ops is not None else DEFAULT_OPS
         self._done: list[StagedSegment] = []
         self._fd: int | None = None
         self._tmp: Path | None = None
         self._size = 0
         self._records = 0
+        self._pending: list[tuple[memoryview, array[int]]] = []
+        self._pending_bytes = 0
 
     @property
     def segments(self) -> list[StagedSegment]:
@@ -226,28 +242,41 @@ class SegmentStager:
         return list(self._done)
 
     def add_values(self, data: Any, lengths: array[int]) -> None:
-        """Frame plain values lying back to back in ``data`` (``lengths``: ``array('I')``)."""
+        """Frame plain values lying back to back in ``data`` (``lengths``: ``array('I')``).
+
+        Values of several calls share a frame, up to ``frame_bytes``: the buffers are
+        written where they lie, not joined (a read-only buffer is kept, not copied, until
+        its frame is written; a writable one is copied, lest it change meanwhile).
+        """
         if not lengths:
             return
+        view = memoryview(data).cast("B")
         limit = self._config.max_record_bytes
         # no value is longer than all of them: look at each only where one could be too
         # large (a pass over a million lengths costs ~20 ms)
-        if len(memoryview(data).cast("B")) > limit and (biggest := max(lengths)) > limit:
+        if len(view) > limit and (biggest := max(lengths)) > limit:
             raise too_large(biggest, limit)
-        self._add(
-            lambda base: encode_packed(
-                data,
-                lengths,
-                base,
-                now_us=self._now_us(),
-                max_frame_bytes=self._config.max_frame_bytes,
+        if not view.readonly:
+            view = memoryview(view.tobytes())
+        size = len(view) + 4 * len(lengths)
+        budget = self._frame_bytes - HEADER_SIZE
+        if self._pending and self._pending_bytes + size > budget:
+            self._flush()
+        if size > budget:  # frames of its own, cut to size
+            self._add(
+                lambda base: encode_packed(
+                    view, lengths, base, now_us=self._now_us(), max_frame_bytes=self._frame_bytes
+                )
             )
-        )
+            return
+        self._pending.append((view, lengths))
+        self._pending_bytes += size
 
     def add_records(self, items: Sequence[bytes | RecordIn]) -> None:
         """Frame records: plain values (``bytes``) and :class:`~fsbus.RecordIn`."""
         if not items:
             return
+        self._flush()
         limit = self._config.max_record_bytes
         batch: list[Any] = []
         for x in items:
@@ -259,12 +288,13 @@ class SegmentStager:
                 batch.append(prepare(x, max_record_bytes=limit))
         self._add(
             lambda base: encode_frames(
-                batch, base, now_us=self._now_us(), max_frame_bytes=self._config.max_frame_bytes
+                batch, base, now_us=self._now_us(), max_frame_bytes=self._frame_bytes
             )
         )
 
     def finish(self) -> list[StagedSegment]:
         """Complete the last file; every file staged, in order."""
+        self._flush()
         self._close_file()
         if self._durable and self._done:
             try:
@@ -275,6 +305,8 @@ class SegmentStager:
 
     def abort(self) -> None:
         """Remove the file being written and every file completed (idempotent)."""
+        self._pending.clear()
+        self._pending_bytes = 0
         fd, tmp = self._fd, self._tmp
         self._fd = self._tmp = None
         if fd is not None:
@@ -289,6 +321,16 @@ class SegmentStager:
 
     def _now_us(self) -> int:
         return round(self._ops.now() * 1_000_000)
+
+    def _flush(self) -> None:
+        """Write the values waiting for their frame as one frame."""
+        if not self._pending:
+            return
+        pieces = self._pending
+        self._pending = []
+        self._pending_bytes = 0
+        now = self._now_us()
+        self._add(lambda base: encode_value_frame(pieces, base, now))
 
     def _add(self, encode: Any) -> None:
         enc: Encoded = encode(self._records)

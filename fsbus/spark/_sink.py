@@ -85,6 +85,11 @@ __all__ = [
     "stage",
 ]
 
+STAGED_FRAME_BYTES = 8 << 20
+"""Frames of a task's staged segments: a renamed file's records appear to readers all at
+once whatever its frames, and the commit rewrites and syncs one header page a frame (with
+1 MiB frames that sync took half of a million-row commit's 40 ms)."""
+
 KEEP_MARKERS = 100
 """Done markers kept per sink (Spark replays only the last batch or so)."""
 
@@ -247,7 +252,8 @@ def _stage_segments(
     Always synced: the commit does not copy them, so their data must be on disk."""
     assert opts.stream is not None
     with Stream.open(opts.root, opts.stream, create=opts.create_stream) as stream:
-        return _stage_into(stream.stager(prefix, durable=True), partition, batches)
+        stager = stream.stager(prefix, durable=True, frame_bytes=STAGED_FRAME_BYTES)
+        return _stage_into(stager, partition, batches)
 
 
 def _stage_into(

@@ -311,3 +311,30 @@ def test_large_files_are_rebased_side_by_side_and_appended_in_order(tmp_path: Pa
     with Stream.open(tmp_path, "s", create=False) as fresh:
         assert fresh.end_offset == 27_001
         assert [r.offset for r in fresh.read(8_999, 9_002)] == [8_999, 9_000, 9_001]
+
+
+def test_values_of_several_calls_share_frames_up_to_frame_bytes(tmp_path: Path) -> None:
+    """Small batches (Spark hands a task 10,000 rows at a time) are framed together, up to
+    ``frame_bytes``, without joining their buffers; records with keys end a frame."""
+    with Stream.open(tmp_path, "s") as stream:
+        stager = stream.stager("t", frame_bytes=64 << 10)
+        batches = [values(500, f"b{b}-") for b in range(20)]  # about 5 KB each
+        for batch in batches[:10]:
+            stager.add_values(b"".join(batch), array("I", map(len, batch)))
+        stager.add_records([RecordIn(value=b"keyed", key=b"k")])
+        for batch in batches[10:]:
+            buf = bytearray(b"".join(batch))  # writable: copied when added
+            stager.add_values(buf, array("I", map(len, batch)))
+            buf[:] = b"?" * len(buf)
+        staged = stager.finish()
+        frames = [f for s in staged for f in read_staged_columns(s.path)]
+        assert max(len(f.value_data) for f in frames) <= 64 << 10
+        assert len(frames) < 10  # not a frame per call
+        stream.append_staged(staged, copy_below=0)
+        want = (
+            [v for b in batches[:10] for v in b] + [b"keyed"] + [v for b in batches[10:] for v in b]
+        )
+        assert [r.value for r in stream.read()] == want
+        assert next(iter(stream.read(5000, 5001))).key == b"k"
+        with pytest.raises(UsageError, match="frame_bytes"):
+            stream.stager("u", frame_bytes=10)
