@@ -17,6 +17,7 @@ import pytest
 
 from fsbus import (
     CorruptDataError,
+    DiskFull,
     PayloadTooLarge,
     RecordIn,
     StagedSegment,
@@ -338,3 +339,34 @@ def test_values_of_several_calls_share_frames_up_to_frame_bytes(tmp_path: Path) 
         assert next(iter(stream.read(5000, 5001))).key == b"k"
         with pytest.raises(UsageError, match="frame_bytes"):
             stream.stager("u", frame_bytes=10)
+
+
+class _FullDisk(StreamOps):
+    """Writes fail with ENOSPC once ``full`` is set (a filesystem filling up)."""
+
+    full = False
+
+    def pwritev(self, fd: int, parts: Any, pos: int) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().pwritev(fd, parts, pos)
+
+
+def test_a_full_disk_while_staging_leaves_nothing_staged_and_the_stream_intact(
+    tmp_path: Path,
+) -> None:
+    ops = _FullDisk()
+    stream = Stream._open(tmp_path, "s", config=StreamConfig(), create=True, ops=ops)
+    try:
+        stream.append(b"first")
+        stager = stream.stager("t", frame_bytes=4096)
+        stager.add_values(b"".join(values(1000)), array("I", [7] * 1000))  # frames written
+        ops.full = True
+        with pytest.raises(DiskFull, match="stage records"):
+            stager.add_values(b"".join(values(1000, "w")), array("I", [7] * 1000))
+        assert stream.staged() == []  # the part written is gone with the rest
+        ops.full = False
+        assert stream.append(b"second") == 1
+        assert [r.value for r in stream.read()] == [b"first", b"second"]
+    finally:
+        stream.close()
