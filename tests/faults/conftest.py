@@ -76,9 +76,11 @@ def shared_dir() -> Iterator[Path]:
 
 _BECOME = """
 import json, os, sys, tempfile, time
-from fsbus import BlockingBus
+from fsbus import BlockingBus, BusConfig, StreamConfig
 # The interpreter lives under root's home; import and warm up everything first (a real
-# subscription, so lazy imports happen), then drop to the other user.
+# subscription, so lazy imports happen; configs validated, which builds their validators
+# on first use), then drop to the other user.
+BusConfig(file_mode=0o666), StreamConfig(durability="none")
 with tempfile.TemporaryDirectory() as _d, BlockingBus(_d + "/bus") as _b:
     with _b.messages("#") as _it:
         try:
