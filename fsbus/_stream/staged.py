@@ -38,6 +38,7 @@ from .framing import (
     HEADER_SIZE,
     ColumnBatch,
     Encoded,
+    FrameScan,
     RecordIn,
     encode_frames,
     encode_packed,
@@ -111,27 +112,18 @@ class StagedSegment:
     """Its size in bytes."""
 
 
-def rebase(
-    buf: Any, base: int, *, path: str, max_ts: int
-) -> tuple[list[tuple[int, int, int]], int, int]:
+def rebase(buf: Any, base: int, *, path: str) -> tuple[list[tuple[int, int, int]], int]:
     """Give the frames of a staged segment held in ``buf`` (writable) the offsets from
     ``base`` on: each header's base offset is rewritten and its checksum taken again.
     Each frame's checksum is checked first, and the frames must follow each other with
     no gap, as a stager writes them (from 0; a file rebased before, by an append that
     failed, starts where that one put it); else :class:`CorruptDataError` names ``path``.
 
-    Returns ``(frames, next_offset, max_ts)``: per frame its new first offset, its
-    position and its largest timestamp (as :class:`~.framing.Encoded` lists them), the
-    offset after the last record, and the largest timestamp of the stream after the
-    file (``max_ts``: before it).
+    Returns ``(frames, next_offset)``: per frame its new first offset, its position and
+    its largest timestamp (as :class:`~.framing.Encoded` lists them), and the offset
+    after the last record.
     """
-    scan = scan_frames(buf, verify=True)
-    if scan.problem is not None:
-        raise CorruptDataError(
-            f"staged segment {path} has {scan.problem} at byte {scan.end}: it was not "
-            "written whole by a stager; remove it and stage the records again",
-            Path(path),
-        )
+    scan = _whole_frames(buf, path)
     hash64 = xxhash.xxh64_intdigest
     mv = memoryview(buf)
     first = scan.frames[0].base_offset if scan.frames else 0
@@ -150,9 +142,8 @@ def rebase(
         _U64.pack_into(buf, f.position + _BASE_AT, offset)
         _U64.pack_into(buf, f.position, hash64(mv[f.position + 8 : f.end]))
         expect = f.next_offset
-        max_ts = max(max_ts, f.max_ts)
     mv.release()
-    return frames, base + expect - first, max_ts
+    return frames, base + expect - first
 
 
 def read_staged_columns(path: str | Path, *, ops: StreamOps | None = None) -> Iterator[ColumnBatch]:
@@ -171,15 +162,22 @@ def read_staged_columns(path: str | Path, *, ops: StreamOps | None = None) -> It
             ops.close(fd)
     except OSError as exc:
         raise storage_error("read staged records", exc, p) from exc
-    scan = scan_frames(data, verify=True)
-    if scan.problem is not None:
-        raise CorruptDataError(
-            f"staged segment {p} has {scan.problem} at byte {scan.end}: it was not written "
-            "whole by a stager; remove it and stage the records again",
-            p,
-        )
+    scan = _whole_frames(data, p)
     for f in scan.frames:
         yield frame_columns(data, f.position, f)
+
+
+def _whole_frames(buf: Any, path: str | Path) -> FrameScan:
+    """Every frame of a staged segment, checksums checked; CorruptDataError if it is not
+    whole frames."""
+    scan = scan_frames(buf, verify=True)
+    if scan.problem is not None:
+        raise CorruptDataError(
+            f"staged segment {path} has {scan.problem} at byte {scan.end}: it was not "
+            "written whole by a stager; remove it and stage the records again",
+            Path(path),
+        )
+    return scan
 
 
 def staged_records(buf: Any) -> int:

@@ -400,7 +400,7 @@ class Writer:
 
     def _rebase(self, st: _Staged) -> None:
         assert st.buf is not None
-        st.frames, st.next_offset, _ = rebase(st.buf, st.base, path=str(st.path), max_ts=I64_MIN)
+        st.frames, st.next_offset = rebase(st.buf, st.base, path=str(st.path))
         if not st.adopt:
             return
         ops = self._ops
