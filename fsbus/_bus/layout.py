@@ -18,7 +18,6 @@ The first four are qlobber-fsq 14's layout; peers ignore the rest.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from .._config import BusConfig
@@ -26,7 +25,8 @@ from .names import format_bucket
 
 __all__ = ["Layout", "changed_buckets"]
 
-_NONZERO = re.compile(rb"[^\x00]+")
+_BLOCK_STAMPS = 16
+"""Stamps compared as one block before they are compared one by one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,17 +153,17 @@ def changed_buckets(old: bytes | None, new: bytes, stamp_size: int, count: int) 
         return list(range(count))
     if old == new:
         return []
-    # XOR the snapshots as two big integers (C), then find the runs of non-zero bytes
-    # (one regular-expression search in C): each run covers the stamps that changed.
-    # Comparing stamp by stamp, or halving the range, costs a Python step per stamp or
-    # per comparison: with tens of buckets stamped between two scans, ten times as much.
-    diff = (int.from_bytes(old[:size], "little") ^ int.from_bytes(new[:size], "little")).to_bytes(
-        size, "little"
-    )
+    # Compare blocks of stamps first (one memcmp each, in C), then the stamps of the
+    # blocks that differ: a scan after a few stamps costs about 20 comparisons whatever
+    # the bucket count. (A regular-expression search for non-zero bytes in the XOR of
+    # the snapshots cost 45 µs for 256 buckets of 32 bytes, mostly walking zeros.)
     out: list[int] = []
-    for run in _NONZERO.finditer(diff):
-        first, last = run.start() // stamp_size, (run.end() - 1) // stamp_size
-        if out and out[-1] == first:
-            first += 1  # the run before ended in the same stamp
-        out.extend(range(first, last + 1))
+    block = _BLOCK_STAMPS * stamp_size
+    for start in range(0, size, block):
+        end = min(start + block, size)
+        if old[start:end] == new[start:end]:
+            continue
+        for at in range(start, end, stamp_size):
+            if old[at : at + stamp_size] != new[at : at + stamp_size]:
+                out.append(at // stamp_size)
     return out
