@@ -47,7 +47,7 @@ from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer, new_publish_info
 from .names import FLAG_META, parse_name
-from .offload import Offload
+from .offload import Offload, ScanTooBig
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
@@ -77,8 +77,10 @@ _OWN_RELIST = 1.0
 _OWN_NAMES_MAX = 65536
 """Own names remembered at most (listings forget them; this bounds the rest)."""
 _INLINE_SCAN_NAMES = 2048
-"""A bus whose buckets held more names than this at their last listings scans in a worker
-thread: a scan's listings and decisions then take long enough to stall the event loop."""
+"""A scan whose buckets to list held more names than this at their last listings runs in
+a worker thread: its listings and decisions would take long enough to stall the event
+loop. (Counted over the buckets the scan lists, not the whole bus: a busy bus keeps many
+multi messages until they expire, and a scan lists the buckets that changed only.)"""
 _DEFAULT_BUFFER = 64
 _PURGE_BATCH = 256
 """Messages removed per worker-thread hop of a purge (cancellation waits for one)."""
@@ -185,7 +187,6 @@ class Bus:
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
         self._state = ScanState()
-        self._known_names = 0  # names in the buckets at their last listings (about)
         self._last_update: bytes | None = None
         self._last_refresh = 0.0
         self._retries = RetrySchedule()
@@ -874,8 +875,8 @@ class Bus:
             # (the thread hop costs more than a small scan); in a worker thread otherwise.
             cache = self._target_cache
             update, listings, decision, reads = await self._offload.scan(
-                lambda: self._list_and_read(full, relist, baseline, deliver, cache),
-                big=full or self._known_names > _INLINE_SCAN_NAMES,
+                lambda inline: self._list_and_read(full, relist, baseline, deliver, cache, inline),
+                big=full,
             )
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
@@ -1025,6 +1026,7 @@ class Bus:
         baseline: bool,
         deliver: bool,
         cache: dict[tuple[str, str], list[Subscription]],
+        inline: bool,
     ) -> tuple[bytes | None, dict[int, list[str]], ScanDecision, dict[tuple[int, str], ReadResult]]:
         """Blocking, one call per scan (inline or in a worker thread, see
         :meth:`Offload.scan`): list, decide, and read the new multi messages whose topic
@@ -1032,11 +1034,11 @@ class Bus:
 
         Only the scan loop touches the scan state, and it waits for this call. Messages
         whose topic is not in ``cache`` are read afterwards, once the engine has matched
-        them on its own thread (the trie is not read here).
+        them on its own thread (the trie is not read here). ``inline``: on the loop,
+        where it raises :class:`ScanTooBig` instead of listing buckets that held more
+        than :data:`_INLINE_SCAN_NAMES` names (before it has changed any state).
         """
-        update, listings, spills = self._list(full, retry)
-        seen = self._state.seen
-        before = 0 if full else sum(len(seen.get(bi, ())) for bi in listings)
+        update, listings, spills = self._list(full, retry, _INLINE_SCAN_NAMES if inline else None)
         decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
         own = self._own_names
         if own and decision.new_multi:
@@ -1049,10 +1051,6 @@ class Bus:
                 else:
                     kept.append(e)
             decision.new_multi = kept
-        if full:
-            self._known_names = sum(len(names) for names in seen.values())
-        else:
-            self._known_names += sum(len(seen.get(bi, ())) for bi in listings) - before
         reads: dict[tuple[int, str], ReadResult] = {}
         if deliver and decision.new_multi:
             buckets = self.layout.buckets
@@ -1065,17 +1063,25 @@ class Bus:
         return update, listings, decision, reads
 
     def _list(
-        self, full: bool, retry: set[int]
+        self, full: bool, retry: set[int], limit: int | None = None
     ) -> tuple[bytes | None, dict[int, list[str]], dict[tuple[int, str], str | None]]:
+        """Read UPDATE, list the buckets that changed (all when ``full``) and read the
+        spilled topics of long names. ``limit``: raise :class:`ScanTooBig` first, with
+        nothing changed, when those buckets held more names than that at their last
+        listing."""
         fs = self._fs
         update = fs.read_update(reopen=full)
         count = len(self.layout.buckets)
         dirty = self._own_dirty
         if full or update is None:
+            if limit is not None and self._names_in(range(count)) > limit:
+                raise ScanTooBig
             wanted: set[int] | list[int] = list(range(count))
             dirty.clear()
         else:
             wanted = set(changed_buckets(self._last_update, update, self.layout.stamp_size, count))
+            if limit is not None and self._names_in((*wanted, *retry, *dirty)) > limit:
+                raise ScanTooBig
             if fs.track_own and wanted:
                 # Buckets whose only change is this bus's own stamp hold nothing new for
                 # it; they are listed again within _OWN_RELIST all the same (a stamp of
@@ -1098,6 +1104,12 @@ class Bus:
             fs.note_listed(listings, update)
         spills = fs.read_spills(long_names(self._state, listings))
         return update, listings, spills
+
+    def _names_in(self, buckets: Iterable[int]) -> int:
+        """Names the buckets held at their last listings (a scan state read: the scan
+        loop's own, or a scan's while the loop waits for it)."""
+        seen = self._state.seen
+        return sum(len(seen.get(bi, ())) for bi in set(buckets))
 
     async def _housekeep(self, expired: list[Entry], foreign: list[tuple[int, str]]) -> None:
         lay = self.layout

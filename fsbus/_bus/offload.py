@@ -30,9 +30,11 @@ one hop):
 * A subscriber's scan (read UPDATE, list the changed buckets, decide, read the new
   messages) takes the same path through :meth:`Offload.scan`, under the same rule and
   the same counters: a slow scan is a strike like a slow publish, a fast scan in the
-  thread counts towards going back inline like a fast publish. A scan of every bucket,
-  or one made while the buckets hold a big backlog, always goes to the thread (its time
-  is not used): its listing and decisions would hold the loop however fast the mount.
+  thread counts towards going back inline like a fast publish. A scan of every bucket
+  always goes to the thread (its time is not used), and so does one whose buckets to
+  list held a big backlog at their last listing: the scan finds that out inline, from
+  UPDATE, before it lists anything, and raises :class:`ScanTooBig`, which sends it to
+  the thread. Its listing and decisions would hold the loop however fast the mount.
 * Consuming takes :meth:`Offload.call` too: a work-queue subscription's claim rounds and
   its batches of acks and releases (a rename or an unlink each; a flock claim fails at
   once rather than wait), and a queue's ``get`` (the queue's record, the listing and
@@ -90,7 +92,7 @@ from .fs import BusFS, Withdrawn
 from .jobs import HandOff
 from .plan import PublishPlan
 
-__all__ = ["FAST", "FAST_RUN", "SLOW", "STRIKE_WINDOW", "YIELD_AFTER", "Offload"]
+__all__ = ["FAST", "FAST_RUN", "SLOW", "STRIKE_WINDOW", "YIELD_AFTER", "Offload", "ScanTooBig"]
 
 SLOW = 0.002
 """Seconds: an inline publish that blocked the loop longer is a strike against inline."""
@@ -107,6 +109,12 @@ _BATCH = 256
 """Publishes handed to the thread in one hop, at most."""
 
 T = TypeVar("T")
+
+
+class ScanTooBig(Exception):
+    """Raised by a scan's work running inline, before it has changed anything: the
+    buckets it is about to list are too big to list on the loop; :meth:`Offload.scan`
+    runs it again in the thread."""
 
 
 class _Item:
@@ -377,20 +385,30 @@ class Offload:
             self._strike = -STRIKE_WINDOW - 1
 
     # ------------------------------------------------------------------ scanning
-    async def scan(self, fn: Callable[[], T], *, big: bool) -> T:
-        """Run a scan's listing and reading (``fn``, blocking) inline or in the thread.
+    async def scan(self, fn: Callable[[bool], T], *, big: bool) -> T:
+        """Run a scan's listing and reading (``fn(inline)``, blocking) inline or in the
+        thread.
 
         The same rule as a publish's: inline while :attr:`inline` (timed; a slow scan is
         a strike, two within the window send publishes and scans to the thread), in a
         worker thread otherwise (timed there; fast scans count towards going back
-        inline). A ``big`` scan (every bucket, or a bucket set that held many names at
-        the last listing) always goes to the thread and its time is not used: it says
-        how big the listing was, not how fast the mount is.
+        inline). A ``big`` scan (every bucket) always goes to the thread and its time is
+        not used: it says how big the listing was, not how fast the mount is. So does a
+        scan whose ``fn(True)`` raises :class:`ScanTooBig`: it is called again in the
+        thread, as ``fn(False)``.
         """
-        return await self._run(fn, scan=True, big=big)
+        return await self._run(lambda: fn(True), scan=True, big=big, in_thread=lambda: fn(False))
 
-    async def _run(self, fn: Callable[[], T], *, scan: bool, big: bool) -> T:
-        """:meth:`call` (a publish's work) or :meth:`scan` (a scan's)."""
+    async def _run(
+        self,
+        fn: Callable[[], T],
+        *,
+        scan: bool,
+        big: bool,
+        in_thread: Callable[[], T] | None = None,
+    ) -> T:
+        """:meth:`call` (a publish's work) or :meth:`scan` (a scan's): ``fn`` inline,
+        ``in_thread`` (default ``fn``) in the thread."""
         if self.inline and not big:
             if self._debt > YIELD_AFTER:
                 self._debt = 0.0
@@ -399,6 +417,8 @@ class Offload:
                 t0 = perf_counter()
                 try:
                     return fn()
+                except ScanTooBig:
+                    big = True  # and on to the thread, below
                 finally:
                     took = perf_counter() - t0
                     self._debt += took
@@ -409,9 +429,11 @@ class Offload:
                     if took > SLOW:
                         self._struck()
 
+        work = fn if in_thread is None else in_thread
+
         def timed() -> tuple[T, float]:
             t0 = perf_counter()
-            result = fn()
+            result = work()
             return result, perf_counter() - t0
 
         result, took = await anyio.to_thread.run_sync(timed)

@@ -17,7 +17,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fsbus import Bus
+from fsbus import Bus, BusConfig
 from fsbus._bus import engine, offload
 from fsbus._bus.ops import Ops
 
@@ -127,22 +127,46 @@ async def test_a_big_backlog_is_listed_in_the_thread(
     monkeypatch.setattr(engine, "_INLINE_SCAN_NAMES", 50)
     seam = ListingSeam()
     me = threading.get_ident()
-    async with Bus(root, ops=seam) as bus:
+    # Two buckets: every message's bucket soon holds more names than the bus lists on the
+    # loop.
+    config = BusConfig(bucket_base=2, bucket_num_chars=1)
+    async with Bus(root, ops=seam, config=config) as bus:
         inbox = Inbox()
         await bus.subscribe("t.#", inbox)
         await ping_until_inline(bus, inbox, seam)
-        # A backlog: more names in the buckets than the bus lists on the loop.
         count = len(inbox.messages)
-        for i in range(60 - count):
+        for i in range(120 - count):
             await bus.publish(f"t.backlog{i}", PAYLOAD)
-        await inbox.wait_for(60)
+        await inbox.wait_for(120)
         before = len(seam.listings)
         for _ in range(3):
             await ping(bus, inbox)
         assert seam.listings[before:]
         assert me not in seam.listings[before:]
         assert bus._offload.inline  # publishing stays inline: the mount is fast
-    assert len(inbox.messages) == 63
+    assert len(inbox.messages) == 123
+
+
+@pytest.mark.anyio
+async def test_a_backlog_in_other_buckets_does_not_move_scans_to_the_thread(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What counts is what a scan lists: the buckets whose stamps changed. A busy bus
+    holds many multi messages until they expire, spread over its 256 buckets."""
+    monkeypatch.setattr(engine, "_INLINE_SCAN_NAMES", 50)
+    seam = ListingSeam()
+    async with Bus(root, ops=seam) as bus:
+        inbox = Inbox()
+        await bus.subscribe("t.#", inbox)
+        await ping_until_inline(bus, inbox, seam)
+        count = len(inbox.messages)
+        for i in range(200 - count):
+            await bus.publish(f"t.backlog{i}", PAYLOAD)
+        await inbox.wait_for(200)
+        assert len(message_files(root)) > 50  # more than a scan may list on the loop
+        await ping_until_inline(bus, inbox, seam)
+        assert bus._offload.inline
+    assert len(inbox.messages) == len(message_files(root))
 
 
 @pytest.mark.anyio
