@@ -15,6 +15,7 @@ round trip has the ping and the echo consumers on the same channel.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -149,7 +150,11 @@ def _channel(p: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def _work_queue(p: dict[str, Any]) -> str:
-    return f"work-{os.path.basename(p['dir'])}"
+    # One queue per measurement directory. Its last component alone is the same for every
+    # run (bench.filesystems names them <box>/run), and a queue declared by the
+    # cross-process work queue outlives it on the node: the in-process run's
+    # auto-delete declare of that name was refused (PRECONDITION_FAILED).
+    return "work-" + hashlib.sha1(os.fsencode(p["dir"])).hexdigest()[:16]
 
 
 def _pub(p: dict[str, Any]) -> None:
