@@ -1004,8 +1004,8 @@ class BusFS:
             raise storage_error("reading a message", exc, path) from exc
         try:
             st = self.ops.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-                return ReadResult(None, None)
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_nlink == 0:
+                return ReadResult(None, None)  # (no name left: removed since we opened it)
             if st.st_nlink != 1 and not self._rename_leftover(bucket, name, st, path):
                 self._refuse_linked(bucket, name, st)
                 return ReadResult(None, None)
@@ -1091,7 +1091,9 @@ class BusFS:
             raise storage_error("locking a work-queue message", exc, path) from exc
         try:
             st = self.ops.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink == 0:
+                # No name left: the consumer that held it acknowledged it (unlinked and
+                # closed it, which freed the lock) between our open and our lock. Gone.
                 self._unlock_close(fd)
                 return None
             # before reading, truncating or removing anything:
@@ -1187,6 +1189,9 @@ class BusFS:
             raise storage_error("opening a claimed work-queue message", exc, dst) from exc
         try:
             st = self.ops.fstat(fd)
+            if st.st_nlink == 0:  # removed since our rename (its lease was taken back): gone
+                self.ops.close(fd)
+                return None
             linked = st.st_nlink != 1 and not self._rename_leftover(bucket, name, st, dst)
             if not stat.S_ISREG(st.st_mode) or linked:
                 self.ops.close(fd)
