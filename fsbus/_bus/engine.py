@@ -138,6 +138,18 @@ Every publish stamps a bucket; listing at each stamp, the router spent more on t
 fsbus publishers' messages, which need no routing, than a consumer spends on its own
 work. Peers' messages reach the queues up to this much later; nothing is missed, since
 the events that come meanwhile are kept for the next listing."""
+_PACE_FROM = 0.002
+"""Seconds: a listing that took longer than this (a big backlog in the buckets it listed)
+paces the next one (see :data:`_PACE`); shorter ones never wait."""
+_PACE = 7.0
+"""After a long listing, the next one on a filesystem event waits this many times as
+long (at most :data:`_PACE_MOST`): listing takes an eighth of a scanner's time, however
+big the backlog.
+Consumers of a deep queue listed it whole at every publish's stamp, and the ones losing
+the race for its head spent their cores listing, taking them from the publisher and
+from the consumer doing the work; meanwhile each one claims from what it already knows."""
+_PACE_MOST = 0.25
+"""Seconds: the longest rest after a long listing (what pacing adds to a message's wait)."""
 _ROUTER_SLACK = 2.0
 """Seconds before the old router's last progress from which a new router routes what it
 finds unrouted (clocks of the hosts on a shared mount, and of the filesystem, may differ
@@ -191,6 +203,7 @@ class Bus:
         self._last_refresh = 0.0
         self._retries = RetrySchedule()
         self._contention = Contention()
+        self._listing_took = 0.0  # seconds the last scan's listing took (see _PACE)
         self._in_flight: set[tuple[int, str]] = set()
         # (rank, push order, entry): a heap comparison is one integer comparison
         self._ready: list[tuple[int, int, Entry]] = []
@@ -816,7 +829,7 @@ class Bus:
             due = self._retries.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))
-            quiet_until = self._contention.until
+            quiet_until = max(self._contention.until, self._paced_until(listed_at))
             if not self._subs:  # listing only to route peers' messages (_ROUTE_GAP)
                 quiet_until = max(quiet_until, listed_at + _ROUTE_GAP)
             if quiet_until > now and self._waker.fs_event_pending:
@@ -827,7 +840,11 @@ class Bus:
             # List again on a filesystem event, a poll tick, a retry that fell due, a new
             # subscription, or when handlers are free and nothing known is left to claim.
             now = time.monotonic()
-            quiet = self._contention.quiet(now) or (not self._subs and now < listed_at + _ROUTE_GAP)
+            quiet = (
+                self._contention.quiet(now)
+                or now < self._paced_until(listed_at)
+                or (not self._subs and now < listed_at + _ROUTE_GAP)
+            )
             fs_event = self._waker.take_fs_event()
             if fs_event and woken and (quiet or (self._free <= 0 and self._ready_keys)):
                 # Every handler is busy and known work is waiting: listing now could not
@@ -845,6 +862,13 @@ class Bus:
                 or (not self._ready_keys and not quiet)
                 or (due is not None and due <= now)
             )
+
+    def _paced_until(self, listed_at: float) -> float:
+        """No listing on a filesystem event before this time (``time.monotonic``): an
+        incremental listing that took long (:data:`_PACE_FROM`) is followed by a rest
+        :data:`_PACE` times as long, at most :data:`_PACE_MOST`."""
+        took = self._listing_took
+        return listed_at + took + min(took * _PACE, _PACE_MOST) if took > _PACE_FROM else 0.0
 
     async def _scan(self, *, baseline: bool, deliver: bool = True) -> None:
         """List what changed and act on it.
@@ -874,10 +898,13 @@ class Bus:
             # Inline on the loop while the mount is fast and the bus holds no big backlog
             # (the thread hop costs more than a small scan); in a worker thread otherwise.
             cache = self._target_cache
+            t0 = time.perf_counter()
             update, listings, decision, reads = await self._offload.scan(
                 lambda inline: self._list_and_read(full, relist, baseline, deliver, cache, inline),
                 big=full,
             )
+            # (a full listing, every refresh_ttl, is long by nature: it paces nothing)
+            self._listing_took = 0.0 if full else time.perf_counter() - t0
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
             self._retries.put_back(due, now)
