@@ -139,8 +139,11 @@ fsbus publishers' messages, which need no routing, than a consumer spends on its
 work. Peers' messages reach the queues up to this much later; nothing is missed, since
 the events that come meanwhile are kept for the next listing."""
 _PACE_FROM = 0.002
-"""Seconds: a listing that took longer than this (a big backlog in the buckets it listed)
-paces the next one (see :data:`_PACE`); shorter ones never wait."""
+"""Seconds: a listing that took longer than this, of more than :data:`_PACE_NAMES` names
+(a backlog in the buckets it listed), paces the next one (see :data:`_PACE`)."""
+_PACE_NAMES = 256
+"""Smaller listings never pace, however long they took: a network filesystem's listing
+is slow for its round trips, not for what it holds."""
 _PACE = 7.0
 """After a long listing, the next one on a filesystem event waits this many times as
 long (at most :data:`_PACE_MOST`): listing takes an eighth of a scanner's time, however
@@ -203,7 +206,7 @@ class Bus:
         self._last_refresh = 0.0
         self._retries = RetrySchedule()
         self._contention = Contention()
-        self._listing_took = 0.0  # seconds the last scan's listing took (see _PACE)
+        self._listing_took = 0.0  # seconds the last listing took, if it was big (_PACE)
         self._in_flight: set[tuple[int, str]] = set()
         # (rank, push order, entry): a heap comparison is one integer comparison
         self._ready: list[tuple[int, int, Entry]] = []
@@ -865,10 +868,11 @@ class Bus:
 
     def _paced_until(self, listed_at: float) -> float:
         """No listing on a filesystem event before this time (``time.monotonic``): an
-        incremental listing that took long (:data:`_PACE_FROM`) is followed by a rest
-        :data:`_PACE` times as long, at most :data:`_PACE_MOST`."""
+        incremental listing of many names (:data:`_PACE_NAMES`) that took long
+        (:data:`_PACE_FROM`) is followed by a rest :data:`_PACE` times as long as it took,
+        at most :data:`_PACE_MOST`."""
         took = self._listing_took
-        return listed_at + took + min(took * _PACE, _PACE_MOST) if took > _PACE_FROM else 0.0
+        return listed_at + took + min(took * _PACE, _PACE_MOST) if took else 0.0
 
     async def _scan(self, *, baseline: bool, deliver: bool = True) -> None:
         """List what changed and act on it.
@@ -904,7 +908,13 @@ class Bus:
                 big=full,
             )
             # (a full listing, every refresh_ttl, is long by nature: it paces nothing)
-            self._listing_took = 0.0 if full else time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            big = (
+                not full
+                and took > _PACE_FROM
+                and sum(len(names) for names in listings.values()) > _PACE_NAMES
+            )
+            self._listing_took = took if big else 0.0
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
             self._retries.put_back(due, now)

@@ -209,3 +209,45 @@ async def test_the_loop_keeps_running_while_a_scan_waits_on_a_slow_mount(root: P
             tg.cancel_scope.cancel()
     assert seam.during
     assert seam.during[0] >= 3
+
+
+@pytest.mark.anyio
+async def test_a_long_listing_of_a_backlog_paces_the_next_and_a_small_one_does_not(
+    root: Path,
+) -> None:
+    """The rule behind pacing (``Bus._paced_until``), on the bus's own record of its last
+    listing: many names and slow rests seven times as long (at most a quarter second);
+    a fast one, or a slow one of few names (a network mount), rests not at all."""
+    async with Bus(root) as bus:
+        inbox = Inbox()
+        await bus.subscribe("t.#", inbox)
+        await ping(bus, inbox)
+        assert bus._listing_took == 0.0  # a listing of one small bucket
+        assert bus._paced_until(100.0) == 0.0
+        bus._listing_took = 0.01
+        assert bus._paced_until(100.0) == pytest.approx(100.08)
+        bus._listing_took = 1.0
+        assert bus._paced_until(100.0) == pytest.approx(101.25)
+
+
+@pytest.mark.anyio
+async def test_a_paced_consumer_still_gets_every_message_of_a_deep_backlog(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listings slowed through the seam and a low threshold: every listing paces the next,
+    and the events kept meanwhile are listed when the rest ends; nothing is missed."""
+    monkeypatch.setattr(engine, "_PACE_NAMES", 4)
+    monkeypatch.setattr(engine, "_PACE_FROM", 0.0)
+    seam = ListingSeam()
+    seam.delay = 0.003
+    n = 120
+    config = BusConfig(bucket_base=2, bucket_num_chars=1)  # two buckets: big listings
+    async with Bus(root, config=config) as publisher:
+        async with Bus(root, ops=seam, config=config) as bus:
+            inbox = Inbox()
+            await bus.subscribe("t.#", inbox)
+            for i in range(n):
+                await publisher.publish(f"t.m{i}", PAYLOAD)
+            got = await inbox.wait_for(n)
+            assert bus._listing_took > 0  # the last listings were paced
+    assert sorted(m.topic for m in got) == sorted(f"t.m{i}" for i in range(n))
