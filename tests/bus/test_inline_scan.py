@@ -76,6 +76,13 @@ async def ping_until_inline(bus: Bus, inbox: Inbox, seam: ListingSeam) -> None:
     pytest.fail(f"{TRIES} messages on a fast seam and no scan ran inline")
 
 
+async def backlog(bus: Bus, inbox: Inbox, total: int) -> None:
+    """Publish until the bus has held ``total`` messages, and wait until each arrived."""
+    for i in range(total - len(inbox.messages)):
+        await bus.publish(f"t.backlog{i}", PAYLOAD)
+    await inbox.wait_for(total)
+
+
 @pytest.mark.anyio
 async def test_scans_run_inline_on_a_fast_mount(root: Path) -> None:
     seam = ListingSeam()
@@ -134,10 +141,7 @@ async def test_a_big_backlog_is_listed_in_the_thread(
         inbox = Inbox()
         await bus.subscribe("t.#", inbox)
         await ping_until_inline(bus, inbox, seam)
-        count = len(inbox.messages)
-        for i in range(120 - count):
-            await bus.publish(f"t.backlog{i}", PAYLOAD)
-        await inbox.wait_for(120)
+        await backlog(bus, inbox, 120)
         before = len(seam.listings)
         for _ in range(3):
             await ping(bus, inbox)
@@ -159,10 +163,7 @@ async def test_a_backlog_in_other_buckets_does_not_move_scans_to_the_thread(
         inbox = Inbox()
         await bus.subscribe("t.#", inbox)
         await ping_until_inline(bus, inbox, seam)
-        count = len(inbox.messages)
-        for i in range(200 - count):
-            await bus.publish(f"t.backlog{i}", PAYLOAD)
-        await inbox.wait_for(200)
+        await backlog(bus, inbox, 200)
         assert len(message_files(root)) > 50  # more than a scan may list on the loop
         await ping_until_inline(bus, inbox, seam)
         assert bus._offload.inline
