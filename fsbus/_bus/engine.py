@@ -147,10 +147,10 @@ is slow for its round trips, not for what it holds."""
 _PACE = 7.0
 """After a long listing, the next one on a filesystem event waits this many times as
 long (at most :data:`_PACE_MOST`): listing takes an eighth of a scanner's time, however
-big the backlog.
-Consumers of a deep queue listed it whole at every publish's stamp, and the ones losing
-the race for its head spent their cores listing, taking them from the publisher and
-from the consumer doing the work; meanwhile each one claims from what it already knows."""
+big the backlog. (Consumers of a deep queue listed it whole at every publish's stamp,
+and the ones losing the race for its head spent their cores listing, taking them from the
+publisher and from the consumer doing the work.) Meanwhile the scanner claims from what
+it already knows."""
 _PACE_MOST = 0.25
 """Seconds: the longest rest after a long listing (what pacing adds to a message's wait)."""
 _ROUTER_SLACK = 2.0
@@ -832,7 +832,8 @@ class Bus:
             due = self._retries.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))
-            quiet_until = max(self._contention.until, self._paced_until(listed_at))
+            paced_until = self._paced_until(listed_at)
+            quiet_until = max(self._contention.until, paced_until)
             if not self._subs:  # listing only to route peers' messages (_ROUTE_GAP)
                 quiet_until = max(quiet_until, listed_at + _ROUTE_GAP)
             if quiet_until > now and self._waker.fs_event_pending:
@@ -845,7 +846,7 @@ class Bus:
             now = time.monotonic()
             quiet = (
                 self._contention.quiet(now)
-                or now < self._paced_until(listed_at)
+                or now < paced_until
                 or (not self._subs and now < listed_at + _ROUTE_GAP)
             )
             fs_event = self._waker.take_fs_event()
