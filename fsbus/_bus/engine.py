@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import heapq
 import inspect
@@ -186,6 +187,9 @@ class Bus:
         self._max_payload = self.config.max_payload_size
         self._queues: QueueStore = open_store(self.layout, self.config, ops)
         self._queue_buses: dict[str, _Hosted] = {}
+        # Queue -> this bus's consumer files of it -> their subscriptions (None while
+        # attaching): counted from here, not from their flocks (see _queue_info_now).
+        self._own_consumers: dict[str, dict[str, Subscription | None]] = {}
         self._queue_name: str | None = None  # the queue whose messages this bus holds
         self._queue_buses_starting: dict[str, anyio.Event] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
@@ -1853,7 +1857,27 @@ class Bus:
     async def queue_info(self, name: str) -> QueueInfo:
         """Queue ``name``: bindings, options, depth and consumers now."""
         self._check_open()
-        return await anyio.to_thread.run_sync(self._queues.info, name)
+        return await self._queue_info_now(name)
+
+    async def _queue_info_now(self, name: str) -> QueueInfo:
+        """Queue ``name`` now. A consumer of this bus counts from the moment its
+        subscription is closed no longer, though it holds its consumer file until its
+        messages are settled: the files of this bus's consumers are left out of the
+        listing and its open subscriptions counted instead, on the event loop, when the
+        listing is done (the caller reads the count with no await in between)."""
+        own = self._own_consumers.get(name, {})
+        skip = frozenset(own)  # (a consumer that attaches after this is on disk)
+        info = await anyio.to_thread.run_sync(self._queues.info, name, skip)
+        return self._with_own_consumers(info, skip)
+
+    def _with_own_consumers(self, info: QueueInfo, skip: frozenset[str]) -> QueueInfo:
+        live = self._own_live(info.name, skip)
+        return dataclasses.replace(info, consumers=info.consumers + live) if live else info
+
+    def _own_live(self, name: str, skip: frozenset[str]) -> int:
+        """This bus's consumers of queue ``name`` among the files ``skip`` that are open."""
+        own = self._own_consumers.get(name, {})
+        return sum(1 for p in skip if (s := own.get(p)) is not None and not s.closed)
 
     async def queues(self) -> list[QueueInfo]:
         """Every queue declared on this bus."""
@@ -1863,12 +1887,14 @@ class Bus:
             out = []
             for n in self._queues.names():
                 try:
-                    out.append(self._queues.info(n))
+                    out.append(self._queues.info(n, skip.get(n, ())))
                 except FsBusError:
                     continue  # deleted meanwhile
             return out
 
-        return await anyio.to_thread.run_sync(all_infos)
+        skip = {n: frozenset(own) for n, own in self._own_consumers.items()}
+        infos = await anyio.to_thread.run_sync(all_infos)
+        return [self._with_own_consumers(i, skip.get(i.name, frozenset())) for i in infos]
 
     async def enqueue(
         self,
@@ -1931,9 +1957,13 @@ class Bus:
         entry = self._queue_buses[name]
         token = object()
         entry.users.append(token)
+        path = self._queues.consumer_path(name)
+        own = self._own_consumers.setdefault(name, {})
+        own[path] = None  # before its file exists: see _queue_info_now
         try:
-            fd = await anyio.to_thread.run_sync(self._queues.attach, name)
+            fd = await anyio.to_thread.run_sync(self._queues.attach, name, path)
         except BaseException:
+            self._forget_consumer(name, path)
             self._release_queue_bus(name, entry, token)
             raise
         if not self._scanning and not self._router_waiting and self._tg is not None:
@@ -1952,9 +1982,11 @@ class Bus:
             sub = await inner.subscribe("#", consume, kind="single", prefetch=prefetch)
         except BaseException:
             await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+            self._forget_consumer(name, path)
             self._release_queue_bus(name, entry, token)
             raise
         sub.queue = name
+        own[path] = sub
 
         async def leave() -> None:
             # Handlers still running finish and settle first: the queue's bus closes
@@ -1962,11 +1994,21 @@ class Bus:
             while sub.in_flight and not sub.bus._closed:
                 sub.settled = anyio.Event()
                 await sub.settled.wait()
-            deleted = await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+            try:
+                deleted = await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+            finally:
+                self._forget_consumer(name, path)  # (its file gone first)
             self._release_queue_bus(name, entry, token, linger=not deleted)
 
         sub.on_close = leave
         return sub
+
+    def _forget_consumer(self, name: str, path: str) -> None:
+        own = self._own_consumers.get(name)
+        if own is not None:
+            own.pop(path, None)
+            if not own:
+                del self._own_consumers[name]
 
     async def _give_up(
         self, name: str, options: QueueOptions, msg: Message, exc: Exception
@@ -2026,10 +2068,13 @@ class Bus:
         self._check_open()
         root = self._queues.bus_root(queue)
 
+        skip = frozenset(self._own_consumers.get(queue, ()))
+
         def definition() -> tuple[Definition, int | None, int]:
-            return self._queues.get(queue), _inode(root), self._queues.consumers(queue)
+            return self._queues.get(queue), _inode(root), self._queues.consumers(queue, skip)
 
         d, ino, consumers = await self._offload.call(definition)
+        consumers += self._own_live(queue, skip)
         inner = await self._queue_bus(queue, ino)
         entry = self._queue_buses[queue]
         token = object()

@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Protocol
 
 from .._config import BusConfig
@@ -580,7 +580,8 @@ class QueueStore:
         self._refresh(time.monotonic(), force=True)
         return sorted(self._defs)
 
-    def info(self, name: str) -> QueueInfo:
+    def info(self, name: str, skip: Collection[str] = ()) -> QueueInfo:
+        """Queue ``name`` now; its consumers counted but for the files in ``skip``."""
         d = self.get(name)
         o = d.options
         if o.max_length is not None and o.overflow == "drop-head":
@@ -592,7 +593,7 @@ class QueueStore:
                 depth = self.depth(name)  # not ours to trim (a read-only observer)
         else:
             depth = self.depth(name)
-        return QueueInfo(d.name, d.bindings, o, depth, self.consumers(name))
+        return QueueInfo(d.name, d.bindings, o, depth, self.consumers(name, skip))
 
     def depth(self, name: str) -> int:
         """Messages in queue ``name`` not expired (0 if it is gone)."""
@@ -606,11 +607,15 @@ class QueueStore:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
             os.utime(path, follow_symlinks=False)
 
-    def attach(self, name: str) -> int:
-        """Register a consumer of ``name``: a flocked file; returns its descriptor."""
-        folder = f"{self.dir(name)}/consumers"
-        os.makedirs(folder, exist_ok=True)
-        path = f"{folder}/{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    def consumer_path(self, name: str) -> str:
+        """A new consumer file's path for queue ``name`` (see :meth:`attach`)."""
+        return f"{self.dir(name)}/consumers/{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+    def attach(self, name: str, path: str | None = None) -> int:
+        """Register a consumer of ``name``: a flocked file (at ``path``, from
+        :meth:`consumer_path`, or a new one); returns its descriptor."""
+        os.makedirs(f"{self.dir(name)}/consumers", exist_ok=True)
+        path = path or self.consumer_path(name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         fcntl.flock(fd, fcntl.LOCK_EX)
         self.touch(name)
@@ -634,7 +639,9 @@ class QueueStore:
                 return True
         return False
 
-    def consumers(self, name: str) -> int:
+    def consumers(self, name: str, skip: Collection[str] = ()) -> int:
+        """The live consumers of ``name``: consumer files held by a flock, but for the
+        paths in ``skip`` (a process's own consumers, which it counts itself)."""
         folder = f"{self.dir(name)}/consumers"
         try:
             files = os.listdir(folder)
@@ -643,6 +650,8 @@ class QueueStore:
         live = 0
         for f in files:
             path = f"{folder}/{f}"
+            if path in skip:
+                continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             except OSError:

@@ -720,14 +720,11 @@ class Channel:
         await self.reply(spec.Basic.QosOk())
 
     async def _consume(self, m: spec.Basic.Consume) -> None:
-        counted = None
         if m.queue == DIRECT_REPLY_TO:
             name = await self._direct_reply_queue(m)
         else:
-            # Counted only when exclusive (its consumers are asked for): the subscription
-            # below says if the queue is gone.
-            name = await self._queue_name(m.queue, count=bool(m.exclusive))
-            counted = self._last_info
+            # uncounted: the subscription below says if the queue is gone
+            name = await self._queue_name(m.queue, count=False)
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(
             secrets.token_bytes(16)
         ).decode().rstrip("=")
@@ -745,8 +742,12 @@ class Channel:
             raise in_use
         if m.exclusive:
             # a consumer this gateway cancelled is gone, though its subscription may still
-            # be settling (holding its consumer file), as for the counts
-            info = counted or await self.bus.queue_info(bus_queue_name(name))
+            # be settling (holding its consumer file), as for the counts: counted now,
+            # with no await between the bus's count and the gateway's
+            try:
+                info = await self.bus.queue_info(bus_queue_name(name))
+            except QueueNotFound:
+                raise _not_found_queue(name) from None
             if self.gateway.counted_consumers(name, info.consumers):
                 raise in_use
         consumer = Consumer(tag, name, bool(m.no_ack))

@@ -406,13 +406,14 @@ class Gateway:
         are no part of a queue of that name declared next (its counts)."""
         self._subs.pop(queue, None)
 
-    def counted_consumers(self, queue: str, on_disk: int) -> int:
-        """The consumers of ``queue`` as RabbitMQ counts them, from ``on_disk`` (the
-        queue's consumer files): a consumer this gateway cancelled is gone once its
-        ``cancel-ok`` is sent, though its subscription, settling in the background,
-        still holds its file for a moment."""
-        leaving = len(self._subs.get(queue, ())) - len(self.consumers.get(queue, ()))
-        return max(0, on_disk - max(0, leaving))
+    def counted_consumers(self, queue: str, counted: int) -> int:
+        """The consumers of ``queue`` as RabbitMQ counts them, from ``counted`` (the
+        bus's count, read with no await since): a consumer this gateway cancelled is
+        gone once its ``cancel-ok`` is sent, though the bus counts its subscription
+        until the background task that closes it has started."""
+        open_subs = sum(1 for s in self._subs.get(queue, ()) if not s.closed)
+        leaving = open_subs - len(self.consumers.get(queue, ()))
+        return max(0, counted - max(0, leaving))
 
     def held(self, queue: str) -> int:
         """The messages of ``queue`` this gateway's consumers hold: delivered, and not

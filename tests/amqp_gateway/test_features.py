@@ -511,6 +511,21 @@ def test_an_exclusive_consumer_may_follow_a_cancelled_one_still_holding_a_messag
         ch.queue_delete(q)
 
 
+def test_exclusive_consumers_follow_each_other_at_once(broker: Broker, names: Names) -> None:
+    """Cancel an exclusive consumer and consume exclusively again, many times over: each
+    cancel-ok ends the consumer, whatever its subscription is still doing in the
+    background (a count read before that work ended once refused the next with 403)."""
+    q = names("baton")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.queue_declare(q)
+        for _ in range(60):
+            tag = ch.basic_consume(q, lambda *_: None, exclusive=True)
+            ch.basic_cancel(tag)
+        assert ch.queue_declare(q, passive=True).method.consumer_count == 0
+        ch.queue_delete(q)
+
+
 def test_an_exclusive_consumer_holds_across_gateways(gateway: Broker, names: Names) -> None:
     """Two gateways on one bus: one's exclusive consumer keeps the other's clients off
     the queue until it is cancelled, or until its connection ends."""

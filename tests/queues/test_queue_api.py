@@ -105,6 +105,37 @@ async def test_consumers_of_one_queue_compete(root: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_consumer_leaving_is_not_counted_while_it_settles(root: Path) -> None:
+    """Once its unsubscribe has begun, a consumer is no consumer of the queue for its
+    own Bus, though its handler still holds a message (and its consumer file: another
+    Bus counts it until the message is settled)."""
+    held, release = anyio.Event(), anyio.Event()
+
+    async def hold(msg: Message) -> None:
+        held.set()
+        await release.wait()
+
+    async with Bus(root) as bus, Bus(root) as other:
+        await bus.declare_queue("work", ["jobs.#"])
+        sub = await bus.subscribe(None, hold, queue="work")
+        await bus.publish("jobs.run", b"held")
+        with anyio.fail_after(10):
+            await held.wait()
+        assert (await bus.queue_info("work")).consumers == 1
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bus.unsubscribe, sub)
+            try:
+                await wait_until(lambda: sub.closed)
+                assert (await bus.queue_info("work")).consumers == 0
+                assert [q.consumers for q in await bus.queues()] == [0]
+                assert (await other.queue_info("work")).consumers == 1  # its file, held
+            finally:
+                release.set()
+        assert (await other.queue_info("work")).consumers == 0
+        assert (await bus.queue_info("work")).depth == 0  # the message was acked
+
+
+@pytest.mark.anyio
 async def test_consumers_subscribing_at_once_share_one_queue_bus(root: Path) -> None:
     """Two consumers of one queue subscribing at the same moment in one Bus: both are
     served, each message once, and the Bus accounts for every delivery (a second,
