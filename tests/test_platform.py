@@ -118,3 +118,31 @@ def test_describe_names_every_decision() -> None:
     assert "inotify + polling" in local
     assert "page cache" in local
     assert "refused" in decide(facts("fuse.sshfs")).describe()
+
+
+@pytest.mark.parametrize(
+    ("mount", "order"),
+    [
+        (facts("ext4", "rw", journaled=True), "place_first"),
+        (facts("ext4", "rw", "data=journal", journaled=True), "place_first"),
+        (facts("ext4", "rw", "data=writeback", journaled=True), "sync_first"),
+        (facts("ext4", "rw", journaled=False), "sync_first"),  # no journal: nothing ordered
+        (facts("ext4", "rw"), "sync_first"),  # cannot tell
+        (facts("xfs"), "place_first"),
+        (facts("btrfs"), "sync_first"),
+        (facts("tmpfs"), "sync_first"),
+        (facts("fuse.ceph-fuse"), "sync_first"),
+        (facts("nfs4"), "sync_first"),
+        (facts(""), "sync_first"),
+    ],
+    ids=lambda v: getattr(v, "fstype", v) or "unknown",
+)
+def test_durable_publishes_are_placed_first_only_where_data_precedes_metadata(
+    mount: MountFacts, order: str
+) -> None:
+    """Renaming a durable message before syncing it needs a filesystem that writes a new
+    file's data before the metadata showing it: a power cut then leaves it whole, absent
+    or empty, never torn."""
+    p = decide(mount)
+    assert p.durable_order == order
+    assert ("renamed, then synced" in p.describe()) == (order == "place_first")

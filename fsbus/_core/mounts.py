@@ -19,6 +19,7 @@ __all__ = ["MountReader", "detect", "mount_facts", "parse_mountinfo"]
 
 _MOUNTINFO = "/proc/self/mountinfo"
 _BEEGFS_PROC = "/proc/fs/beegfs"
+_JBD2_PROC = "/proc/fs/jbd2"
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
@@ -136,8 +137,16 @@ def mount_facts(path: str, reader: MountReader | None = None) -> MountFacts:
     text = reader.read_text(_MOUNTINFO)
     found = parse_mountinfo(real, text) if text else None
     point, fstype, source, options = found if found else ("", "", "", frozenset[str]())
+    journaled = None
+    if fstype == "ext4" or (not fstype and magic == 0xEF53):
+        journaled = _has_journal(source, reader)
     facts = MountFacts(
-        fstype=fstype, options=options, magic=magic, mount_point=point, source=source
+        fstype=fstype,
+        options=options,
+        magic=magic,
+        mount_point=point,
+        source=source,
+        journaled=journaled,
     )
     if fstype == "beegfs" or (not fstype and magic == BEEGFS_MAGIC):
         facts = MountFacts(
@@ -149,6 +158,18 @@ def mount_facts(path: str, reader: MountReader | None = None) -> MountFacts:
             source=source,
         )
     return facts
+
+
+def _has_journal(source: str, reader: MountReader) -> bool | None:
+    """Whether ext4 device ``source`` has a journal: jbd2 lists each journal it runs
+    as ``/proc/fs/jbd2/<device>-<inode>``. None when that cannot be told."""
+    if not source.startswith("/dev/"):
+        return None
+    names = reader.list_names(_JBD2_PROC)
+    if not names:
+        return None  # no journal anywhere, or no /proc: not told
+    device = source.rsplit("/", 1)[-1]
+    return any(n.rsplit("-", 1)[0] == device for n in names)
 
 
 def detect(path: str, reader: MountReader | None = None) -> Platform:

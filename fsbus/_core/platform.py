@@ -109,6 +109,9 @@ class MountFacts:
     """Where the filesystem is mounted ("" unknown), for messages."""
     source: str = ""
     """What is mounted (device, ``host:/export``...), for messages."""
+    journaled: bool | None = None
+    """Whether an ext4 mount has a journal (``/proc/fs/jbd2`` names its device); None
+    when not an ext4 mount, or it cannot be told."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,14 @@ class Platform:
     stream_lock: Literal["flock", "refuse"]
     """``flock`` serialises stream appends; ``refuse``: streams cannot be made safe here
     (opening one raises, naming the setting to change)."""
+    durable_order: Literal["sync_first", "place_first"] = "sync_first"
+    """How a durable publish of one page orders its syncs: ``sync_first`` syncs the
+    message before its rename, so no power cut leaves a torn message in view, whatever
+    the filesystem; ``place_first`` renames it first and syncs after, so one journal
+    commit carries its creation and its rename (two otherwise). Only where the
+    filesystem writes a new file's data before the metadata that shows it (ext4 with a
+    journal, ``data=ordered`` or ``data=journal``; XFS), so that a cut leaves the
+    message whole, absent, or empty: as it leaves a plain publish there."""
     problem: str = ""
     """Why streams are refused, and what to change (empty when they are not)."""
     notes: tuple[str, ...] = field(default=())
@@ -158,6 +169,7 @@ class Platform:
     def describe(self) -> str:
         """One line: the filesystem and every decision."""
         fs = self.fstype or "unknown filesystem"
+        durable = "renamed, then synced" if self.durable_order == "place_first" else "synced first"
         watch = "inotify + polling" if self.watch == "inotify" else "polling only"
         if self.poll_interval is not None:
             watch += f" every {self.poll_interval * 1000:.0f} ms"
@@ -166,7 +178,8 @@ class Platform:
             f"{'with O_DIRECT' if self.stamp_read == 'direct' else 'through the page cache'}, "
             f"stamped {'by pwrite' if self.stamp_write == 'keep_open' else 'open/write/close'}; "
             f"work queues claim by {self.single_locking}; stream appends: "
-            f"{'flock' if self.stream_lock == 'flock' else 'refused'}"
+            f"{'flock' if self.stream_lock == 'flock' else 'refused'}; "
+            f"durable publishes {durable}"
         )
 
 
@@ -201,6 +214,16 @@ def _option(options: frozenset[str], key: str) -> str | None:
     return None
 
 
+def _durable_order(fstype: str, facts: MountFacts) -> Literal["sync_first", "place_first"]:
+    """``place_first`` where a power cut never shows a new file's name before its data
+    (see :attr:`Platform.durable_order`); ``sync_first`` anywhere else or unsure."""
+    if fstype == "xfs":
+        return "place_first"
+    if fstype == "ext4" and facts.journaled and _option(facts.options, "data") != "writeback":
+        return "place_first"
+    return "sync_first"
+
+
 def decide(facts: MountFacts) -> Platform:
     """What a bus does on the mount described by ``facts``."""
     family, fstype = _family(facts)
@@ -208,7 +231,14 @@ def decide(facts: MountFacts) -> Platform:
     if family in ("local", "unknown"):
         if family == "unknown":
             notes.append("filesystem not recognised: treated as local (inotify and polling)")
+        order = _durable_order(fstype, facts)
+        if order == "place_first":
+            notes.append(
+                f"{fstype} writes a new file's data before the metadata showing it: "
+                "a durable publish of one page is renamed first and synced after"
+            )
         return Platform(
+            durable_order=order,
             family=family,
             fstype=fstype,
             shared=False,

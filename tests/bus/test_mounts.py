@@ -298,3 +298,37 @@ async def test_a_single_is_taken_once_across_two_rename_hosts(tmp_path: Path) ->
         await anyio.sleep(0.3)  # time for a duplicate to show
     assert sorted(int(m.text()) for m in got.messages) == list(range(20))
     assert a._fs.locking == b._fs.locking == "rename"
+
+
+class _Jbd2(MountReader):
+    """``point`` on ext4 device ``/dev/<device>``; jbd2 runs the journals ``journals``."""
+
+    def __init__(self, point: Path, device: str, journals: list[str]) -> None:
+        super().__init__()
+        self.point, self.device, self.journals = os.path.realpath(point), device, journals
+
+    def read_text(self, path: str) -> str | None:
+        if path == "/proc/self/mountinfo":
+            return f"50 1 7:0 / {self.point} rw - ext4 /dev/{self.device} rw\n"
+        return super().read_text(path)
+
+    def list_names(self, path: str) -> list[str]:
+        return list(self.journals) if path == "/proc/fs/jbd2" else super().list_names(path)
+
+
+@pytest.mark.parametrize(
+    ("journals", "journaled", "order"),
+    [
+        (["loop3-8"], True, "place_first"),
+        (["loop31-8", "vda-8"], False, "sync_first"),  # others' journals, not this one's
+        ([], None, "sync_first"),  # no journal anywhere, or no /proc: not told
+    ],
+)
+def test_an_ext4_mount_is_journaled_when_jbd2_runs_its_journal(
+    tmp_path: Path, journals: list[str], journaled: bool | None, order: str
+) -> None:
+    from fsbus._core.mounts import mount_facts
+
+    reader = _Jbd2(tmp_path, "loop3", journals)
+    assert mount_facts(str(tmp_path), reader).journaled is journaled
+    assert detect(str(tmp_path), reader).durable_order == order
