@@ -114,6 +114,11 @@ class Withdrawn(Exception):
 
 
 Go = Callable[[], bool]
+Then = Callable[[], None]
+
+ONE_PAGE = 4096
+"""The largest message file (leading byte and payload) that a durable publish may sync
+after its rename rather than before (:meth:`BusFS.places_first`)."""
 """Asked just before a publish's rename, in the thread that publishes: False withdraws it."""
 
 
@@ -169,6 +174,7 @@ class BusFS:
         self._read_lock = threading.Lock()  # the scanner and the poller thread share the fd
         self._read_buf: mmap.mmap | None = None
         self._stamp_reopen = False
+        self._place_first = False  # (durable publishes: see places_first)
         self._lister: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
         self._rand = random.Random()
@@ -329,6 +335,7 @@ class BusFS:
         self._write_at = platform.write_at_dirs and self._plain_ops
         self._stamp_reopen = platform.stamp_write == "reopen"
         self._read_direct = platform.stamp_read == "direct"
+        self._place_first = platform.durable_order == "place_first"
 
     @property
     def _claims(self) -> str:
@@ -460,16 +467,23 @@ class BusFS:
 
     # ------------------------------------------------------------------ publish
     def publish(
-        self, plan: PublishPlan, payload: bytes | str | os.PathLike[str], go: Go | None = None
+        self,
+        plan: PublishPlan,
+        payload: bytes | str | os.PathLike[str],
+        go: Go | None = None,
+        then: Then | None = None,
     ) -> int:
         """Write a message completely (stage, sidecars, rename, stamp); returns its size.
 
-        ``go``, when given, is asked once everything is written and synced, just before
-        the rename that makes the message visible: False removes what was staged and
-        raises :class:`Withdrawn` (nothing of the message is visible then).
+        ``go``, when given, is asked once everything is written (and synced, unless the
+        message :meth:`places_first`), just before the rename that makes the message
+        visible: False removes what was staged and raises :class:`Withdrawn` (nothing of
+        the message is visible then). ``then``, when given, is called once it is
+        visible (before its syncs, if it places first); what it raises takes the
+        message back and is raised.
         """
         if isinstance(payload, bytes):
-            return self._publish_bytes(plan, payload, go)
+            return self._publish_bytes(plan, payload, go, then)
         staged = self.begin(plan)
         try:
             size = self._copy_file(staged, os.fspath(payload))
@@ -477,14 +491,48 @@ class BusFS:
             self.abort(plan, staged)
             raise
         self.commit(plan, staged, go)
+        self._then(plan, then)
         return size
 
-    def _publish_bytes(self, plan: PublishPlan, payload: bytes, go: Go | None = None) -> int:
-        if plan.durable or plan.spill is not None or plan.meta is not None:
+    def places_first(self, plan: PublishPlan, size: int) -> bool:
+        """Whether a durable publish of a ``size``-byte payload under ``plan`` is renamed
+        into its bucket before it is synced (:meth:`commit_then_sync`): here the
+        filesystem writes a new file's data before the metadata that shows it
+        (:attr:`~fsbus._core.platform.Platform.durable_order`), and it is one page with
+        no sidecar. A power cut before the publish returns then leaves it whole, absent
+        or empty, as it leaves a plain publish; an empty file is no message, and is
+        collected as debris. A message with a sidecar is synced before its rename, the
+        sidecars' names first (a cut would leave it without its topic or headers); a
+        larger one too (a cut could leave part of it)."""
+        return (
+            self._place_first
+            and plan.durable
+            and plan.spill is None
+            and plan.meta is None
+            and size < ONE_PAGE
+        )
+
+    def _then(self, plan: PublishPlan, then: Then | None) -> None:
+        if then is not None:
+            try:
+                then()
+            except BaseException:
+                self._unlink_quiet(self.layout.message_path(plan.bucket, plan.name))
+                raise
+
+    def _publish_bytes(
+        self, plan: PublishPlan, payload: bytes, go: Go | None = None, then: Then | None = None
+    ) -> int:
+        if self.places_first(plan, len(payload)):
+            fd = self._stage(f"{self._staging}/{plan.name}", payload)
+            self.commit_then_sync(plan, fd, go, then)
+        elif plan.durable or plan.spill is not None or plan.meta is not None:
             fd = self._stage(f"{self._staging}/{plan.name}", payload)
             self.commit(plan, fd, go)
+            self._then(plan, then)
         else:
             self.publish_plain(plan.name, plan.bucket_index, payload, go, own=plan.own)
+            self._then(plan, then)
         return len(payload)
 
     def publish_plain(
@@ -642,6 +690,67 @@ class BusFS:
             self.stamp_own(plan.bucket_index)
         else:
             self.stamp(plan.bucket_index)
+
+    def commit_then_sync(
+        self, plan: PublishPlan, fd: int, go: Go | None = None, then: Then | None = None
+    ) -> None:
+        """Finish a staged durable message that :meth:`places_first`: rename it into
+        its bucket and stamp it, then sync its data and its bucket. On a journaled
+        filesystem the first sync commits the staging file's creation and its rename
+        (and the copies' of :func:`~fsbus._bus.queueing.route`) in one journal commit,
+        where syncing before the rename takes two. A sync that fails takes the message
+        back (unless a consumer has it already) and raises.
+
+        ``go`` and ``then`` as in :meth:`publish`: asked before the rename, and called
+        after the message's data is synced, before its bucket is. (Its data first: the
+        sync writes it back, and so allocates its blocks, in the transaction it
+        commits; copies synced first would commit without them, and it would take a
+        second commit.)
+        """
+        if go is not None and not go():
+            self.abort(plan, fd)
+            raise Withdrawn(f"{self.layout.staging}/{plan.name}")
+        final = self.place_open(plan, fd)
+        self.sync_placed(plan, fd, final, then)
+
+    def place_open(self, plan: PublishPlan, fd: int) -> str:
+        """Rename staged message ``plan`` into its bucket and stamp it; its descriptor
+        ``fd`` stays open for :meth:`sync_placed` (closed here if the rename fails).
+        Returns its path."""
+        lay = self.layout
+        staging = f"{lay.staging}/{plan.name}"
+        final = lay.message_path(plan.bucket, plan.name)
+        try:
+            self._place(staging, final)
+        except (FileExistsError, NameClash):
+            self.abort(plan, fd)
+            raise NameClash(staging) from None
+        except OSError as exc:
+            self.abort(plan, fd)
+            raise storage_error("publishing a message", exc, exc.filename or staging) from exc
+        if plan.own:
+            self.stamp_own(plan.bucket_index)
+        else:
+            self.stamp(plan.bucket_index)
+        return final
+
+    def sync_placed(self, plan: PublishPlan, fd: int, final: str, then: Then | None = None) -> None:
+        """Sync a message placed by :meth:`place_open` (its data, ``then``, its bucket)
+        and close ``fd``. A sync that fails, or what ``then`` raises, takes the message
+        back (unless a consumer has it already) and is raised."""
+        try:
+            try:
+                self.ops.fdatasync(fd)
+            except OSError as exc:
+                raise storage_error("syncing a message", exc, final) from exc
+            finally:
+                self.ops.close(fd)
+            if then is not None:
+                then()
+            self._fsync_dir(f"{self.layout.messages}/{plan.bucket}")
+        except BaseException:
+            self._unlink_quiet(final)
+            raise
 
     def _place(self, staged: str, final: str) -> None:
         """Move a complete message into its bucket (one atomic rename).

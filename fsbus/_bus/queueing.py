@@ -18,7 +18,7 @@ from .._config import BusConfig
 from .._errors import storage_error
 from .._queues.definition import Definition
 from .._queues.store import QueueStore, copy_ttl
-from .fs import BusFS, Go, NameClash, Withdrawn
+from .fs import BusFS, Go, NameClash, Then, Withdrawn
 from .layout import Layout
 from .namer import Namer
 from .ops import Ops
@@ -107,7 +107,7 @@ class QueueWriter:
         except BaseException:
             self._fs.abort(plan, fd)
             raise
-        return _Staged(self, plan, fd)
+        return _Staged(self, plan, fd, len(payload))
 
     def _census(self) -> Census:
         return take_census(self._fs, int(time.time() * 1000), self._topics)
@@ -157,12 +157,15 @@ class QueueWriter:
 class _Staged:
     """A copy in a queue's staging directory, on its way into the queue."""
 
-    def __init__(self, writer: QueueWriter, plan: PublishPlan, fd: int) -> None:
+    def __init__(self, writer: QueueWriter, plan: PublishPlan, fd: int, size: int) -> None:
         self.writer = writer
         self.plan = plan
         self.fd = fd
         self.synced = False
         self.placed = False
+        self.late = writer._fs.places_first(plan, size)
+        """Placed first, synced after (as the message: see BusFS.commit_then_sync)."""
+        self.final: str | None = None  # its path once placed, while unsynced
 
     def sync(self) -> None:
         """Its data on disk (fdatasync)."""
@@ -175,11 +178,28 @@ class _Staged:
         self.synced = True
 
     def place(self) -> None:
-        """Close it, rename it into its bucket (visible) and stamp the bucket; its
-        directory is not synced here (see :meth:`settle`)."""
-        fd, self.fd = self.fd, -1
-        self.writer._fs.commit(self.plan._replace(durable=False), fd)
+        """Rename it into its bucket (visible) and stamp the bucket; closed, but for a
+        late one (synced by :meth:`sync_placed`); its directory is not synced here (see
+        :meth:`settle`)."""
+        if self.late:
+            self.final = self.writer._fs.place_open(self.plan, self.fd)
+        else:
+            fd, self.fd = self.fd, -1
+            self.writer._fs.commit(self.plan._replace(durable=False), fd)
         self.placed = True
+
+    def sync_placed(self) -> None:
+        """A late copy's data on disk, once placed; then closed."""
+        fs = self.writer._fs
+        fd, self.fd = self.fd, -1
+        try:
+            try:
+                fs.ops.fdatasync(fd)
+            finally:
+                fs.ops.close(fd)
+        except OSError as exc:
+            raise storage_error("syncing a queue's copy", exc, self.final) from exc
+        self.synced = True
 
     def settle(self) -> None:
         """Its directory entry on disk (fsync of its bucket directory)."""
@@ -195,25 +215,31 @@ class _Staged:
             raise storage_error("syncing a queue's bucket directory", exc, path) from exc
 
     def discard(self) -> None:
-        """Remove it from staging if it is still there (nothing of it is visible)."""
-        if self.fd >= 0:
+        """Remove it from staging if it is still there (nothing of it is visible), or
+        take it back from its queue if it was placed and is not synced yet."""
+        if self.final is not None and not self.synced:
+            if self.fd >= 0:
+                fd, self.fd = self.fd, -1
+                self.writer._fs.ops.close(fd)
+            self.writer._fs._unlink_quiet(self.final)
+        elif self.fd >= 0:
             fd, self.fd = self.fd, -1
             self.writer._fs.abort(self.plan, fd)
 
 
 def renaming(
     fs: BusFS, planned: list[PublishPlan], data: bytes, replan: Callable[[], PublishPlan]
-) -> Callable[[Go | None], int]:
+) -> Callable[[Go | None, Then | None], int]:
     """:func:`route`'s ``publish`` for one message of bytes: written under ``planned[0]``,
     or, if that name clashes (astronomically rare), under ``replan()``'s, which then
     replaces it in ``planned``. Returns its size."""
 
-    def publish(go: Go | None) -> int:
+    def publish(go: Go | None, then: Then | None) -> int:
         try:
-            return fs.publish(planned[0], data, go)
+            return fs.publish(planned[0], data, go, then)
         except NameClash:
             planned[0] = replan()
-            return fs.publish(planned[0], data, go)
+            return fs.publish(planned[0], data, go, then)
 
     return publish
 
@@ -228,23 +254,28 @@ def route(
     durable: bool,
     headers: dict[str, str] | None,
     priority: int | None,
-    publish: Callable[[Go | None], T],
+    publish: Callable[[Go | None, Then | None], T],
 ) -> T:
     """Publish a message with ``publish`` and copy it into each queue of ``targets``;
     returns what ``publish`` returned.
 
     A durable publish is a group commit (docs/queues.md, Performance): every copy is
-    staged first and its write-back started; ``publish`` syncs the message itself, then,
-    just before its rename, ``go`` syncs each copy and renames it into its queue; the
-    message's directory sync then carries the copies' renames in the same journal commit,
-    and each copy's directory is synced after it. Every file and every directory entry
-    is synced before this returns, as one publish at a time would do; the kernel just
-    finds most of them already on disk. A copy with a sidecar (a long topic or headers)
-    is written after the message, one at a time.
+    staged first and its write-back started. Where the message and its copies are
+    placed first (:meth:`~fsbus._bus.fs.BusFS.places_first`: one page, no sidecar, a
+    filesystem that orders data before metadata), ``go``, just before the message's
+    rename, renames each copy into its queue; once the message is renamed and its data
+    synced, which commits every creation and rename of the publish in one journal
+    commit, ``then`` syncs each copy (found on disk already). Otherwise ``publish``
+    syncs the message itself, and ``go`` syncs each copy before renaming it; the
+    message's directory sync then carries the copies' renames. Each copy's directory is
+    synced after. Every file and every directory entry is synced before this returns,
+    as one publish at a time would do; the kernel just finds most of them already on
+    disk. A sync that fails takes the message and its copies back. A copy with a
+    sidecar (a long topic or headers) is written after the message, one at a time.
     """
     opened = store.open_targets(targets)
     if not opened:
-        return publish(None)
+        return publish(None, None)
     first = opened[0][1]
     plans: dict[float, PublishPlan] = {}
 
@@ -259,7 +290,7 @@ def route(
 
     writers = [(d, w) for d, w in opened if isinstance(w, QueueWriter)]
     if not durable or not isinstance(first, QueueWriter) or len(writers) < len(opened):
-        out = publish(None)
+        out = publish(None, None)
         for d, w in opened:
             if isinstance(w, QueueWriter):
                 w.publish_planned(plan_for(d, w), payload)
@@ -291,7 +322,7 @@ def route(
             # name clashed and it is published under a new one: the copies are in).
             try:
                 for s in staged:
-                    if not s.synced:
+                    if not s.synced and not s.late:
                         s.sync()
                 for s in staged:
                     if not s.placed:
@@ -301,7 +332,13 @@ def route(
                 return False  # the message is withdrawn: nothing of it is visible
             return True
 
-        out = publish(go)
+        def then() -> None:
+            # the message is visible and its data synced: the late copies' syncs
+            for s in staged:
+                if s.late and not s.synced:
+                    s.sync_placed()
+
+        out = publish(go, then)
     except BaseException as exc:
         for s in staged:
             s.discard()

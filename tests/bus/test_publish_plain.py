@@ -31,6 +31,7 @@ from fsbus._bus.names import bucket_for, parse_name
 from fsbus._bus.ops import Ops
 from fsbus._bus.plan import PublishPlan, plan_publish, topic_form
 from fsbus._config import make_config
+from tests.journaled import UnorderedMount
 
 from .conftest import FailingOps, RecordingOps, files_under, message_files
 
@@ -281,9 +282,13 @@ def test_a_forked_child_publishing_through_the_parents_bus_makes_new_names(
     assert payloads == expected
 
 
+class _UnorderedRecording(UnorderedMount, RecordingOps):
+    pass
+
+
 def test_a_durable_publish_on_a_known_topic_is_still_synced(tmp_path: Path) -> None:
     root = tmp_path / "bus"
-    ops = RecordingOps()
+    ops = _UnorderedRecording()  # (synced before its rename: see test_storage)
     with BlockingBus(root, ops=ops) as bus:
         bus.publish("d", b"x")  # known from now on: Namer.plan's shortcut names the next
         ops.calls.clear()

@@ -12,6 +12,7 @@ import pytest
 
 from fsbus import BlockingBus, Bus, QueueFull, QueueNotFound, StorageError
 from fsbus._bus.ops import Ops
+from tests.journaled import JournaledExt4, UnorderedMount
 
 from .conftest import WAIT
 
@@ -112,17 +113,33 @@ class FailingSync(Ops):
         raise OSError(errno.EIO, "Input/output error")
 
 
-def test_a_durable_publish_that_fails_to_sync_leaves_no_copy(root: Path) -> None:
+class _JournaledFailingSync(JournaledExt4, FailingSync):
+    pass
+
+
+class _UnorderedFailingSync(UnorderedMount, FailingSync):
+    pass
+
+
+# Synced before the renames (btrfs), or renamed first and synced after (journaled ext4).
+MOUNTS = pytest.mark.parametrize("mount", ["sync-first", "place-first"])
+
+
+@MOUNTS
+def test_a_durable_publish_that_fails_to_sync_leaves_no_copy(root: Path, mount: str) -> None:
+    """Whichever the order, a sync that fails leaves nothing of the publish: the copies
+    and the message are taken back (renamed first, they were visible a moment)."""
     with BlockingBus(root) as setup:
         setup.declare_queue("a", ["t.#"])
         setup.declare_queue("b", ["t.#"])
-    ops = FailingSync()
+    ops = _JournaledFailingSync() if mount == "place-first" else _UnorderedFailingSync()
     with BlockingBus(root, ops=ops) as bus:
         with pytest.raises(StorageError):
             bus.publish("t.x", b"lost", durable=True)
         assert ops.failed == 1
         assert bus.queue_info("a").depth == 0
         assert bus.queue_info("b").depth == 0
+        assert list(bus.browse("#")) == []
         assert _staged(root) == []
         bus.publish("t.x", b"kept")  # not durable: no sync, the copies go in
         assert bus.queue_info("a").depth == 1
@@ -154,13 +171,24 @@ class Recording(Ops):
         self.events.append(("rename", f"{src} {dst}"))
 
 
+class _UnorderedRecording(UnorderedMount, Recording):
+    pass
+
+
+class _JournaledRecording(JournaledExt4, Recording):
+    pass
+
+
 def test_a_durable_publish_syncs_every_file_before_its_rename_and_every_bucket_after(
     root: Path,
 ) -> None:
+    """Where a power cut could show a file torn (btrfs here), each file is synced before
+    its rename; the copies' renames come before the message's bucket is synced (one
+    commit carries them)."""
     with BlockingBus(root) as setup:
         for q in "abc":
             setup.declare_queue(q, ["t.#"])
-    ops = Recording()
+    ops = _UnorderedRecording()
     with BlockingBus(root, ops=ops) as bus:
         ops.events.clear()
         info = bus.publish("t.x", b"kept", durable=True)
@@ -184,11 +212,47 @@ def test_a_durable_publish_syncs_every_file_before_its_rename_and_every_bucket_a
         assert _staged(root) == []
 
 
-def test_a_copy_that_fails_to_sync_withdraws_the_message(root: Path) -> None:
+@pytest.mark.parametrize("size", [4, 5000])
+def test_a_durable_page_on_a_journaled_mount_is_renamed_everywhere_then_synced(
+    root: Path, size: int
+) -> None:
+    """On journaled ext4 a durable message of one page and its copies are all renamed
+    into place before the first sync (one journal commit carries every creation and
+    rename), each file and bucket synced after its rename, before the publish returns;
+    a larger message is synced before its rename, as anywhere."""
+    with BlockingBus(root) as setup:
+        for q in "abc":
+            setup.declare_queue(q, ["t.#"])
+    ops = _JournaledRecording()
+    with BlockingBus(root, ops=ops) as bus:
+        ops.events.clear()
+        info = bus.publish("t.x", b"k" * size, durable=True)
+        ev = ops.events
+        renames = [(i, e[1].split(" ")) for i, e in enumerate(ev) if e[0] == "rename"]
+        assert len(renames) == 4  # the message and three copies
+        assert any(dst == info.path for _, (_, dst) in renames)
+        first_sync = min(i for i, e in enumerate(ev) if e[0] in ("fdatasync", "fsync"))
+        assert all(i < first_sync for i, _ in renames) == (size < 4096)
+        for i, (src, dst) in renames:
+            synced = [j for j, e in enumerate(ev) if e == ("fdatasync", src)]
+            assert synced, f"{src} never synced"
+            assert (synced[0] > i) == (size < 4096)
+            bucket = dst.rsplit("/", 1)[0]
+            after = [j for j, e in enumerate(ev) if e == ("fsync", bucket) and j > i]
+            assert after, f"{bucket} not synced after {dst} arrived"
+        for q in "abc":
+            assert bus.queue_info(q).depth == 1
+        assert _staged(root) == []
+
+
+@MOUNTS
+def test_a_copy_that_fails_to_sync_withdraws_the_message(root: Path, mount: str) -> None:
     with BlockingBus(root) as setup:
         setup.declare_queue("a", ["t.#"])
 
-    class FailOnCopies(Ops):
+    base: type[Ops] = JournaledExt4 if mount == "place-first" else UnorderedMount
+
+    class FailOnCopies(base):
         def __init__(self) -> None:
             self.paths: dict[int, str] = {}
 
