@@ -4,7 +4,9 @@ and a publish whose message fails to sync leaves no copy behind."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -171,6 +173,17 @@ class Recording(Ops):
         self.events.append(("rename", f"{src} {dst}"))
 
 
+@contextlib.contextmanager
+def _three_queues(root: Path, ops: Recording) -> Iterator[BlockingBus]:
+    """A bus on ``ops`` with queues a, b and c bound ``t.#``, its events cleared."""
+    with BlockingBus(root) as setup:
+        for q in "abc":
+            setup.declare_queue(q, ["t.#"])
+    with BlockingBus(root, ops=ops) as bus:
+        ops.events.clear()
+        yield bus
+
+
 class _UnorderedRecording(UnorderedMount, Recording):
     pass
 
@@ -185,12 +198,8 @@ def test_a_durable_publish_syncs_every_file_before_its_rename_and_every_bucket_a
     """Where a power cut could show a file torn (btrfs here), each file is synced before
     its rename; the copies' renames come before the message's bucket is synced (one
     commit carries them)."""
-    with BlockingBus(root) as setup:
-        for q in "abc":
-            setup.declare_queue(q, ["t.#"])
     ops = _UnorderedRecording()
-    with BlockingBus(root, ops=ops) as bus:
-        ops.events.clear()
+    with _three_queues(root, ops) as bus:
         info = bus.publish("t.x", b"kept", durable=True)
         ev = ops.events
         renames = [(i, e[1].split(" ")) for i, e in enumerate(ev) if e[0] == "rename"]
@@ -220,12 +229,8 @@ def test_a_durable_page_on_a_journaled_mount_is_renamed_everywhere_then_synced(
     into place before the first sync (one journal commit carries every creation and
     rename), each file and bucket synced after its rename, before the publish returns;
     a larger message is synced before its rename, as anywhere."""
-    with BlockingBus(root) as setup:
-        for q in "abc":
-            setup.declare_queue(q, ["t.#"])
     ops = _JournaledRecording()
-    with BlockingBus(root, ops=ops) as bus:
-        ops.events.clear()
+    with _three_queues(root, ops) as bus:
         info = bus.publish("t.x", b"k" * size, durable=True)
         ev = ops.events
         renames = [(i, e[1].split(" ")) for i, e in enumerate(ev) if e[0] == "rename"]
