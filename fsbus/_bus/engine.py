@@ -188,7 +188,7 @@ class Bus:
         self._queues: QueueStore = open_store(self.layout, self.config, ops)
         self._queue_buses: dict[str, _Hosted] = {}
         # Queue -> this bus's consumer files of it -> their subscriptions (None while
-        # attaching): counted from here, not from their flocks (see _queue_info_now).
+        # attaching): counted from here, not from their flocks (see queue_info).
         self._own_consumers: dict[str, dict[str, Subscription | None]] = {}
         self._queue_name: str | None = None  # the queue whose messages this bus holds
         self._queue_buses_starting: dict[str, anyio.Event] = {}
@@ -1856,17 +1856,13 @@ class Bus:
 
     async def queue_info(self, name: str) -> QueueInfo:
         """Queue ``name``: bindings, options, depth and consumers now."""
+        # A consumer of this bus counts no longer from the moment its subscription is
+        # closed, though it holds its consumer file until its messages are settled: the
+        # files of this bus's consumers are left out of the listing and its open
+        # subscriptions counted instead, on the event loop, once the listing is done
+        # (a caller that reads the count with no await in between sees them as now).
         self._check_open()
-        return await self._queue_info_now(name)
-
-    async def _queue_info_now(self, name: str) -> QueueInfo:
-        """Queue ``name`` now. A consumer of this bus counts from the moment its
-        subscription is closed no longer, though it holds its consumer file until its
-        messages are settled: the files of this bus's consumers are left out of the
-        listing and its open subscriptions counted instead, on the event loop, when the
-        listing is done (the caller reads the count with no await in between)."""
-        own = self._own_consumers.get(name, {})
-        skip = frozenset(own)  # (a consumer that attaches after this is on disk)
+        skip = frozenset(self._own_consumers.get(name, ()))  # (attaching later: on disk)
         info = await anyio.to_thread.run_sync(self._queues.info, name, skip)
         return self._with_own_consumers(info, skip)
 
@@ -1959,7 +1955,7 @@ class Bus:
         entry.users.append(token)
         path = self._queues.consumer_path(name)
         own = self._own_consumers.setdefault(name, {})
-        own[path] = None  # before its file exists: see _queue_info_now
+        own[path] = None  # before its file exists: see queue_info
         try:
             fd = await anyio.to_thread.run_sync(self._queues.attach, name, path)
         except BaseException:

@@ -114,12 +114,13 @@ class Withdrawn(Exception):
 
 
 Go = Callable[[], bool]
+"""Asked just before a publish's rename, in the thread that publishes: False withdraws it."""
 Then = Callable[[], None]
+"""Called once a publish is visible (see :meth:`BusFS.publish`): what it raises takes it back."""
 
 ONE_PAGE = 4096
 """The largest message file (leading byte and payload) that a durable publish may sync
 after its rename rather than before (:meth:`BusFS.places_first`)."""
-"""Asked just before a publish's rename, in the thread that publishes: False withdraws it."""
 
 
 @dataclass(frozen=True, slots=True)

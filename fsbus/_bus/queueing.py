@@ -189,17 +189,12 @@ class _Staged:
         self.placed = True
 
     def sync_placed(self) -> None:
-        """A late copy's data on disk, once placed; then closed."""
-        fs = self.writer._fs
-        fd, self.fd = self.fd, -1
+        """A late copy's data on disk, once placed (:meth:`sync`); then closed."""
         try:
-            try:
-                fs.ops.fdatasync(fd)
-            finally:
-                fs.ops.close(fd)
-        except OSError as exc:
-            raise storage_error("syncing a queue's copy", exc, self.final) from exc
-        self.synced = True
+            self.sync()
+        finally:
+            fd, self.fd = self.fd, -1
+            self.writer._fs.ops.close(fd)
 
     def settle(self) -> None:
         """Its directory entry on disk (fsync of its bucket directory)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import os
 import re
 
@@ -20,6 +21,7 @@ __all__ = ["MountReader", "detect", "mount_facts", "parse_mountinfo"]
 _MOUNTINFO = "/proc/self/mountinfo"
 _BEEGFS_PROC = "/proc/fs/beegfs"
 _JBD2_PROC = "/proc/fs/jbd2"
+_EXT4_MAGIC = 0xEF53
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
@@ -137,26 +139,13 @@ def mount_facts(path: str, reader: MountReader | None = None) -> MountFacts:
     text = reader.read_text(_MOUNTINFO)
     found = parse_mountinfo(real, text) if text else None
     point, fstype, source, options = found if found else ("", "", "", frozenset[str]())
-    journaled = None
-    if fstype == "ext4" or (not fstype and magic == 0xEF53):
-        journaled = _has_journal(source, reader)
     facts = MountFacts(
-        fstype=fstype,
-        options=options,
-        magic=magic,
-        mount_point=point,
-        source=source,
-        journaled=journaled,
+        fstype=fstype, options=options, magic=magic, mount_point=point, source=source
     )
+    if fstype == "ext4" or (not fstype and magic == _EXT4_MAGIC):
+        facts = dataclasses.replace(facts, journaled=_has_journal(source, reader))
     if fstype == "beegfs" or (not fstype and magic == BEEGFS_MAGIC):
-        facts = MountFacts(
-            fstype=fstype or "beegfs",
-            options=options,
-            magic=magic,
-            beegfs=_beegfs_config(reader),
-            mount_point=point,
-            source=source,
-        )
+        facts = dataclasses.replace(facts, fstype=fstype or "beegfs", beegfs=_beegfs_config(reader))
     return facts
 
 
