@@ -1438,7 +1438,13 @@ class Bus:
 
         # Inline while the mount is fast, as a publish (the claims never block: a rename,
         # or a flock that fails at once); a round of many claims goes to the thread.
-        results, untried = await self._off(claim_some, big=len(ordered) > _INLINE_CLAIMS)
+        # Timed per claim it wants (spare candidates are tried only for lost claims: a
+        # round that lost some is taken for slower than it was, never for faster).
+        results, untried = await self._off(
+            claim_some,
+            big=len(ordered) > _INLINE_CLAIMS,
+            items=min(len(ordered), claimable),
+        )
         lost = sum(1 for _, _, c in results if c is None)
         self._counts["claims_lost"] += lost
         self._contention.round(len(results), lost, time.monotonic())
@@ -1587,13 +1593,15 @@ class Bus:
     ) -> list[BaseException | None]:
         """A batch of acks and releases: inline while the mount is fast, as a publish (an
         unlink or a rename each), in the worker thread when it is slow or the batch big."""
-        return await self._off(functools.partial(fn, items), big=len(items) > _INLINE_CLAIMS)
+        return await self._off(
+            functools.partial(fn, items), big=len(items) > _INLINE_CLAIMS, items=len(items)
+        )
 
-    async def _off(self, fn: Callable[[], T], *, big: bool = False) -> T:
+    async def _off(self, fn: Callable[[], T], *, big: bool = False, items: int = 1) -> T:
         """:meth:`Offload.call` for the work of consuming (claims, acks, releases), which
         must run even while the bus closes: once the offload has stopped, in a thread."""
         try:
-            return await self._offload.call(fn, big=big)
+            return await self._offload.call(fn, big=big, items=items)
         except ClosedError:  # raised before ``fn`` ran (waiting for a turn)
             return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
 
@@ -2256,7 +2264,8 @@ class Bus:
         self, name: str, hosted: _Hosted, *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
         root = self._queues.bus_root(name)
-        async with Bus(root, config=self._queues.sub_config) as inner:
+        # the same I/O seam as this bus: a fault injected there reaches its consumers too
+        async with Bus(root, config=self._queues.sub_config, ops=self._fs.ops) as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
             hosted.bus = inner
             # the directory it opened (created, if it was not there yet)

@@ -569,3 +569,69 @@ async def test_claims_and_acks_run_on_the_loop_while_the_mount_is_fast(root: Pat
     assert me in acks
     assert files_under(root / "fsbus" / "claims") == []  # every claim acked
     assert len(message_files(root)) == len(seam.renames()) - n  # the multi ones stay
+
+
+class SlowAckSeam(ClaimSeam):
+    """:class:`ClaimSeam` whose acks (unlinks of claimed files) take ``ack_delay`` seconds
+    each: a batch of many acks is slow as a whole, each ack in it fast."""
+
+    def __init__(self, ack_delay: float) -> None:
+        super().__init__()
+        self.ack_delay = ack_delay
+
+    def unlink(self, path: str) -> None:
+        if "/claims/" in path:
+            time.sleep(self.ack_delay)
+        super().unlink(path)
+
+
+@pytest.mark.anyio
+async def test_batches_of_acks_are_timed_per_ack(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue consumer with a prefetch acks in batches. Each batch of ``batch`` acks
+    takes longer than FAST as a whole, but each ack in it is fast, so the queue's bus
+    (which never publishes) moves its claims and acks onto the loop once it has measured
+    them: timed whole, every batch looked slow and each cost two thread hops. Every
+    message is handled once, and the batches that ran inline stayed within SLOW."""
+    monkeypatch.setattr(offload, "BATCH_BUDGET", 0.015)
+    batch, rounds = 20, 3 * FAST_RUN
+    ack_delay = 0.0004  # 20 acks: 8 ms or more, above FAST (5 ms); each well under it
+    seam = SlowAckSeam(ack_delay)
+    me = threading.get_ident()
+    n = batch * rounds
+    got: list[bytes] = []
+    held: list[anyio.Event] = []
+    done = anyio.Event()
+
+    async def handler(msg: Message) -> None:
+        # hold each handler until ``batch`` are held, so that their acks queue together
+        gate = anyio.Event()
+        held.append(gate)
+        got.append(msg.payload)
+        if len(held) == batch or len(got) == n:
+            for g in held:
+                g.set()
+            held.clear()
+        with anyio.fail_after(WAIT):
+            await gate.wait()
+        if len(got) == n:
+            done.set()
+
+    config = BusConfig(locking="rename", handler_concurrency=batch)
+    async with Bus(root, ops=seam, config=config) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        for i in range(n):
+            await bus.publish("t.w", b"%d" % i)
+        await bus.subscribe(None, handler, queue="q", prefetch=batch)
+        with anyio.fail_after(WAIT):
+            await done.wait()
+        inner = bus._queue_buses["q"].bus
+        with anyio.fail_after(WAIT):
+            while sum(op == "ack" for op, _ in seam.consuming) < n:  # noqa: ASYNC110
+                await anyio.sleep(0.01)  # the last batch of acks lands just after
+        assert inner._offload.item_cost < offload.FAST  # per ack, not per batch
+    assert sorted(got) == sorted(b"%d" % i for i in range(n))
+    acks = [t for op, t in seam.consuming if op == "ack"]
+    assert len(acks) == n
+    assert me in acks  # measured fast per ack: the batches moved onto the loop
