@@ -735,10 +735,10 @@ class Bus:
         self._fs.track_own = not self._fs.platform.shared
         self._watch(tg)
         if not self._workers_started:
-            # Handlers of the first scan (existing messages) need the pool running.
+            # Handlers of the first scan (existing messages) need the pool running;
+            # its workers start as jobs come.
             self._workers_started = True
-            for _ in range(self.config.handler_concurrency):
-                tg.start_soon(self._jobs.work)
+            self._jobs.start(tg, self.config.handler_concurrency)
         try:
             await self._scan(baseline=True, deliver=False)
         except BaseException:

@@ -67,6 +67,41 @@ async def test_handler_concurrency_is_a_ceiling(root: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_handler_workers_start_as_handlers_need_them(root: Path) -> None:
+    """The pool of handler tasks grows to what runs at once, not to the ceiling: a bus
+    whose handlers run one at a time keeps one worker; eight held at once make eight,
+    all running together, and every message is handled once."""
+    held = 8
+    gate = anyio.Event()
+    active = 0
+    done: list[bytes] = []
+
+    async def handler(msg: Message) -> None:
+        nonlocal active
+        if msg.topic == "w.held":
+            active += 1
+            await gate.wait()
+        done.append(msg.payload)
+
+    async with Bus(root, config=BusConfig(handler_concurrency=256)) as bus:
+        await bus.subscribe("w.*", handler)
+        for i in range(20):  # one at a time: each handled before the next is published
+            await bus.publish("w.one", b"%d" % i)
+            await wait_until(lambda i=i: len(done) == i + 1)
+            await wait_until(lambda: len(bus._jobs._idle) == bus._jobs.workers)  # back idle
+        assert bus._jobs.workers == 1
+        for i in range(held):
+            await bus.publish("w.held", b"h%d" % i)
+        await wait_until(lambda: active == held)  # all eight at once
+        assert bus._jobs.workers == held
+        gate.set()
+        await wait_until(lambda: len(done) == 20 + held)
+    assert sorted(done) == sorted(
+        [b"%d" % i for i in range(20)] + [b"h%d" % i for i in range(held)]
+    )
+
+
+@pytest.mark.anyio
 async def test_resubscribing_after_every_subscription_closed(root: Path) -> None:
     first, second = Inbox(), Inbox()
     async with Bus(root) as bus:
