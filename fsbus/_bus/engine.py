@@ -18,6 +18,7 @@ import functools
 import heapq
 import inspect
 import logging
+import math
 import os
 import random
 import time
@@ -1404,7 +1405,7 @@ class Bus:
             untried: list[Entry] = []
             taken = lost = 0
             per_sub: dict[Subscription, int] = {}
-            until = time.monotonic() + _CLAIM_ROUND_SECONDS
+            until = time.monotonic() + self._offload.batch_seconds(_CLAIM_ROUND_SECONDS)
             for e, sub in ordered:
                 room = None if sub.prefetch is None else sub.prefetch - sub.in_flight
                 if (
@@ -1593,9 +1594,12 @@ class Bus:
     ) -> list[BaseException | None]:
         """A batch of acks and releases: inline while the mount is fast, as a publish (an
         unlink or a rename each), in the worker thread when it is slow or the batch big."""
-        return await self._off(
+        done = await self._off(
             functools.partial(fn, items), big=len(items) > _INLINE_CLAIMS, items=len(items)
         )
+        if len(done) < len(items):  # stopped inline past its time: the rest in the thread
+            done += await anyio.to_thread.run_sync(fn, items[len(done) :], abandon_on_cancel=False)
+        return done
 
     async def _off(self, fn: Callable[[], T], *, big: bool = False, items: int = 1) -> T:
         """:meth:`Offload.call` for the work of consuming (claims, acks, releases), which
@@ -1606,9 +1610,16 @@ class Bus:
             return await anyio.to_thread.run_sync(fn, abandon_on_cancel=False)
 
     def _finish_many(self, items: list[tuple[Claim, str]]) -> list[BaseException | None]:
-        """Ack or release each claim; an item's result is the error that stopped it."""
+        """Ack or release each claim; an item's result is the error that stopped it.
+
+        Inline, it stops once the batch has run :data:`~.offload.SLOW` (a mount turning
+        slow): the result is then shorter than ``items``, and the caller hands the rest
+        to the thread."""
         out: list[BaseException | None] = []
+        stop = time.monotonic() + self._offload.batch_seconds(math.inf)
         for claim, outcome in items:
+            if out and time.monotonic() > stop:
+                break
             try:
                 if outcome == "ack":
                     self._fs.ack(claim)

@@ -46,7 +46,11 @@ one hop):
   items, at the cost per item measured inline, fit in :data:`BATCH_BUDGET`; a bigger
   one goes to the thread however fast the mount (its size, not the mount, would hold
   the loop), as does a round of more than ``_INLINE_CLAIMS`` claims or a batch of as
-  many acks. A batch that held the loop longer than :data:`SLOW` is a strike.
+  many acks. A batch that held the loop longer than :data:`SLOW` is a strike; one that
+  runs inline stops once it has (:meth:`Offload.batch_seconds`: a claim round hands out
+  what it won, a batch of acks leaves the rest for the thread), so a mount that turns
+  slow under a run of inline batches holds the loop for one item past SLOW per strike,
+  not for a whole batch.
 * Some work is never inline: ``durable=True`` publishes (fdatasync and a directory fsync
   take milliseconds by nature; their times are not used for the choice), publishes on a
   filesystem that other hosts share (a network mount can stall for seconds with no
@@ -200,6 +204,7 @@ class Offload:
         self.thread_scans = 0
         """Scans whose listing and reading ran in a worker thread."""
         self._fast_run = 0  # fast publishes in a row, in the thread
+        self._inline_in: int | None = None  # the thread running work inline now (the loop's)
         self.item_cost = _FIRST_ITEM_COST
         """Seconds per item of the batches :meth:`call` ran inline, a moving average (in
         the thread the other thread's turns with the GIL count too: four to five times
@@ -452,11 +457,13 @@ class Offload:
                 await self._take_turn()
             if self.inline:
                 t0 = perf_counter()
+                self._inline_in = threading.get_ident()
                 try:
                     return fn()
                 except ScanTooBig:
                     big = True  # and on to the thread, below
                 finally:
+                    self._inline_in = None
                     took = perf_counter() - t0
                     self._debt += took
                     if scan:
@@ -487,6 +494,13 @@ class Offload:
             elif not big:
                 self._timed_in_thread(took)
         return result
+
+    def batch_seconds(self, otherwise: float) -> float:
+        """How long a batch of work may go on before it stops and leaves the rest (for
+        the thread): :data:`SLOW` when it runs inline (called from the work, on the
+        loop), else ``otherwise``. A mount that turns slow while batches run inline then
+        holds the loop for one item past SLOW, not for the whole batch."""
+        return SLOW if self._inline_in == threading.get_ident() else otherwise
 
     def _item_took(self, took: float, items: int) -> None:
         """A batch of ``items`` just took ``took`` seconds inline: into :attr:`item_cost`."""

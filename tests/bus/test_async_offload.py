@@ -635,3 +635,61 @@ async def test_batches_of_acks_are_timed_per_ack(
     acks = [t for op, t in seam.consuming if op == "ack"]
     assert len(acks) == n
     assert me in acks  # measured fast per ack: the batches moved onto the loop
+
+
+@pytest.mark.anyio
+async def test_a_batch_of_acks_on_the_loop_stops_when_the_mount_turns_slow(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acks batched onto the loop, then the mount turns slow (each ack 30 ms, SLOW being
+    20 ms here): a batch running inline stops after the ack that took it past SLOW and
+    hands the rest to the thread, so no batch of ``batch`` acks runs whole on the loop
+    (it would hold it ``batch`` times 30 ms), and two such strikes send the work to the
+    thread. Every message is still handled and acked once."""
+    monkeypatch.setattr(offload, "BATCH_BUDGET", 0.015)
+    batch, fast_rounds, slow_rounds = 20, 3 * FAST_RUN, 6
+    seam = SlowAckSeam(0.0)
+    me = threading.get_ident()
+    n = batch * (fast_rounds + slow_rounds)
+    got: list[bytes] = []
+    held: list[anyio.Event] = []
+    slow_from = 0  # index in seam.consuming where the acks turned slow
+    done = anyio.Event()
+
+    async def handler(msg: Message) -> None:
+        nonlocal slow_from
+        gate = anyio.Event()
+        held.append(gate)
+        got.append(msg.payload)
+        if len(got) == batch * fast_rounds:  # every fast batch's acks queued before this
+            with anyio.fail_after(WAIT):
+                while sum(op == "ack" for op, _ in seam.consuming) < len(got) - batch:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            slow_from = len(seam.consuming)
+            seam.ack_delay = 0.03
+        if len(held) == batch or len(got) == n:
+            for g in held:
+                g.set()
+            held.clear()
+        with anyio.fail_after(WAIT):
+            await gate.wait()
+        if len(got) == n:
+            done.set()
+
+    config = BusConfig(locking="rename", handler_concurrency=batch)
+    async with Bus(root, ops=seam, config=config) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        for i in range(n):
+            await bus.publish("t.w", b"%d" % i)
+        await bus.subscribe(None, handler, queue="q", prefetch=batch)
+        with anyio.fail_after(WAIT):
+            await done.wait()
+        with anyio.fail_after(WAIT * 2):
+            while sum(op == "ack" for op, _ in seam.consuming) < n:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+    assert sorted(got) == sorted(b"%d" % i for i in range(n))
+    acks = [t for op, t in seam.consuming if op == "ack"]
+    assert len(acks) == n
+    assert me in acks[: batch * fast_rounds - batch]  # the fast batches ran on the loop
+    slow_inline = [t for op, t in seam.consuming[slow_from:] if op == "ack" and t == me]
+    assert len(slow_inline) < batch  # no batch of slow acks ran whole on the loop
