@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -584,89 +585,33 @@ class SlowAckSeam(ClaimSeam):
             time.sleep(self.ack_delay)
         super().unlink(path)
 
+    def acks(self) -> int:
+        """Acks made so far."""
+        return sum(op == "ack" for op, _ in self.consuming)
 
-@pytest.mark.anyio
-async def test_batches_of_acks_are_timed_per_ack(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A queue consumer with a prefetch acks in batches. Each batch of ``batch`` acks
-    takes longer than FAST as a whole, but each ack in it is fast, so the queue's bus
-    (which never publishes) moves its claims and acks onto the loop once it has measured
-    them: timed whole, every batch looked slow and each cost two thread hops. Every
-    message is handled once, and the batches that ran inline stayed within SLOW."""
-    monkeypatch.setattr(offload, "BATCH_BUDGET", 0.015)
-    batch, rounds = 20, 3 * FAST_RUN
-    ack_delay = 0.0004  # 20 acks: 8 ms or more, above FAST (5 ms); each well under it
-    seam = SlowAckSeam(ack_delay)
-    me = threading.get_ident()
-    n = batch * rounds
+
+async def consume_in_batches(
+    root: Path,
+    seam: SlowAckSeam,
+    n: int,
+    batch: int,
+    after: Callable[[int], Awaitable[None]] | None = None,
+) -> tuple[list[bytes], float]:
+    """Publish ``n`` messages into queue ``q``, then consume them with a prefetch of
+    ``batch``, each handler held until ``batch`` are held so that their acks queue
+    together; ``after(count)`` runs in each handler once it has counted its message.
+    Returns the payloads handled and the queue bus's :attr:`Offload.item_cost`, once
+    every ack has reached the seam."""
     got: list[bytes] = []
     held: list[anyio.Event] = []
     done = anyio.Event()
 
     async def handler(msg: Message) -> None:
-        # hold each handler until ``batch`` are held, so that their acks queue together
         gate = anyio.Event()
         held.append(gate)
         got.append(msg.payload)
-        if len(held) == batch or len(got) == n:
-            for g in held:
-                g.set()
-            held.clear()
-        with anyio.fail_after(WAIT):
-            await gate.wait()
-        if len(got) == n:
-            done.set()
-
-    config = BusConfig(locking="rename", handler_concurrency=batch)
-    async with Bus(root, ops=seam, config=config) as bus:
-        await bus.declare_queue("q", ["t.#"])
-        for i in range(n):
-            await bus.publish("t.w", b"%d" % i)
-        await bus.subscribe(None, handler, queue="q", prefetch=batch)
-        with anyio.fail_after(WAIT):
-            await done.wait()
-        inner = bus._queue_buses["q"].bus
-        with anyio.fail_after(WAIT):
-            while sum(op == "ack" for op, _ in seam.consuming) < n:  # noqa: ASYNC110
-                await anyio.sleep(0.01)  # the last batch of acks lands just after
-        assert inner._offload.item_cost < offload.FAST  # per ack, not per batch
-    assert sorted(got) == sorted(b"%d" % i for i in range(n))
-    acks = [t for op, t in seam.consuming if op == "ack"]
-    assert len(acks) == n
-    assert me in acks  # measured fast per ack: the batches moved onto the loop
-
-
-@pytest.mark.anyio
-async def test_a_batch_of_acks_on_the_loop_stops_when_the_mount_turns_slow(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Acks batched onto the loop, then the mount turns slow (each ack 30 ms, SLOW being
-    20 ms here): a batch running inline stops after the ack that took it past SLOW and
-    hands the rest to the thread, so no batch of ``batch`` acks runs whole on the loop
-    (it would hold it ``batch`` times 30 ms), and two such strikes send the work to the
-    thread. Every message is still handled and acked once."""
-    monkeypatch.setattr(offload, "BATCH_BUDGET", 0.015)
-    batch, fast_rounds, slow_rounds = 20, 3 * FAST_RUN, 6
-    seam = SlowAckSeam(0.0)
-    me = threading.get_ident()
-    n = batch * (fast_rounds + slow_rounds)
-    got: list[bytes] = []
-    held: list[anyio.Event] = []
-    slow_from = 0  # index in seam.consuming where the acks turned slow
-    done = anyio.Event()
-
-    async def handler(msg: Message) -> None:
-        nonlocal slow_from
-        gate = anyio.Event()
-        held.append(gate)
-        got.append(msg.payload)
-        if len(got) == batch * fast_rounds:  # every fast batch's acks queued before this
-            with anyio.fail_after(WAIT):
-                while sum(op == "ack" for op, _ in seam.consuming) < len(got) - batch:  # noqa: ASYNC110
-                    await anyio.sleep(0.01)
-            slow_from = len(seam.consuming)
-            seam.ack_delay = 0.03
+        if after is not None:
+            await after(len(got))
         if len(held) == batch or len(got) == n:
             for g in held:
                 g.set()
@@ -685,8 +630,59 @@ async def test_a_batch_of_acks_on_the_loop_stops_when_the_mount_turns_slow(
         with anyio.fail_after(WAIT):
             await done.wait()
         with anyio.fail_after(WAIT * 2):
-            while sum(op == "ack" for op, _ in seam.consuming) < n:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+            while seam.acks() < n:  # noqa: ASYNC110
+                await anyio.sleep(0.01)  # the last batch of acks lands just after
+        item_cost = bus._queue_buses["q"].bus._offload.item_cost
+    return got, item_cost
+
+
+@pytest.mark.anyio
+async def test_batches_of_acks_are_timed_per_ack(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue consumer with a prefetch acks in batches. Each batch of ``batch`` acks
+    takes longer than FAST as a whole, but each ack in it is fast, so the queue's bus
+    (which never publishes) moves its claims and acks onto the loop once it has measured
+    them: timed whole, every batch looked slow and each cost two thread hops. Every
+    message is handled once."""
+    monkeypatch.setattr(offload, "BATCH_BUDGET", 0.015)
+    batch, rounds = 20, 3 * FAST_RUN
+    seam = SlowAckSeam(0.0004)  # 20 acks: 8 ms or more, above FAST (5 ms); each well under
+    n = batch * rounds
+    got, item_cost = await consume_in_batches(root, seam, n, batch)
+    assert item_cost < offload.FAST  # per ack, not per batch
+    assert sorted(got) == sorted(b"%d" % i for i in range(n))
+    acks = [t for op, t in seam.consuming if op == "ack"]
+    assert len(acks) == n
+    assert threading.get_ident() in acks  # measured fast per ack: batches moved onto the loop
+
+
+@pytest.mark.anyio
+async def test_a_batch_of_acks_on_the_loop_stops_when_the_mount_turns_slow(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acks batched onto the loop, then the mount turns slow (each ack 30 ms, SLOW being
+    20 ms here): a batch running inline stops after the ack that took it past SLOW and
+    hands the rest to the thread, so no batch of ``batch`` acks runs whole on the loop
+    (it would hold it ``batch`` times 30 ms), and two such strikes send the work to the
+    thread. Every message is still handled and acked once."""
+    monkeypatch.setattr(offload, "BATCH_BUDGET", 0.015)
+    batch, fast_rounds, slow_rounds = 20, 3 * FAST_RUN, 6
+    seam = SlowAckSeam(0.0)
+    me = threading.get_ident()
+    n = batch * (fast_rounds + slow_rounds)
+    slow_from = 0  # index in seam.consuming where the acks turned slow
+
+    async def turn_slow(count: int) -> None:
+        nonlocal slow_from
+        if count == batch * fast_rounds:  # every fast batch's acks queued before this
+            with anyio.fail_after(WAIT):
+                while seam.acks() < count - batch:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            slow_from = len(seam.consuming)
+            seam.ack_delay = 0.03
+
+    got, _ = await consume_in_batches(root, seam, n, batch, turn_slow)
     assert sorted(got) == sorted(b"%d" % i for i in range(n))
     acks = [t for op, t in seam.consuming if op == "ack"]
     assert len(acks) == n
