@@ -1598,7 +1598,8 @@ class Bus:
             functools.partial(fn, items), big=len(items) > _INLINE_CLAIMS, items=len(items)
         )
         if len(done) < len(items):  # stopped inline past its time: the rest in the thread
-            done += await anyio.to_thread.run_sync(fn, items[len(done) :], abandon_on_cancel=False)
+            rest = items[len(done) :]
+            done += await self._off(functools.partial(fn, rest), big=True, items=len(rest))
         return done
 
     async def _off(self, fn: Callable[[], T], *, big: bool = False, items: int = 1) -> T:
