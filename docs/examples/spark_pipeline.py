@@ -263,7 +263,7 @@ def run_job(root: Path, table: Path, checkpoint: Path, scratch: Path) -> int:
                     if restarts[q.name] == RESTARTS:
                         raise RuntimeError(f"query {q.name} failed: {q.exception()}")
                     restarts[q.name] += 1
-                    say(query=q.name, restarted=restarts[q.name], reason=reason)
+                    say(restart=q.name, attempt=restarts[q.name], reason=reason)
                     q = queries[i] = starters[q.name](spark, root, table, checkpoint)
                 for p in q.recentProgress:
                     if p["batchId"] > seen[q.name]:
@@ -587,7 +587,7 @@ def run_pipeline(
     for alert in subscriber.alerts():
         received = alerts.setdefault((alert["service"], alert["window"]), [alert["errors"], 0])
         received[1] += 1
-    restarts = [s["reason"] for j in (*jobs, job) for s in j.said if "restarted" in s]
+    restarts = [s["reason"] for j in (*jobs, job) for s in j.said if "restart" in s]
     return Result(want, counted(table), alerts_due, alerts, killed_at, while_down, phases, restarts)
 
 
