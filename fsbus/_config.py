@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._env import env_force_polling
 from ._errors import InvalidConfig
 
-__all__ = ["BusConfig", "env_force_polling", "make_config"]
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-def env_force_polling() -> bool:
-    """Whether ``FSBUS_FORCE_POLLING`` asks for polling only (network filesystems)."""
-    return os.environ.get("FSBUS_FORCE_POLLING", "").strip().lower() in _TRUE
+__all__ = ["BusConfig", "make_config"]
 
 
 class BusConfig(BaseModel):

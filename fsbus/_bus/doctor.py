@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .._config import env_force_polling
 from .._core.mounts import MountReader, detect
 from .._core.platform import Platform
 from .._core.space import free_space
+from .._env import env_force_polling
 
 __all__ = ["DoctorCheck", "DoctorReport", "Status", "check_directory"]
 

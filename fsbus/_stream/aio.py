@@ -18,20 +18,22 @@ from array import array
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from .._core.watch import Waker
 from .._errors import ClosedError, UsageError
-from .config import StreamConfig
 from .framing import ColumnBatch, Record, RecordIn
 from .groups import ConsumerGroup, GroupInfo
 from .log import Stream, StreamInfo
 from .maint import CompactionReport, RetentionReport
 from .staged import ADOPT_BYTES, SegmentStager, StagedSegment
 from .writer import RecoveryInfo
+
+if TYPE_CHECKING:
+    from .config import StreamConfig
 
 __all__ = ["AsyncConsumerGroup", "AsyncStream"]
 

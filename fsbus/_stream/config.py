@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import asdict
+from typing import Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .._config import env_force_polling
+from .._env import env_force_polling
 from .._errors import InvalidConfig
+from .defaults import DEFAULTS as D
+from .defaults import Defaults
 
-__all__ = ["Durability", "StreamConfig", "default_config"]
+__all__ = ["Durability", "Settings", "StreamConfig", "as_config"]
 
 Durability = Literal["none", "batch", "record"]
 
@@ -27,61 +30,69 @@ class StreamConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     durability: Durability = Field(
-        "batch",
+        D.durability,
         description="When appends reach the disk: 'none' (page cache only: survives a "
         "crash of the process, not of the machine), 'batch' (fdatasync once per append or "
         "append_batch call before it returns), 'record' (fdatasync after every record).",
     )
     segment_bytes: int = Field(
-        64 << 20, ge=4096, le=1 << 40, description="Start a new segment past this size."
+        D.segment_bytes, ge=4096, le=1 << 40, description="Start a new segment past this size."
     )
     index_interval_bytes: int = Field(
-        16 << 10, ge=0, description="Bytes of frames between two sparse index entries."
+        D.index_interval_bytes,
+        ge=0,
+        description="Bytes of frames between two sparse index entries.",
     )
     max_frame_bytes: int = Field(
-        1 << 20,
+        D.max_frame_bytes,
         ge=256,
         le=(1 << 32) - 1,
         description="A batch is cut into frames of about this size (a frame is what a "
         "reader sees at once).",
     )
     max_record_bytes: int = Field(
-        64 << 20, gt=0, le=(1 << 32) - 1024, description="Largest record accepted."
+        D.max_record_bytes, gt=0, le=(1 << 32) - 1024, description="Largest record accepted."
     )
     read_chunk_bytes: int = Field(
-        4 << 20, ge=4096, description="Bytes read from a segment per read call."
+        D.read_chunk_bytes, ge=4096, description="Bytes read from a segment per read call."
     )
     retention_bytes: int | None = Field(
-        None, gt=0, description="Delete the oldest segments while the stream is larger."
+        D.retention_bytes,
+        gt=0,
+        description="Delete the oldest segments while the stream is larger.",
     )
     retention_seconds: float | None = Field(
-        None, gt=0, description="Delete segments whose newest record is older than this."
+        D.retention_seconds,
+        gt=0,
+        description="Delete segments whose newest record is older than this.",
     )
     delete_consumed: bool = Field(
-        False,
+        D.delete_consumed,
         description="Let retention also delete segments every consumer group has committed.",
     )
     group_partitions: int = Field(
-        8,
+        D.group_partitions,
         ge=1,
         le=4096,
         description="Partitions of a new consumer group (records go to partitions by key "
         "hash, or by offset when they have no key); fixed when the group is created.",
     )
     session_timeout: float = Field(
-        10.0, gt=0, description="A consumer silent this long is dead; its partitions move."
+        D.session_timeout,
+        gt=0,
+        description="A consumer silent this long is dead; its partitions move.",
     )
     heartbeat_interval: float = Field(
-        1.0, gt=0, description="How often a live consumer renews its lease."
+        D.heartbeat_interval, gt=0, description="How often a live consumer renews its lease."
     )
     cache_wait: float = Field(
-        5.0,
+        D.cache_wait,
         ge=0,
         description="How long a consumer-group file may show an old copy (a mount that "
         "caches names or sizes) before fsbus reports it.",
     )
     poll_interval: float = Field(
-        0.1, gt=0, le=60, description="Seconds between checks for appends when polling."
+        D.poll_interval, gt=0, le=60, description="Seconds between checks for appends when polling."
     )
     force_polling: bool = Field(
         default_factory=env_force_polling,
@@ -108,7 +119,14 @@ class StreamConfig(BaseModel):
         return self
 
 
-def default_config() -> StreamConfig:
-    """A config with every option at its default: what ``StreamConfig()`` gives, made
-    without running the validators (the defaults are valid), so without building them."""
-    return StreamConfig.model_construct()
+Settings: TypeAlias = "StreamConfig | Defaults"
+"""What a handle reads its options from: the config it was given, or the defaults (a
+handle opened without a config never imports this module, nor pydantic)."""
+
+
+def as_config(settings: Settings) -> StreamConfig:
+    """``settings`` as a :class:`StreamConfig` (the defaults' values made into one without
+    running the validators: they are valid)."""
+    if isinstance(settings, StreamConfig):
+        return settings
+    return StreamConfig.model_construct(**asdict(settings))

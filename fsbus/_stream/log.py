@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .._core.mounts import detect
 from .._errors import (
@@ -27,7 +27,7 @@ from .._errors import (
     UsageError,
     storage_error,
 )
-from .config import StreamConfig, default_config
+from .defaults import Defaults
 from .framing import (
     ColumnBatch,
     Encoded,
@@ -61,6 +61,9 @@ from .segments import (
 from .staged import ADOPT_BYTES, SegmentStager, StagedSegment, is_staged_name
 from .staged import PREFIX as STAGED_PREFIX
 from .writer import RecoveryInfo, Writer
+
+if TYPE_CHECKING:
+    from .config import Settings, StreamConfig
 
 __all__ = ["SegmentInfo", "Stream", "StreamInfo", "list_streams", "stream_dir"]
 
@@ -127,14 +130,14 @@ class Stream:
     """
 
     def __init__(
-        self, sdir: Path, name: str, config: StreamConfig, ops: StreamOps, *, _private: object
+        self, sdir: Path, name: str, config: Settings, ops: StreamOps, *, _private: object
     ) -> None:
         if _private is not _TOKEN:
             raise TypeError("use Stream.open(root, name) to open a stream")
         self._dir = sdir
         self._name = name
         self._root = sdir.parent.parent
-        self._config = config
+        self._config: Settings = config  # the defaults become a StreamConfig when asked
         self._ops = ops
         self._writer: Writer | None = None
         self._closed = False
@@ -172,9 +175,13 @@ class Stream:
         ops: StreamOps,
     ) -> Stream:
         sdir = stream_dir(root, name)
-        cfg = config if config is not None else default_config()
-        if not isinstance(cfg, StreamConfig):
-            raise UsageError(f"config must be a StreamConfig, got {type(cfg).__name__}")
+        cfg: Settings = Defaults()  # no pydantic for a handle with the defaults
+        if config is not None:
+            from .config import StreamConfig
+
+            if not isinstance(config, StreamConfig):
+                raise UsageError(f"config must be a StreamConfig, got {type(config).__name__}")
+            cfg = config
         if not ops.is_dir(sdir):
             if not create:
                 raise StreamNotFound(
@@ -214,7 +221,8 @@ class Stream:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Pickles as "open this stream again" (e.g. to ship it to a Spark executor).
-        return (_reopen, (str(self._root), self._name, self._config))
+        given = None if isinstance(self._config, Defaults) else self._config
+        return (_reopen, (str(self._root), self._name, given))
 
     # --- properties ----------------------------------------------------------------------
 
@@ -241,7 +249,10 @@ class Stream:
     @property
     def config(self) -> StreamConfig:
         """This handle's options."""
-        return self._config
+        from .config import as_config
+
+        cfg = self._config = as_config(self._config)
+        return cfg
 
     @property
     def closed(self) -> bool:
@@ -837,7 +848,7 @@ _TOKEN = object()
 log = logging.getLogger("fsbus.stream")
 
 
-def _reopen(root: str, name: str, config: StreamConfig) -> Stream:
+def _reopen(root: str, name: str, config: StreamConfig | None) -> Stream:
     return Stream.open(root, name, config=config, create=False)
 
 

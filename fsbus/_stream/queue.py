@@ -15,13 +15,15 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from .._errors import UsageError, WouldBlock
-from .config import StreamConfig
 from .framing import Record, RecordIn
 from .groups import ConsumerGroup, partition_of
 from .log import Stream
+
+if TYPE_CHECKING:
+    from .config import StreamConfig
 
 __all__ = ["QueueEmpty", "StreamQueue"]
 

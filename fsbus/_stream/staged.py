@@ -28,12 +28,12 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import xxhash
 
 from .._errors import CorruptDataError, UsageError, storage_error
-from .config import StreamConfig, default_config
+from .defaults import Defaults
 from .framing import (
     HEADER_SIZE,
     ColumnBatch,
@@ -49,6 +49,9 @@ from .framing import (
     too_large,
 )
 from .ops import IOV_MAX, StreamOps
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 __all__ = [
     "ADOPT_BYTES",
@@ -211,7 +214,7 @@ class SegmentStager:
         directory: Path,
         prefix: str,
         *,
-        config: StreamConfig | None = None,
+        config: Settings | None = None,
         durable: bool = True,
         frame_bytes: int | None = None,
         ops: StreamOps | None = None,
@@ -220,7 +223,7 @@ class SegmentStager:
 
         self._dir = Path(directory)
         self._prefix = check_prefix(prefix)
-        self._config = config if config is not None else default_config()
+        self._config: Settings = config if config is not None else Defaults()
         self._durable = durable
         self._frame_bytes = check_frame_bytes(
             self._config.max_frame_bytes if frame_bytes is None else frame_bytes

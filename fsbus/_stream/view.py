@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from .config import StreamConfig
 from .framing import Record
 from .ops import StreamOps
+
+if TYPE_CHECKING:
+    from .config import StreamConfig
 
 __all__ = ["StreamView"]
 

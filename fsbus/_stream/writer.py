@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._errors import ClosedError, CorruptDataError, LockingUnsupported, storage_error
-from .config import StreamConfig
 from .framing import (
     INDEX_ENTRY,
     Encoded,
@@ -41,6 +41,9 @@ from .segments import (
     seek_entry,
 )
 from .staged import rebase, staged_records
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 __all__ = ["RecoveryInfo", "Writer"]
 
@@ -66,7 +69,7 @@ class RecoveryInfo:
 class Writer:
     """Appends to one stream directory; thread-safe, and process-safe through flock."""
 
-    def __init__(self, sdir: Path, config: StreamConfig, ops: StreamOps) -> None:
+    def __init__(self, sdir: Path, config: Settings, ops: StreamOps) -> None:
         self._dir = sdir
         self._dir_s = str(sdir)
         self._config = config

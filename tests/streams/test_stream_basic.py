@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -139,6 +141,32 @@ def test_bad_config() -> None:
         StreamConfig(durability="sometimes")  # type: ignore[arg-type]
     with pytest.raises(InvalidConfig, match="heartbeat_interval"):
         StreamConfig(session_timeout=1.0, heartbeat_interval=2.0)
+
+
+def test_a_handle_without_a_config_reads_the_defaults_of_stream_config(tmp_path: Path) -> None:
+    with Stream.open(tmp_path, "s") as s:
+        assert s.config == StreamConfig()
+        assert isinstance(s.config, StreamConfig)
+
+
+def test_a_handle_without_a_config_needs_no_pydantic(tmp_path: Path) -> None:
+    """A Spark planner opens streams with the defaults: it must not pay pydantic's import."""
+    probe = (
+        "import sys\n"
+        "from fsbus import Stream\n"
+        f"with Stream.open({str(tmp_path)!r}, 's') as s:\n"
+        "    s.append(b'x')\n"
+        "    assert [r.value for r in s.read()] == [b'x']\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_handle_given_something_else_than_a_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="config must be a StreamConfig, got dict"):
+        Stream.open(tmp_path, "s", config={"durability": "none"})  # type: ignore[arg-type]
 
 
 def test_closed_handle(stream: Stream) -> None:
