@@ -40,7 +40,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -197,9 +196,9 @@ def _normalise(batch: pa.RecordBatch, cols: SinkColumns, schema: pa.Schema) -> p
             f"a row has a null {cols.value!r}; every record needs a value "
             "(use coalesce(value, '') to write empty values)"
         )
-    arrays = [value.cast(pa.binary())]
+    arrays = [_as_binary(value)]
     if cols.key:
-        arrays.append(batch.column(cols.key).cast(pa.binary()))
+        arrays.append(_as_binary(batch.column(cols.key)))
     if cols.headers:
         arrays.append(batch.column(cols.headers).cast(_HEADERS))
     if cols.topic:
@@ -208,6 +207,14 @@ def _normalise(batch: pa.RecordBatch, cols: SinkColumns, schema: pa.Schema) -> p
             raise UsageError(f"a row has a null topic in column {cols.topic!r}")
         arrays.append(topic)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _as_binary(column: pa.Array) -> pa.Array:
+    """A string or binary column as binary: a string column's buffers as they are (the same
+    layout, no copy), anything else cast."""
+    if pa.types.is_string(column.type):
+        return column.view(pa.binary())
+    return column.cast(pa.binary())
 
 
 def stage(
@@ -306,6 +313,8 @@ def _is_segment(path: str) -> bool:
 
 def _segment_table(path: str) -> pa.Table:
     """A staged segment's records as the staged Arrow schema (value, key, headers)."""
+    import numpy as np  # here, not at import: a driver that plans or commits never needs it
+
     values: list[pa.Array] = []
     keys: list[bytes | None] = []
     headers: list[Mapping[str, str]] = []
@@ -514,6 +523,8 @@ def value_chunks(column: pa.ChunkedArray, skip: int = 0) -> list[tuple[memoryvie
     of a memory-mapped staged file are written from its pages): what
     :meth:`fsbus.Stream.append_value_chunks` takes.
     """
+    import numpy as np  # here, not at import: a driver that plans or commits never needs it
+
     out: list[tuple[memoryview, array[int]]] = []
     for chunk in column.slice(skip).chunks:
         n = len(chunk)
@@ -523,7 +534,7 @@ def value_chunks(column: pa.ChunkedArray, skip: int = 0) -> list[tuple[memoryvie
         ends = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=4 * chunk.offset)
         first, last = int(ends[0]), int(ends[-1])
         lens = array("I")
-        lens.frombytes(np.diff(ends).astype(np.uint32).tobytes())
+        lens.frombytes(np.diff(ends).view(np.uint32).data.cast("B"))  # lengths, unsigned
         # read-only: Arrow arrays do not change, so the Stream frames them where they lie
         # (a writable buffer it would copy first, lest it change before it is written)
         data = (
