@@ -1105,6 +1105,9 @@ def _versions() -> tuple[str, str]:
     return rabbit, ", ".join(libs)
 
 
+FS_DEFAULT = "tmpfs,ext4loop"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
@@ -1112,14 +1115,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(prog="python -m bench.bench_amqp", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="3,000 messages")
-    ap.add_argument("--fs", default="tmpfs,ext4loop", help="comma-separated: tmpfs,ext4loop,disk")
+    ap.add_argument("--fs", default=FS_DEFAULT, help="comma-separated: tmpfs,ext4loop,disk")
     ap.add_argument("--rounds", type=int, help="throughput rounds (default: 3)")
     ap.add_argument("--startup-rounds", type=int, help="start-up rounds (default: 3 quick, 5 full)")
     ap.add_argument("-n", type=int, help="messages per run (default: 3,000 quick, 30,000 full)")
     ap.add_argument("--clients", default=",".join(CLIENTS), help="pika,aio-pika")
     ap.add_argument("--only", choices=("throughput", "startup"))
     ap.add_argument("--json", metavar="FILE", help="write the JSON there instead of stdout")
-    ap.add_argument("--out", metavar="FILE", help=f"the Markdown (default: {DEFAULT_OUT})")
+    ap.add_argument(
+        "--out", metavar="FILE", help=f"the Markdown (default: {DEFAULT_OUT}, for a whole run)"
+    )
     ap.add_argument("--profile", action="store_true", help="py-spy the gateway in each phase")
     ap.add_argument("-v", "--verbose", action="store_true", help="server CPU of every run")
     args = ap.parse_args(argv)
@@ -1168,11 +1173,23 @@ def main(argv: list[str] | None = None) -> int:
         "fsbus": _fsbus_source(fsbus.__file__),
     }
     md = markdown(results, meta)
-    out = Path(args.out) if args.out else DEFAULT_OUT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(md)
     log(md)
-    log(f"wrote {out}")
+    # Only a whole run replaces the committed results; a partial one (a profile, one
+    # client, one filesystem, one phase, other sizes) is written only where --out says.
+    partial = bool(
+        args.only
+        or args.profile
+        or custom
+        or args.fs != FS_DEFAULT
+        or tuple(args.clients) != CLIENTS
+    )
+    out = Path(args.out) if args.out else None if partial else DEFAULT_OUT
+    if out is None:
+        log(f"a partial run: {DEFAULT_OUT} left as it is (pass --out FILE to keep this one)")
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(md)
+        log(f"wrote {out}")
     doc = json.dumps({"meta": meta, "results": results}, indent=2)
     if args.json:
         Path(args.json).write_text(doc)

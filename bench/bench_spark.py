@@ -109,7 +109,22 @@ def timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
+def compile_bytecode() -> None:
+    """Compile the modules of fsbus and of bench/ (the floors) to bytecode, as pip does when
+    it installs a wheel. This checkout is installed in editable mode and the environment may
+    set PYTHONDONTWRITEBYTECODE, so without this every Python process Spark starts (each
+    streaming query's planner is a new one) would compile them from source: 0.13 s of
+    fsbus's 0.2 s of imports there."""
+    import compileall
+
+    import fsbus
+
+    compileall.compile_dir(Path(fsbus.__file__).parent, quiet=1)
+    compileall.compile_dir(Path(__file__).parent, maxlevels=0, quiet=1)  # not its scratch
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    compile_bytecode()
     scratch = args.scratch / f"run-{os.getpid()}"
     try:
         return _run(args, scratch)
