@@ -12,7 +12,7 @@ from .._errors import InvalidConfig
 from .defaults import DEFAULTS as D
 from .defaults import Defaults
 
-__all__ = ["Durability", "Settings", "StreamConfig", "as_config"]
+__all__ = ["Durability", "Settings", "StreamConfig", "from_defaults"]
 
 Durability = Literal["none", "batch", "record"]
 
@@ -124,9 +124,7 @@ Settings: TypeAlias = "StreamConfig | Defaults"
 handle opened without a config never imports this module, nor pydantic)."""
 
 
-def as_config(settings: Settings) -> StreamConfig:
-    """``settings`` as a :class:`StreamConfig` (the defaults' values made into one without
-    running the validators: they are valid)."""
-    if isinstance(settings, StreamConfig):
-        return settings
-    return StreamConfig.model_construct(**asdict(settings))
+def from_defaults(defaults: Defaults) -> StreamConfig:
+    """The defaults a handle read as a :class:`StreamConfig`, made without running the
+    validators (they are valid)."""
+    return StreamConfig.model_construct(**asdict(defaults))

@@ -249,9 +249,11 @@ class Stream:
     @property
     def config(self) -> StreamConfig:
         """This handle's options."""
-        from .config import as_config
+        cfg = self._config
+        if isinstance(cfg, Defaults):  # made once, when first asked
+            from .config import from_defaults
 
-        cfg = self._config = as_config(self._config)
+            cfg = self._config = from_defaults(cfg)
         return cfg
 
     @property
