@@ -23,7 +23,7 @@ from .._config import BusConfig, make_config
 from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
-from .browse import browse_messages
+from .browse import browse_messages, read_browsed
 from .engine import Bus, Kind
 from .fs import BusFS, NameClash
 from .iterator import MessageIterator
@@ -432,9 +432,10 @@ class BlockingBus:
         yield from browse_messages(self._fs, pattern, self._hosts, queue=queue, queues=self._queues)
 
     def read_payload(self, info: MessageInfo) -> bytes | None:
-        """The payload of a browsed message without consuming it (None when gone)."""
+        """The payload of a browsed message without consuming it (None when gone), on the
+        bus or in a queue (``browse(queue=...)``)."""
         self._check_open()
-        return self._fs.read_payload(info.bucket, info.name)
+        return read_browsed(self._fs, info, self._queues)
 
     def gc(self, *, debris_age: float = 600.0) -> int:
         """Remove expired messages, quarantine foreign files, sweep crash debris."""

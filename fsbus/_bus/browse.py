@@ -11,10 +11,10 @@ from .._queues.store import QueueStore
 from .fs import BusFS, decode_meta
 from .layout import Layout
 from .message import MessageInfo
-from .names import FLAG_META
+from .names import FLAG_INLINE, FLAG_META
 from .scan import ScanState, decide, long_names
 
-__all__ = ["browse_messages"]
+__all__ = ["browse_messages", "read_browsed"]
 
 
 def browse_messages(
@@ -59,13 +59,21 @@ def browse_messages(
             f = e.parsed.fields
             if f is not None and f.host not in hosts:
                 hosts.update(fs.read_hosts())
-            meta = src.read_meta(bucket, e.name) if f and f.flags & FLAG_META else None
+            size = max(0, st.st_size - 1)
+            meta = None
+            if f and f.flags & FLAG_INLINE:  # headers in the file: its size is more
+                read = src.read_multi(bucket, e.name, has_meta=False)
+                if read.payload is None:
+                    continue  # consumed meanwhile, or damaged
+                meta, size = read.meta, len(read.payload)
+            elif f and f.flags & FLAG_META:
+                meta = src.read_meta(bucket, e.name)
             out.append(
                 MessageInfo(
                     topic=e.topic,
                     single=e.parsed.single,
                     expires=e.parsed.expires_ms / 1000,
-                    size=max(0, st.st_size - 1),
+                    size=size,
                     name=e.name,
                     bucket=bucket,
                     path=lay.message_path(bucket, e.name),
@@ -80,3 +88,23 @@ def browse_messages(
     finally:
         if src is not fs:
             src.close()
+
+
+def read_browsed(fs: BusFS, info: MessageInfo, queues: QueueStore) -> bytes | None:
+    """Blocking: the payload of a message :func:`browse_messages` listed, on the bus
+    ``fs`` or in one of its queues (``info.path`` says which); None when it is gone, or
+    when ``info`` names no message of this bus."""
+    if info.path == fs.layout.message_path(info.bucket, info.name):
+        return fs.read_payload(info.bucket, info.name)
+    # <queues>/<queue>/bus/messages/<bucket>/<name>
+    parts = info.path.rsplit("/", 5)
+    if len(parts) != 6 or parts[0] != queues.base:
+        return None
+    config = queues.sub_config
+    src = BusFS(Layout.of(queues.bus_root(parts[1]), config), config, fs.ops)
+    try:
+        if info.path != src.layout.message_path(info.bucket, info.name):
+            return None
+        return src.read_payload(info.bucket, info.name)
+    finally:
+        src.close()

@@ -34,7 +34,7 @@ from .._errors import (
 )
 from .layout import Layout
 from .ops import DEFAULT_OPS, Ops
-from .plan import PublishPlan
+from .plan import PublishPlan, unframe_headers
 from .scan import BAD_SPILL, sweep_due
 
 __all__ = [
@@ -80,6 +80,12 @@ log = logging.getLogger("fsbus.fs")
 def _own_file(st: os.stat_result) -> bool:
     """A regular file with no other name: one the bus (or a peer) wrote, not a link."""
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def _inline_flag(name: str) -> bool:
+    """Whether an fsbus name says its headers are inline in the file (``FLAG_INLINE``)."""
+    unique = name[name.rfind("+") + 1 :]
+    return len(unique) == 34 and unique.startswith("f1") and unique[2] in "2367abef"
 
 
 def _has_meta_flag(name: str) -> bool:
@@ -1124,6 +1130,9 @@ class BusFS:
             payload = self._pread_all(fd, st.st_size - 1, 1)
             if len(payload) != st.st_size - 1:
                 return ReadResult(None, None)  # truncated under us: consumed
+            if _inline_flag(name):
+                split = self._unframe(path, payload)
+                return ReadResult(None, None) if split is None else ReadResult(split[1], split[0])
         except OSError as exc:
             if exc.errno in _MISSING:
                 # Removed under us through another mount (ESTALE on NFS): gone.
@@ -1226,7 +1235,16 @@ class BusFS:
                 # cached attributes can show the old size). It is done: skip it.
                 self._unlock_close(fd)
                 return None
-            meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
+            meta = None
+            if _inline_flag(name):
+                split = self._unframe(path, payload)
+                if split is None:  # a damaged file: aside (under our lock), for a human
+                    self.quarantine(bucket, name, int(time.time() * 1000))
+                    self._unlock_close(fd)
+                    return None
+                meta, payload = split
+            elif has_meta:
+                meta = self._read_small(self.layout.meta_path(bucket, name))
         except OSError as exc:
             self._unlock_close(fd)
             if exc.errno in _MISSING:
@@ -1315,7 +1333,17 @@ class BusFS:
                 self._remove_message(bucket, name)
                 return None
             lead, payload = self._read_counted(fd, st.st_size)
-            meta = self._read_small(self.layout.meta_path(bucket, name)) if has_meta else None
+            meta = None
+            if _inline_flag(name):
+                split = self._unframe(dst, payload)
+                if split is None:  # a damaged file: aside, for a human
+                    self.ops.close(fd)
+                    if self._return_claim(bucket, name):
+                        self.quarantine(bucket, name, int(time.time() * 1000))
+                    return None
+                meta, payload = split
+            elif has_meta:
+                meta = self._read_small(self.layout.meta_path(bucket, name))
             claim = Claim(bucket, name, fd, payload, meta, lead, renamed=True)
             if read_attempts:
                 self.fill_attempts((claim,))
@@ -1508,8 +1536,24 @@ class BusFS:
             return None
 
     def read_meta(self, bucket: str, name: str) -> bytes | None:
-        """The headers sidecar of a message, if any."""
+        """The headers of a message (its sidecar, or inline in its file), if any."""
+        if _inline_flag(name):
+            return self.read_multi(bucket, name, has_meta=False).meta
         return self._read_small(self.layout.meta_path(bucket, name))
+
+    def _unframe(self, path: str, data: bytes) -> tuple[bytes, bytes] | None:
+        """(headers, payload) of a file whose name says its headers are inline; None
+        (said once) when the file cannot hold them: damaged, or not written by fsbus."""
+        split = unframe_headers(data)
+        if split is None and path not in self._warned:
+            self._warned.add(path)
+            log.warning(
+                "%s: its name says its headers are inline, but the file does not hold them "
+                "(damaged, or not written by fsbus); not delivered, set aside in quarantine "
+                "where it is a work-queue message",
+                path,
+            )
+        return split
 
     def read_payload(self, bucket: str, name: str) -> bytes | None:
         """A message's payload without consuming it (None when gone)."""

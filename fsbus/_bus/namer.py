@@ -88,9 +88,11 @@ class Namer:
 
     _MAX_FORMS = 4096
 
-    def __init__(self, layout: Layout, config: BusConfig) -> None:
+    def __init__(self, layout: Layout, config: BusConfig, *, inline_headers: bool = False) -> None:
         self._layout = layout
         self._config = config
+        self._inline = inline_headers
+        """Headers go into the message file, not a sidecar (``FLAG_INLINE``)."""
         self.hostname = socket.gethostname()
         """This host's name, as subscribers see it."""
         self.host = host_id(self.hostname, pid_namespace())
@@ -151,6 +153,7 @@ class Namer:
             now_ms=int(time() * 1000),
             host=self._host,
             random_hex=next_unique(),
+            inline=self._inline,
         )
 
     def name_plain(self, topic: object, single: bool) -> tuple[str, int, int] | None:

@@ -14,7 +14,8 @@ own fields there, still ``[0-9a-f]`` only, prefixed ``f1``::
     f1 <flags:1> <priority:2> <published ms:11> <host id:6> <random:12>     (34 chars)
 
 so a name stays under 255 bytes (200 + 3 + 11 + 3 + 34 = 251). ``flags`` bit 0 says that a
-metadata sidecar (headers) exists. Names whose unique part is not of this form (qlobber-fsq
+metadata sidecar (headers) exists; bit 1 that the headers are inline, at the head of the
+file (see :data:`FLAG_INLINE`). Names whose unique part is not of this form (qlobber-fsq
 peers) get the default priority and no publish time or host.
 """
 
@@ -27,6 +28,7 @@ from typing import Literal, NamedTuple
 import xxhash
 
 __all__ = [
+    "FLAG_INLINE",
     "FLAG_META",
     "MAX_EXPIRES_MS",
     "FsbusFields",
@@ -45,6 +47,10 @@ __all__ = [
 Kind = Literal["m", "s", "d"]
 
 FLAG_META = 0x1
+FLAG_INLINE = 0x2
+"""The headers are in the message file itself, after its leading byte: their length (4
+bytes, big-endian), then their JSON, then the payload. Only the buses of durable queues
+write this (no qlobber-fsq peer reads them): one file a message instead of two."""
 MAX_EXPIRES_MS = 0xFFF_FFFF_FFFF  # 11 hex digits: the year 2527
 _FSBUS_PREFIX = "f1"
 _FSBUS_UNIQUE_LEN = 34
@@ -66,7 +72,8 @@ class FsbusFields(NamedTuple):
     tuple costs a fifth as much to build."""
 
     flags: int
-    """Bit field; ``FLAG_META`` means a metadata sidecar holds headers."""
+    """Bit field: ``FLAG_META``, a metadata sidecar holds headers; ``FLAG_INLINE``, the
+    message file does."""
     priority: int
     """0-255, lower is taken first (work-queue messages)."""
     published_ms: int

@@ -21,9 +21,12 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "PublishPlan",
     "TopicForm",
+    "frame_headers",
     "plan_publish",
     "topic_form",
+    "unframe_headers",
     "validate_headers",
+    "with_head",
 ]
 
 MAX_HEADER_NAME = 256
@@ -57,6 +60,28 @@ class PublishPlan(NamedTuple):
     """Expiry, milliseconds since the epoch."""
     own: bool = False
     """No subscription of the publishing bus wants it (see ``BusFS.stamp_own``)."""
+    head: bytes | None = None
+    """The headers framed to go inline, before the payload (``FLAG_INLINE``); ``meta``
+    is None then. See :func:`with_head`."""
+
+
+def frame_headers(meta: bytes) -> bytes:
+    """Headers JSON framed to lead a message file's payload (``FLAG_INLINE``)."""
+    return len(meta).to_bytes(4, "big") + meta
+
+
+def unframe_headers(data: bytes) -> tuple[bytes, bytes] | None:
+    """(headers JSON, payload) from what follows the leading byte of a ``FLAG_INLINE``
+    file; None when it cannot hold the length it gives (a damaged or foreign file)."""
+    n = int.from_bytes(data[:4], "big")
+    if len(data) < 4 + n or n > MAX_HEADER_BYTES + 64:
+        return None
+    return data[4 : 4 + n], data[4 + n :]
+
+
+def with_head(plan: PublishPlan, payload: bytes) -> bytes:
+    """What a message file under ``plan`` holds after its leading byte."""
+    return payload if plan.head is None else plan.head + payload
 
 
 def validate_headers(headers: object) -> dict[str, str]:
@@ -122,8 +147,12 @@ def plan_publish(
     now_ms: int,
     host: str,
     random_hex: str,
+    inline: bool = False,
 ) -> PublishPlan:
-    """Validate a publish call and name the message; raises UsageError subclasses."""
+    """Validate a publish call and name the message; raises UsageError subclasses.
+
+    ``inline``: headers go into the message file (``FLAG_INLINE``, the plan's ``head``)
+    instead of a sidecar (``FLAG_META``, its ``meta``)."""
     if ttl is None:
         ttl_ms = round((config.single_ttl if single else config.multi_ttl) * 1000)
     elif not isinstance(ttl, int | float) or isinstance(ttl, bool) or not ttl > 0:
@@ -141,8 +170,9 @@ def plan_publish(
     elif headers is not None and not isinstance(headers, Mapping):
         validate_headers(headers)
     expires_ms = min(now_ms + ttl_ms, MAX_EXPIRES_MS)
+    flags = 0 if meta is None else 2 if inline else 1
     name = (
-        f"{form.head}{expires_ms:x}+{'s' if single else 'm'}+f1{1 if meta else 0}"
+        f"{form.head}{expires_ms:x}+{'s' if single else 'm'}+f1{flags}"
         f"{priority:02x}{now_ms & MAX_EXPIRES_MS:011x}{host}{random_hex}"
     )
     buckets = layout.buckets
@@ -153,8 +183,9 @@ def plan_publish(
         bucket=buckets[bi],
         bucket_index=bi,
         spill=form.spill,
-        meta=meta,
+        meta=None if inline else meta,
         durable=bool(durable),
         single=bool(single),
         expires_ms=expires_ms,
+        head=frame_headers(meta) if inline and meta is not None else None,
     )

@@ -20,9 +20,10 @@ from .._queues.definition import Definition
 from .._queues.store import QueueStore, copy_ttl
 from .fs import BusFS, Go, NameClash, Then, Withdrawn
 from .layout import Layout
-from .namer import Namer
+from .namer import Namer, next_unique
+from .names import bucket_for
 from .ops import Ops
-from .plan import PublishPlan
+from .plan import PublishPlan, with_head
 from .purge import purge_some, purge_targets
 from .scan import Census, name_rank
 from .sweep import take_census
@@ -37,7 +38,9 @@ class QueueWriter:
         self.layout = Layout.of(root, config)
         self._fs = BusFS(self.layout, config, ops)
         self._fs.setup()
-        self._namer = Namer(self.layout, config)
+        # No qlobber-fsq peer reads a queue's bus: headers go into the message file,
+        # one file a message (FLAG_INLINE), instead of a sidecar beside it.
+        self._namer = Namer(self.layout, config, inline_headers=True)
         self._lock = threading.Lock()
         self._topics: dict[str, bool] = {}  # hex topic -> decodes (for the census)
 
@@ -53,12 +56,7 @@ class QueueWriter:
     ) -> None:
         with self._lock:
             plan = self._namer.plan(topic, True, ttl, durable, headers, priority)
-        try:
-            self._fs.publish(plan, payload)
-        except NameClash:  # astronomically rare: name it again
-            with self._lock:
-                plan = self._namer.plan(topic, True, ttl, durable, headers, priority)
-            self._fs.publish(plan, payload)
+        self.publish_planned(plan, payload)
 
     def plan(
         self,
@@ -77,20 +75,22 @@ class QueueWriter:
 
     def publish_planned(self, plan: PublishPlan, payload: bytes) -> None:
         """Write a copy named by :meth:`plan` (synced as the plan says)."""
+        data = with_head(plan, payload)
         try:
             if plan.spill is None and plan.meta is None and not plan.durable:
-                self._fs.publish_plain(plan.name, plan.bucket_index, payload)  # the hot path
+                self._fs.publish_plain(plan.name, plan.bucket_index, data)  # the hot path
             else:
-                self._fs.publish(plan, payload)
+                self._fs.publish(plan, data)
         except NameClash:  # astronomically rare: name it again
-            self._fs.publish(self._replan(plan), payload)
+            self._fs.publish(self._replan(plan), data)
 
     def _replan(self, plan: PublishPlan) -> PublishPlan:
-        ttl = (plan.expires_ms - int(time.time() * 1000)) / 1000
-        with self._lock:
-            fresh = self._namer.plan(plan.topic, True, max(ttl, 0.001), plan.durable, None, None)
-        # the same message under a new name: only the name, bucket and expiry change
-        return plan._replace(name=fresh.name, bucket=fresh.bucket, bucket_index=fresh.bucket_index)
+        """The same message under a new name: the name's unique digits and its bucket
+        change; its expiry, flags and priority stay."""
+        name = plan.name[:-12] + next_unique()
+        buckets = self.layout.buckets
+        bi = bucket_for(name, len(buckets))
+        return plan._replace(name=name, bucket=buckets[bi], bucket_index=bi)
 
     def stage(self, plan: PublishPlan, payload: bytes) -> _Staged:
         """Write a copy into staging, not synced and not visible yet (see :func:`route`)."""
@@ -99,15 +99,16 @@ class QueueWriter:
         except NameClash:
             plan = self._replan(plan)
             fd = self._fs.begin(plan)
+        data = with_head(plan, payload)
         try:
-            self._fs.write_chunk(fd, payload, plan)
+            self._fs.write_chunk(fd, data, plan)
             # Start writing it back now: the first sync of the publish then finds every
             # copy's blocks allocated in the journal transaction it commits.
             self._fs.ops.drop_cache(fd)
         except BaseException:
             self._fs.abort(plan, fd)
             raise
-        return _Staged(self, plan, fd, len(payload))
+        return _Staged(self, plan, fd, len(data))
 
     def _census(self) -> Census:
         return take_census(self._fs, int(time.time() * 1000), self._topics)
@@ -266,7 +267,8 @@ def route(
     synced after. Every file and every directory entry is synced before this returns,
     as one publish at a time would do; the kernel just finds most of them already on
     disk. A sync that fails takes the message and its copies back. A copy with a
-    sidecar (a long topic or headers) is written after the message, one at a time.
+    sidecar (a long topic) is written after the message, one at a time; headers go
+    inline in a queue's copies, which are staged like any other.
     """
     opened = store.open_targets(targets)
     if not opened:
