@@ -398,7 +398,7 @@ class BlockingBus:
     ) -> None:
         """Put a message straight into queue ``queue`` (see :meth:`Bus.enqueue`)."""
         self._check_open()
-        self._namer.plan(topic, True, ttl, durable, headers, priority)  # validates it all
+        self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         self._namer.check_size(len(data))
         d = self._queues.current(queue)

@@ -1925,7 +1925,7 @@ class Bus:
     ) -> None:
         """Put a message straight into queue ``queue`` (no routing, no copy elsewhere)."""
         self._check_open()
-        self.plan(topic, True, ttl, durable, headers, priority)  # validates it all
+        self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         self._namer.check_size(len(data))
         if self._offload.inline:  # (cached: the routing table's lookup, as publish's)

@@ -16,7 +16,7 @@ from .._errors import PayloadTooLarge
 from .layout import Layout
 from .message import PublishInfo
 from .names import MAX_EXPIRES_MS, host_id
-from .plan import PublishPlan, TopicForm, plan_publish, topic_form
+from .plan import PublishPlan, TopicForm, check_ttl_priority, plan_publish, topic_form
 
 __all__ = ["Namer", "new_publish_info", "next_unique", "pid_namespace"]
 
@@ -137,10 +137,7 @@ class Namer:
                 )
         form = self._forms.get(topic) if type(topic) is str else None
         if form is None:
-            form = topic_form(topic, self._config.split_topic_at)
-            if len(self._forms) >= self._MAX_FORMS:
-                self._forms.clear()
-            self._forms[form.topic] = form
+            form = self._form(topic)
         return plan_publish(
             self._layout,
             self._config,
@@ -155,6 +152,21 @@ class Namer:
             random_hex=next_unique(),
             inline=self._inline,
         )
+
+    def check(self, topic: object, ttl: float | None, priority: int | None) -> None:
+        """Validate a work-queue publish's topic, ttl and priority, as :meth:`plan` would
+        (for a caller that plans elsewhere, e.g. in a queue's bus, which validates its
+        headers then)."""
+        if type(topic) is not str or topic not in self._forms:
+            self._form(topic)
+        check_ttl_priority(self._config, True, ttl, priority)
+
+    def _form(self, topic: object) -> TopicForm:
+        form = topic_form(topic, self._config.split_topic_at)
+        if len(self._forms) >= self._MAX_FORMS:
+            self._forms.clear()
+        self._forms[form.topic] = form
+        return form
 
     def name_plain(self, topic: object, single: bool) -> tuple[str, int, int] | None:
         """Name a plain message: (name, bucket index, expiry ms), or None to :meth:`plan` it.

@@ -21,6 +21,8 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "PublishPlan",
     "TopicForm",
+    "check_ttl_priority",
+    "encode_headers",
     "frame_headers",
     "plan_publish",
     "topic_form",
@@ -86,6 +88,32 @@ def with_head(plan: PublishPlan, payload: bytes) -> bytes:
 
 def validate_headers(headers: object) -> dict[str, str]:
     """Check header names and values; returns a plain dict copy."""
+    out = _checked_headers(headers)
+    if out:
+        _check_headers_size(len(json.dumps(out, ensure_ascii=False).encode()))
+    return out
+
+
+def encode_headers(headers: object) -> bytes | None:
+    """Headers checked (as :func:`validate_headers`) and encoded as a message stores
+    them (compact JSON, ``{"headers": {...}}``); None when there are none."""
+    out = _checked_headers(headers)
+    if not out:
+        return None
+    meta = json.dumps({"headers": out}, separators=(",", ":"), ensure_ascii=False).encode()
+    # the size validate_headers measures: the mapping alone, with ", " and ": "
+    _check_headers_size(len(meta) - len(b'{"headers":}') + 2 * len(out) - 1)
+    return meta
+
+
+def _check_headers_size(size: int) -> None:
+    if size > MAX_HEADER_BYTES:
+        raise InvalidHeader(
+            f"headers take more than {MAX_HEADER_BYTES} bytes; put large data in the payload"
+        )
+
+
+def _checked_headers(headers: object) -> dict[str, str]:
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
@@ -107,11 +135,25 @@ def validate_headers(headers: object) -> dict[str, str]:
         if "\x00" in v:
             raise InvalidHeader(f"header {k!r}: values may not contain NUL characters")
         out[k] = v
-    if len(json.dumps(out, ensure_ascii=False).encode()) > MAX_HEADER_BYTES:
-        raise InvalidHeader(
-            f"headers take more than {MAX_HEADER_BYTES} bytes; put large data in the payload"
-        )
     return out
+
+
+def check_ttl_priority(
+    config: BusConfig, single: bool, ttl: float | None, priority: int | None
+) -> tuple[int, int]:
+    """A publish's ttl (in ms, the default when None) and priority (likewise), checked;
+    raises UsageError."""
+    if ttl is None:
+        ttl_ms = round((config.single_ttl if single else config.multi_ttl) * 1000)
+    elif not isinstance(ttl, int | float) or isinstance(ttl, bool) or not ttl > 0:
+        raise UsageError(f"ttl must be a positive number of seconds, not {ttl!r}")
+    else:
+        ttl_ms = MAX_EXPIRES_MS if ttl >= MAX_EXPIRES_MS / 1000 else round(ttl * 1000)
+    if priority is None:
+        priority = config.default_priority
+    elif not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 255:
+        raise UsageError(f"priority must be an int from 0 (first) to 255 (last), not {priority!r}")
+    return ttl_ms, priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,22 +195,8 @@ def plan_publish(
 
     ``inline``: headers go into the message file (``FLAG_INLINE``, the plan's ``head``)
     instead of a sidecar (``FLAG_META``, its ``meta``)."""
-    if ttl is None:
-        ttl_ms = round((config.single_ttl if single else config.multi_ttl) * 1000)
-    elif not isinstance(ttl, int | float) or isinstance(ttl, bool) or not ttl > 0:
-        raise UsageError(f"ttl must be a positive number of seconds, not {ttl!r}")
-    else:
-        ttl_ms = MAX_EXPIRES_MS if ttl >= MAX_EXPIRES_MS / 1000 else round(ttl * 1000)
-    if priority is None:
-        priority = config.default_priority
-    elif not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 255:
-        raise UsageError(f"priority must be an int from 0 (first) to 255 (last), not {priority!r}")
-    meta = None
-    if headers:
-        hdrs = validate_headers(headers)
-        meta = json.dumps({"headers": hdrs}, separators=(",", ":"), ensure_ascii=False).encode()
-    elif headers is not None and not isinstance(headers, Mapping):
-        validate_headers(headers)
+    ttl_ms, priority = check_ttl_priority(config, single, ttl, priority)
+    meta = encode_headers(headers)
     expires_ms = min(now_ms + ttl_ms, MAX_EXPIRES_MS)
     flags = 0 if meta is None else 2 if inline else 1
     name = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from fsbus import (
     UsageError,
 )
 from fsbus._bus.names import MAX_EXPIRES_MS
+from fsbus._bus.plan import MAX_HEADER_BYTES, encode_headers, validate_headers
 
 from .conftest import Inbox, files_under, message_files
 
@@ -221,3 +223,23 @@ async def test_async_iterator_of_text_chunks(root: Path) -> None:
         with pytest.raises(UsageError, match=r"chunks must be bytes, not str.*encode"):
             await bus.publish("t", chunks())  # type: ignore[arg-type]
     assert_nothing_written(root)
+
+
+@pytest.mark.parametrize("names", [1, 3])
+def test_the_headers_limit_is_the_same_whether_encoded_or_only_checked(names: int) -> None:
+    """A publish encodes its headers once (compact JSON) and measures that; the limit it
+    applies is still the one validate_headers measures, to the byte."""
+    base = {f"h{i}": "v" for i in range(names - 1)}
+    size = len(json.dumps({**base, "last": ""}, ensure_ascii=False).encode())
+    room = MAX_HEADER_BYTES - size
+    fits = {**base, "last": "é" * (room // 2) + "x" * (room % 2)}
+    over = {**base, "last": fits["last"] + "x"}
+    assert validate_headers(fits) == fits
+    meta = encode_headers(fits)
+    assert meta is not None
+    assert json.loads(meta) == {"headers": fits}
+    for check in (validate_headers, encode_headers):
+        with pytest.raises(InvalidHeader, match="more than 65536 bytes"):
+            check(over)
+    assert encode_headers({}) is None
+    assert encode_headers(None) is None
