@@ -2087,7 +2087,12 @@ class Bus:
         skip = frozenset(self._own_consumers.get(queue, ()))
 
         def definition() -> tuple[Definition, int | None, int]:
-            return self._queues.get(queue), _inode(root), self._queues.consumers(queue, skip)
+            # as the routing table knows it (read again once VERSION changed): a get
+            # after a change that returned sees it, with no read of the file each time
+            d, ino = self._queues.current(queue), _inode(root)
+            if ino is None:  # deleted since the table was read: says so (QueueNotFound)
+                d = self._queues.get(queue)
+            return d, ino, self._queues.consumers(queue, skip)
 
         d, ino, consumers = await self._offload.call(definition)
         consumers += self._own_live(queue, skip)
