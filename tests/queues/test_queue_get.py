@@ -257,3 +257,32 @@ async def test_foreign_files_at_the_head_are_passed_over_and_not_counted(
     assert ready == [2, 1, 0]
     assert sorted(n for n in parsed if n.startswith("notes-")) == sorted(p.name for p in foreign)
     assert all(p.exists() for p in foreign)  # left where they are
+
+
+@pytest.mark.anyio
+async def test_get_on_a_queue_another_bus_deleted_says_not_found(
+    root: Path, fast: BusConfig
+) -> None:
+    """A get takes the queue's definition from the routing table, not the file: once
+    another process's delete returned, the get says the queue is gone, and leaves
+    nothing of it behind; declared again, the queue's new messages are what it gets."""
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        await bus.publish("t.a", "old")
+        async with bus.get("q") as msg:  # its bus for the queue is open now
+            assert msg is not None
+        await bus.publish("t.a", "left behind")
+        with BlockingBus(root, config=fast) as other:
+            assert other.delete_queue("q") == 1
+        with pytest.raises(QueueNotFound):
+            async with bus.get("q"):
+                pass
+        assert not (root / "fsbus" / "queues" / "q").exists()
+        with BlockingBus(root, config=fast) as other:
+            other.declare_queue("q", ["t.#"])
+            other.publish("t.a", "new")
+        async with bus.get("q") as msg:
+            assert msg is not None
+            assert msg.payload == b"new"
+        async with bus.get("q") as msg:
+            assert msg is None
