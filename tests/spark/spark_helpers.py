@@ -86,6 +86,36 @@ def build_spark(
     return spark
 
 
+WORKER_START = "connect back"
+"""Spark's words when it gave up on a Python worker it started: Spark 4.3 waits a fixed
+10 s for one to connect back (``PythonWorkerFactory``; no setting changes it), which a
+loaded machine can miss."""
+
+
+def run_query(start: Callable[[], Any], *, timeout: float, restarts: int = 3) -> int:
+    """Start a streaming query (``start()`` starts it and returns it) and wait for its
+    end, raising its failure. A query that failed because a Python worker did not connect
+    back in time is started again from its checkpoint, as a supervisor would, at most
+    ``restarts`` times (the checkpoint keeps its output exactly once, which the callers'
+    counts check); returns how many restarts it took."""
+    for attempt in range(restarts + 1):
+        query = start()
+        ended = True
+        try:
+            ended = query.awaitTermination(timeout) is not False
+            failure = query.exception()
+        except Exception as exc:  # Spark Connect raises it here
+            failure = exc
+        if failure is None:
+            if not ended:
+                query.stop()
+                raise AssertionError(f"the query did not end within {timeout} s")
+            return attempt
+        if WORKER_START not in str(failure) or attempt == restarts:
+            raise AssertionError(f"the query failed: {failure}") from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
     """Poll ``condition`` until it holds; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from spark_cluster import Cluster, ConnectServer
-from spark_helpers import PANDAS_WARNING
+from spark_helpers import PANDAS_WARNING, run_query
 
 from fsbus import BlockingBus, RecordIn, Stream
 from fsbus.spark import ID_HEADER
@@ -119,9 +119,7 @@ def test_connect_streaming_source_and_sink(remote: Any, root: Path, tmp_path: Pa
         )
         for key, value in sink.items():
             writer = writer.option(key, value)
-        query = writer.start()
-        query.awaitTermination(120)
-        assert query.exception() is None
+        run_query(writer.start, timeout=120)
 
     run({"stream": "out"}, tmp_path / "a", ["key", "value"])
     # A Connect client sees no progress of a finished query; its checkpoint tells the batches.
@@ -169,9 +167,7 @@ def test_connect_bus_topics_source_batch_read_and_topic_sink(
         )
         for key, value in sink.items():
             writer = writer.option(key, value)
-        query = writer.start()
-        query.awaitTermination(120)
-        assert query.exception() is None
+        run_query(writer.start, timeout=120)
 
     into_stream = ({"stream": "out"}, "to-stream", ["topic AS key", "payload AS value"])
     onto_bus = ({"ttl": "600"}, "to-bus", ["concat('copied.', topic) AS topic", "payload AS value"])

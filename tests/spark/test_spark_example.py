@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from spark_helpers import PANDAS_WARNING
+from spark_helpers import PANDAS_WARNING, WORKER_START
 
 # The example waits on conditions (each up to its own TIMEOUT), never on the clock.
 pytestmark = [
@@ -26,8 +26,6 @@ pytestmark = [
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "spark_pipeline.py"
 SCALE = 150
-# Spark's words when a Python worker did not connect back in time (in its two forms)
-WORKER_START = "connect back"
 
 
 def load_example() -> ModuleType:
