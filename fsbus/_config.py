@@ -6,10 +6,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._defaults import DEFAULTS as D
 from ._env import env_force_polling
 from ._errors import InvalidConfig
 
-__all__ = ["BusConfig", "make_config"]
+__all__ = ["BusConfig"]
 
 
 class BusConfig(BaseModel):
@@ -19,37 +20,56 @@ class BusConfig(BaseModel):
     qlobber-fsq alike); the defaults are qlobber-fsq 14's.
     """
 
-    # The validators are built on the first validation, not at import (see make_config).
+    # The validators are built on the first validation, not at import: a config made
+    # from the defaults (fsbus._settings.as_config) never runs them.
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     # --- on-disk format: every peer must agree ---------------------------------------
-    bucket_base: int = Field(16, ge=2, le=36, description="Radix of bucket directory names.")
+    bucket_base: int = Field(
+        D.bucket_base, ge=2, le=36, description="Radix of bucket directory names."
+    )
     bucket_num_chars: int = Field(
-        2, ge=1, le=4, description="Digits in a bucket name; buckets = base ** chars."
+        D.bucket_num_chars,
+        ge=1,
+        le=4,
+        description="Digits in a bucket name; buckets = base ** chars.",
     )
     bucket_stamp_size: int = Field(
-        32, ge=0, le=1024, description="Bytes per bucket in update/UPDATE; 0 disables it."
+        D.bucket_stamp_size,
+        ge=0,
+        le=1024,
+        description="Bytes per bucket in update/UPDATE; 0 disables it.",
     )
     split_topic_at: int = Field(
-        200, ge=16, le=200, description="Hex characters of the topic kept in the file name."
+        D.split_topic_at,
+        ge=16,
+        le=200,
+        description="Hex characters of the topic kept in the file name.",
     )
     order_by_expiry: bool = Field(
-        False, description="One bucket named '0' so messages are seen in expiry order."
+        D.order_by_expiry, description="One bucket named '0' so messages are seen in expiry order."
     )
 
     # --- message defaults -----------------------------------------------------------
-    multi_ttl: float = Field(60.0, gt=0, description="Default TTL of multi messages, seconds.")
-    single_ttl: float = Field(3600.0, gt=0, description="Default TTL of single messages, seconds.")
+    multi_ttl: float = Field(
+        D.multi_ttl, gt=0, description="Default TTL of multi messages, seconds."
+    )
+    single_ttl: float = Field(
+        D.single_ttl, gt=0, description="Default TTL of single messages, seconds."
+    )
     max_payload_size: int = Field(
-        1 << 30, gt=0, description="Largest payload accepted by publish, bytes."
+        D.max_payload_size, gt=0, description="Largest payload accepted by publish, bytes."
     )
     default_priority: int = Field(
-        50, ge=0, le=255, description="Priority of work-queue messages; lower is taken first."
+        D.default_priority,
+        ge=0,
+        le=255,
+        description="Priority of work-queue messages; lower is taken first.",
     )
 
     # --- delivery ------------------------------------------------------------------
     poll_interval: float = Field(
-        0.1,
+        D.poll_interval,
         gt=0,
         le=60,
         description="Seconds between reads of update/UPDATE; when not set, 0.02 on network "
@@ -57,48 +77,54 @@ class BusConfig(BaseModel):
         "a second after a stamp changed, UPDATE is read four times as often.",
     )
     refresh_ttl: float = Field(
-        10.0, gt=0, description="Seconds after which every bucket is listed even unstamped."
+        D.refresh_ttl,
+        gt=0,
+        description="Seconds after which every bucket is listed even unstamped.",
     )
     retry_interval: float = Field(
-        0.5, gt=0, description="Seconds before a locked or released single is tried again."
+        D.retry_interval,
+        gt=0,
+        description="Seconds before a locked or released single is tried again.",
     )
     force_polling: bool = Field(
         default_factory=env_force_polling,
         description="Poll only, no inotify, on any filesystem (network filesystems fsbus "
         "recognises are polled only anyway); env FSBUS_FORCE_POLLING=1.",
     )
-    dedup: bool = Field(True, description="Call each handler at most once per message.")
+    dedup: bool = Field(D.dedup, description="Call each handler at most once per message.")
     handler_concurrency: int = Field(
-        16, ge=1, le=10_000, description="Handlers running at once in one Bus."
+        D.handler_concurrency, ge=1, le=10_000, description="Handlers running at once in one Bus."
     )
     max_deliveries: int | None = Field(
-        5,
+        D.max_deliveries,
         ge=1,
         description="Failed deliveries of a single message before it is dead-lettered "
         "(None: retry until it expires).",
     )
     count_deliveries: bool = Field(
-        False,
+        D.count_deliveries,
         description="Record each delivery of a work-queue message before its handler runs, "
         "so one redelivered after its consumer crashed has delivery_count > 1 (costs one "
         "one-byte write into the held message file per delivery; durable queues always do "
         "it).",
     )
     dead_letter_prefix: str = Field(
-        "dead-letter", min_length=1, description="Dead-lettered messages go to '<prefix>.<topic>'."
+        D.dead_letter_prefix,
+        min_length=1,
+        description="Dead-lettered messages go to '<prefix>.<topic>'.",
     )
     gc_interval: float = Field(
-        10.0, gt=0, description="Seconds between sweeps for expired messages and debris."
+        D.gc_interval, gt=0, description="Seconds between sweeps for expired messages and debris."
     )
     locking: Literal["auto", "flock", "rename"] = Field(
-        "auto",
+        D.locking,
         description="How single messages are claimed: flock (qlobber-fsq compatible), or "
         "rename (for mounts where flock does not cross hosts); auto picks rename where "
         "flock stays on each client (sshfs, NFS with nolock or local_lock, BeeGFS without "
         "tuneUseGlobalFileLocks) or another consumer already claims by rename, else flock.",
     )
     claim_lease: float = Field(
-        60.0,
+        D.claim_lease,
         gt=0,
         description="Seconds a work-queue message claimed by rename stays claimed without "
         "word from its consumer: the consumer renews the lease every quarter of it while "
@@ -109,10 +135,13 @@ class BusConfig(BaseModel):
 
     # --- files ---------------------------------------------------------------------
     file_mode: int | None = Field(
-        None, ge=0, le=0o7777, description="Mode of created files (None: 0o666 less umask)."
+        D.file_mode, ge=0, le=0o7777, description="Mode of created files (None: 0o666 less umask)."
     )
     dir_mode: int | None = Field(
-        None, ge=0, le=0o7777, description="Mode of created directories (None: 0o777 less umask)."
+        D.dir_mode,
+        ge=0,
+        le=0o7777,
+        description="Mode of created directories (None: 0o777 less umask).",
     )
 
     def __init__(self, **data: object) -> None:
@@ -135,18 +164,6 @@ class BusConfig(BaseModel):
         if self.order_by_expiry:
             return 1
         return int(self.bucket_base**self.bucket_num_chars)
-
-
-def make_config(config: BusConfig | None, **overrides: object) -> BusConfig:
-    """Build a config, turning pydantic's errors into :class:`InvalidConfig`.
-
-    With neither a config nor overrides, the defaults are taken as they are, without
-    running (so building) the validators: a bus opened with the defaults starts sooner.
-    """
-    base = config if config is not None else BusConfig.model_construct()
-    if overrides:
-        return BusConfig(**{**base.model_dump(), **overrides})
-    return base
 
 
 def _explain(exc: ValidationError) -> str:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from . import BlockingBus, BusConfig, Message, RecordIn, Stream
+from . import BlockingBus, Message, RecordIn, Stream
 
 __all__ = ["RECORD_HEADERS", "Recording", "drain", "queue_for"]
 
@@ -134,8 +134,9 @@ def _messages(it: object, want: int, wait: float) -> Iterator[Message]:
 
 
 def recorder_bus(root: str | os.PathLike[str]) -> BlockingBus:
-    """A bus able to hold a whole batch of the recording's queue at once."""
-    return BlockingBus(os.fspath(root), config=BusConfig(handler_concurrency=BATCH))
+    """A bus able to hold a whole batch of the recording's queue at once (with the
+    defaults otherwise: no pydantic in a Spark task)."""
+    return BlockingBus._using(os.fspath(root), None, handler_concurrency=BATCH)
 
 
 def drain(

@@ -44,16 +44,26 @@ PURE_NAMES = (
     "_stream/defaults.py",
     "_errors.py",
     "_env.py",
+    "_defaults.py",
+    "_settings.py",
     "_config.py",
 )
 
-ROOT_MODULES = ("fsbus._errors", "fsbus._env", "fsbus._config")
+ROOT_MODULES = (
+    "fsbus._errors",
+    "fsbus._env",
+    "fsbus._defaults",
+    "fsbus._config",
+    "fsbus._settings",
+)
 # What each private package may import from fsbus, besides its own modules. A package
 # not named here is an edge (checked below to use only public names).
 PACKAGE_RULES: dict[str, tuple[str, ...]] = {
     "fsbus._errors": (),
     "fsbus._env": (),
-    "fsbus._config": ("fsbus._errors", "fsbus._env"),
+    "fsbus._defaults": ("fsbus._env",),
+    "fsbus._config": ("fsbus._errors", "fsbus._env", "fsbus._defaults"),
+    "fsbus._settings": ("fsbus._defaults", "fsbus._config"),
     "fsbus._core": ROOT_MODULES,
     "fsbus._queues": (*ROOT_MODULES, "fsbus._core"),
     "fsbus._bus": (*ROOT_MODULES, "fsbus._core", "fsbus._queues"),
@@ -406,10 +416,11 @@ PACKAGED = package_modules()
 def test_every_face_has_a_package() -> None:
     names = {p.relative_to(PACKAGE).parts[0] for p in PACKAGED}
     assert {"_core", "_bus", "_stream", "_errors.py", "_config.py"} <= names
+    # the root modules: the errors, the environment, and the configuration (BusConfig,
+    # its defaults readable without pydantic, and the options a bus runs with)
+    root = {m.rpartition(".")[2] + ".py" for m in ROOT_MODULES}
     loose = sorted(
-        p.name
-        for p in PACKAGE.glob("_*.py")
-        if p.name not in {"__init__.py", "__main__.py", "_errors.py", "_env.py", "_config.py"}
+        p.name for p in PACKAGE.glob("_*.py") if p.name not in {"__init__.py", "__main__.py", *root}
     )
     assert loose == [], f"modules at the package root that belong in a subpackage: {loose}"
 

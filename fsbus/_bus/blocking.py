@@ -14,15 +14,15 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, TYPE_CHECKING, Self
 
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from .._config import BusConfig, make_config
 from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
+from .._settings import Settings, as_config, settings, with_changes
 from .browse import browse_messages, read_browsed
 from .engine import Bus, Kind
 from .fs import BusFS, NameClash
@@ -36,6 +36,9 @@ from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
 from .queueing import open_store, renaming, route
 from .sweep import collect_garbage
+
+if TYPE_CHECKING:
+    from .._config import BusConfig
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 
@@ -59,15 +62,35 @@ class BlockingBus:
         config: BusConfig | None = None,
         ops: Ops | None = None,
     ) -> None:
-        self.config = make_config(config)
+        self._init(root, settings(config), ops)
+
+    @classmethod
+    def _using(
+        cls,
+        root: str | os.PathLike[str],
+        options: Settings | None,
+        ops: Ops | None = None,
+        **changes: object,
+    ) -> BlockingBus:
+        """A bus with ``options`` (a config, the defaults when None, or defaults fsbus
+        changed) and ``changes`` to them, set by fsbus and known valid (no validation,
+        no pydantic: see fsbus._settings)."""
+        opts = settings(options)
+        bus = cls.__new__(cls)
+        bus._init(root, with_changes(opts, **changes) if changes else opts, ops)
+        return bus
+
+    def _init(self, root: str | os.PathLike[str], options: Settings, ops: Ops | None) -> None:
+        self._cfg = options
+        self._config: BusConfig | None = None  # made from _cfg when asked (config)
         self.root = os.path.abspath(os.fspath(root))
-        self.layout = Layout.of(self.root, self.config)
+        self.layout = Layout.of(self.root, self._cfg)
         self._ops = ops
-        self._fs = BusFS(self.layout, self.config, ops)
-        self._namer = Namer(self.layout, self.config)
-        self._queues = open_store(self.layout, self.config, ops)
+        self._fs = BusFS(self.layout, self._cfg, ops)
+        self._namer = Namer(self.layout, self._cfg)
+        self._queues = open_store(self.layout, self._cfg, ops)
         self._buckets = self.layout.buckets
-        self._max_payload = self.config.max_payload_size
+        self._max_payload = self._cfg.max_payload_size
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -79,6 +102,13 @@ class BlockingBus:
         self._subscriptions: list[BlockingMessages] = []
         self._open = False
         self._closed = False
+
+    @property
+    def config(self) -> BusConfig:
+        """This bus's options."""
+        if self._config is None:
+            self._config = as_config(self._cfg)
+        return self._config
 
     def __enter__(self) -> Self:
         if self._open or self._closed:
@@ -415,7 +445,7 @@ class BlockingBus:
             if self._bus is None:
                 # Built on the loop thread: a Bus makes its anyio events where it is
                 # constructed, and a caller's thread may run another loop (trio).
-                bus = self._portal.call(lambda: Bus(self.root, config=self.config, ops=self._ops))
+                bus = self._portal.call(lambda: Bus._using(self.root, self._cfg, self._ops))
                 self._bus_cm = self._portal.wrap_async_context_manager(bus)
                 self._bus = self._bus_cm.__enter__()
             return self._portal, self._bus

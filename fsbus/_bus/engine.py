@@ -33,7 +33,6 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from .._config import BusConfig, make_config
 from .._core.topics import validate_pattern, validate_topic
 from .._core.trie import TopicTrie
 from .._core.watch import Waker
@@ -41,6 +40,7 @@ from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import Definition, QueueInfo, QueueOptions
 from .._queues.routed import RouteMark
 from .._queues.store import QueueStore
+from .._settings import Settings, as_config, settings, was_set, with_changes
 from .browse import browse_messages
 from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
 from .iterator import Decline, GiveBack, MessageIterator
@@ -58,6 +58,9 @@ from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 from .sweep import collect_garbage
 from .take import TakeView
+
+if typing.TYPE_CHECKING:
+    from .._config import BusConfig
 
 __all__ = ["Bus", "Handler", "Subscription"]
 
@@ -179,14 +182,34 @@ class Bus:
         config: BusConfig | None = None,
         ops: Ops | None = None,
     ) -> None:
-        self.config = make_config(config)
+        self._init(root, settings(config), ops)
+
+    @classmethod
+    def _using(
+        cls,
+        root: str | os.PathLike[str],
+        options: Settings | None,
+        ops: Ops | None = None,
+        **changes: object,
+    ) -> Bus:
+        """A bus with ``options`` (a config, the defaults when None, or defaults fsbus
+        changed) and ``changes`` to them, set by fsbus and known valid (no validation,
+        no pydantic: see fsbus._settings)."""
+        opts = settings(options)
+        bus = cls.__new__(cls)
+        bus._init(root, with_changes(opts, **changes) if changes else opts, ops)
+        return bus
+
+    def _init(self, root: str | os.PathLike[str], options: Settings, ops: Ops | None) -> None:
+        self._cfg = options
+        self._config: BusConfig | None = None  # made from _cfg when asked (config)
         self.root = os.path.abspath(os.fspath(root))
-        self.layout = Layout.of(self.root, self.config)
-        self._fs = BusFS(self.layout, self.config, ops)
-        self._namer = Namer(self.layout, self.config)
+        self.layout = Layout.of(self.root, self._cfg)
+        self._fs = BusFS(self.layout, self._cfg, ops)
+        self._namer = Namer(self.layout, self._cfg)
         self._buckets = self.layout.buckets
-        self._max_payload = self.config.max_payload_size
-        self._queues: QueueStore = open_store(self.layout, self.config, ops)
+        self._max_payload = self._cfg.max_payload_size
+        self._queues: QueueStore = open_store(self.layout, self._cfg, ops)
         self._queue_buses: dict[str, _Hosted] = {}
         # Queue -> this bus's consumer files of it -> their subscriptions (None while
         # attaching): counted from here, not from their flocks (see queue_info).
@@ -227,11 +250,11 @@ class Bus:
         self._runner_task: int | None = None
         self._stop = anyio.Event()  # set to make the runner stop
         self._stopped = anyio.Event()  # set when it has stopped and the bus is closed
-        self._waker = Waker(self.layout.update_dir, use_inotify=not self.config.force_polling)
-        self._poll_interval = self.config.poll_interval  # or the platform's (_follow_platform)
+        self._waker = Waker(self.layout.update_dir, use_inotify=not self._cfg.force_polling)
+        self._poll_interval = self._cfg.poll_interval  # or the platform's (_follow_platform)
         self._scan_every = self._poll_interval  # longest wait between scans
         self._poll_thread = False  # UPDATE polled by a thread of the Waker
-        self._free = self.config.handler_concurrency
+        self._free = self._cfg.handler_concurrency
         self._freed = anyio.Event()
         self._slot_waiters = 0  # tasks waiting in _take_slot
         # Handlers run in a fixed pool of worker tasks fed by this queue: cheaper than a
@@ -286,6 +309,13 @@ class Bus:
         self._open = True
         return self
 
+    @property
+    def config(self) -> BusConfig:
+        """This bus's options."""
+        if self._config is None:
+            self._config = as_config(self._cfg)
+        return self._config
+
     def _setup(self) -> None:
         self._fs.setup()
         self._fs.register_host(self._namer.host, self._namer.hostname)
@@ -296,10 +326,7 @@ class Bus:
         if platform.watch == "poll":
             self._waker.use_inotify = False
             self._poll_thread = self._fs.layout.update_size > 0
-        if (
-            platform.poll_interval is not None
-            and "poll_interval" not in self.config.model_fields_set
-        ):
+        if platform.poll_interval is not None and not was_set(self._cfg, "poll_interval"):
             self._poll_interval = platform.poll_interval
 
     async def __aexit__(
@@ -739,7 +766,7 @@ class Bus:
             # Handlers of the first scan (existing messages) need the pool running;
             # its workers start as jobs come.
             self._workers_started = True
-            self._jobs.start(tg, self.config.handler_concurrency)
+            self._jobs.start(tg, self._cfg.handler_concurrency)
         try:
             await self._scan(baseline=True, deliver=False)
         except BaseException:
@@ -893,7 +920,7 @@ class Bus:
             baseline
             or self._force_full
             or bool(self._existing_pending)
-            or (now - self._last_refresh >= self.config.refresh_ttl)
+            or (now - self._last_refresh >= self._cfg.refresh_ttl)
         )
         self._force_full = False
         # Taken before listing: a subscription added while the listing runs waits for
@@ -1217,7 +1244,7 @@ class Bus:
             return subs
         unwanted = "multi" if kind == "s" else "single"
         subs = [s for s in self._trie.match(entry.topic) if s.kind != unwanted]
-        if self.config.dedup and len(subs) > 1:
+        if self._cfg.dedup and len(subs) > 1:
             seen: set[Any] = set()
             out = []
             for s in subs:
@@ -1433,7 +1460,7 @@ class Bus:
             # failure counts once the batch is held: one listing per bucket, not an
             # open per claim
             self._fs.fill_attempts(c for _, _, c in got if c is not None)
-            if self.config.count_deliveries:
+            if self._cfg.count_deliveries:
                 self._fs.count_deliveries(c for _, _, c in got if c is not None)
             return got, untried
 
@@ -1455,7 +1482,7 @@ class Bus:
             if claim is None:
                 # Locked by another consumer, or gone: look again after retry_interval,
                 # and list its bucket again at the next scan (what we saw there is stale).
-                self._retries.add(e.key, now + self.config.retry_interval)
+                self._retries.add(e.key, now + self._cfg.retry_interval)
                 self._stale_buckets.add(e.bucket_index)
                 continue
             self._in_flight.add(e.key)
@@ -1480,7 +1507,7 @@ class Bus:
                 outcome = "giveback" if back.seen else "unseen"
             except Exception as exc:
                 self._counts["failed"] += 1
-                limit = self.config.max_deliveries
+                limit = self._cfg.max_deliveries
                 if (
                     limit is not None
                     and msg.delivery_count >= limit
@@ -1524,7 +1551,7 @@ class Bus:
                     self._counts["released"] += 1
                     # look at it again after retry_interval, not only at the next full
                     # listing (settling failed, e.g. its dead letter met a full disk)
-                    self._retries.add(key, time.monotonic() + self.config.retry_interval)
+                    self._retries.add(key, time.monotonic() + self._cfg.retry_interval)
                 self._settled(sub, key)
 
     def _acked(self, sub: Subscription, key: tuple[int, str], result: object) -> None:
@@ -1539,7 +1566,7 @@ class Bus:
         (see :meth:`BusFS.ack`), so the message goes back: count it released, not acked,
         and look at it again after retry_interval."""
         self._counts["released"] += 1
-        self._retries.add(key, time.monotonic() + self.config.retry_interval)
+        self._retries.add(key, time.monotonic() + self._cfg.retry_interval)
 
     def _settled(self, sub: Subscription, key: tuple[int, str]) -> None:
         """A work item is acked or released on disk: free its slot and say so."""
@@ -1584,7 +1611,7 @@ class Bus:
             self._counts["released"] += 1
             self._retries.add(
                 (self.layout.buckets.index(claim.bucket), claim.name),
-                time.monotonic() + self.config.retry_interval,
+                time.monotonic() + self._cfg.retry_interval,
             )
 
     async def _run_finishing(
@@ -1639,14 +1666,14 @@ class Bus:
         return out
 
     async def _dead_letter(self, msg: Message, reason: str) -> None:
-        topic = f"{self.config.dead_letter_prefix}.{msg.topic}"
+        topic = f"{self._cfg.dead_letter_prefix}.{msg.topic}"
         ours = {
             "x-original-topic": msg.topic,
             "x-deliveries": str(msg.delivery_count),
             "x-death-reason": reason,
         }
         headers = {**msg.headers, **ours}
-        prefix = self.config.dead_letter_prefix
+        prefix = self._cfg.dead_letter_prefix
         plan = None
         # The original topic and headers may leave no room for ours: fall back to the
         # bare prefix, then to our headers alone, rather than fail the dead-lettering.
@@ -1669,7 +1696,7 @@ class Bus:
     def _is_dead_letter(self, topic: str) -> bool:
         # A dead letter that fails again stays where it is (retried until it expires)
         # rather than moving to "<prefix>.<prefix>...." forever under a failing "#".
-        prefix = self.config.dead_letter_prefix
+        prefix = self._cfg.dead_letter_prefix
         return topic == prefix or topic.startswith(prefix + ".")
 
     def _message(self, e: Entry, payload: bytes, meta: bytes | None, attempts: int) -> Message:
@@ -1689,7 +1716,7 @@ class Bus:
             name=e.name,
             bucket=self.layout.buckets[e.bucket_index],
             headers=decode_meta(meta),
-            priority=f.priority if f else self.config.default_priority,
+            priority=f.priority if f else self._cfg.default_priority,
             published_at=f.published_ms / 1000 if f else None,
             host=host,
             delivery_count=attempts + 1,
@@ -1707,7 +1734,7 @@ class Bus:
         lease loses its claims (counted in ``leases_lost``; the message may then be
         handled again elsewhere, as after a crash).
         """
-        period = self.config.claim_lease / 4
+        period = self._cfg.claim_lease / 4
         while True:
             await anyio.sleep(period)
             held = list(self._held.values())
@@ -1723,12 +1750,12 @@ class Bus:
                     "claim_lease=%s s) and was given back: another consumer may handle it "
                     "too; keep the event loop free, or raise claim_lease",
                     c.name,
-                    self.config.claim_lease,
+                    self._cfg.claim_lease,
                 )
 
     async def _gc_loop(self) -> None:
         while True:
-            await anyio.sleep(self.config.gc_interval)
+            await anyio.sleep(self._cfg.gc_interval)
             try:
                 await self.gc()
                 await anyio.to_thread.run_sync(self._queues.expire_unused)
@@ -2136,7 +2163,7 @@ class Bus:
                 self._take_view.take,
                 self._fs,
                 set(self._in_flight),
-                count_deliveries=self.config.count_deliveries,
+                count_deliveries=self._cfg.count_deliveries,
             )
         )
         if taken is None:
@@ -2282,7 +2309,7 @@ class Bus:
     ) -> None:
         root = self._queues.bus_root(name)
         # the same I/O seam as this bus: a fault injected there reaches its consumers too
-        async with Bus(root, config=self._queues.sub_config, ops=self._fs.ops) as inner:
+        async with Bus._using(root, self._queues.sub_config, self._fs.ops) as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
             hosted.bus = inner
             # the directory it opened (created, if it was not there yet)

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .._config import BusConfig
 from .._core.mounts import detect
 from .._core.platform import MountFacts, Platform, decide
 from .._errors import (
@@ -32,6 +31,7 @@ from .._errors import (
     UsageError,
     storage_error,
 )
+from .._settings import Settings
 from .layout import Layout
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan, unframe_headers
@@ -166,7 +166,7 @@ class Claim:
 class BusFS:
     """Blocking operations on one bus directory."""
 
-    def __init__(self, layout: Layout, config: BusConfig, ops: Ops | None = None) -> None:
+    def __init__(self, layout: Layout, config: Settings, ops: Ops | None = None) -> None:
         self.layout = layout
         self.config = config
         self.ops = ops or DEFAULT_OPS
@@ -1536,9 +1536,8 @@ class BusFS:
             return None
 
     def read_meta(self, bucket: str, name: str) -> bytes | None:
-        """The headers of a message (its sidecar, or inline in its file), if any."""
-        if _inline_flag(name):
-            return self.read_multi(bucket, name, has_meta=False).meta
+        """The headers of a message in its sidecar, if any (inline headers come with
+        the file: :meth:`read_multi`)."""
         return self._read_small(self.layout.meta_path(bucket, name))
 
     def _unframe(self, path: str, data: bytes) -> tuple[bytes, bytes] | None:

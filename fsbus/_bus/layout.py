@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._config import BusConfig
+from .._settings import Settings
 from .names import format_bucket
 
 __all__ = ["Layout", "changed_buckets"]
@@ -41,7 +41,7 @@ class Layout:
     """Bytes per bucket in UPDATE (0: no UPDATE file)."""
 
     @classmethod
-    def of(cls, root: str, config: BusConfig) -> Layout:
+    def of(cls, root: str, config: Settings) -> Layout:
         """The layout of ``root`` under ``config``."""
         if config.order_by_expiry:
             buckets: tuple[str, ...] = ("0",)

@@ -11,8 +11,8 @@ from time import time
 
 import xxhash
 
-from .._config import BusConfig
 from .._errors import PayloadTooLarge
+from .._settings import Settings
 from .layout import Layout
 from .message import PublishInfo
 from .names import MAX_EXPIRES_MS, host_id
@@ -88,7 +88,7 @@ class Namer:
 
     _MAX_FORMS = 4096
 
-    def __init__(self, layout: Layout, config: BusConfig, *, inline_headers: bool = False) -> None:
+    def __init__(self, layout: Layout, config: Settings, *, inline_headers: bool = False) -> None:
         self._layout = layout
         self._config = config
         self._inline = inline_headers

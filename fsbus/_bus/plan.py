@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .._config import BusConfig
 from .._core.topics import validate_topic
 from .._errors import InvalidHeader, UsageError
+from .._settings import Settings
 from .layout import Layout
 from .names import (
     MAX_EXPIRES_MS,
@@ -139,7 +139,7 @@ def _checked_headers(headers: object) -> dict[str, str]:
 
 
 def check_ttl_priority(
-    config: BusConfig, single: bool, ttl: float | None, priority: int | None
+    config: Settings, single: bool, ttl: float | None, priority: int | None
 ) -> tuple[int, int]:
     """A publish's ttl (in ms, the default when None) and priority (likewise), checked;
     raises UsageError."""
@@ -178,7 +178,7 @@ def topic_form(topic: object, split_at: int) -> TopicForm:
 
 def plan_publish(
     layout: Layout,
-    config: BusConfig,
+    config: Settings,
     form: TopicForm,
     *,
     single: bool,

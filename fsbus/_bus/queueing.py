@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._config import BusConfig
 from .._errors import storage_error
 from .._queues.definition import Definition
 from .._queues.store import QueueStore, copy_ttl
+from .._settings import Settings
 from .fs import BusFS, Go, NameClash, Then, Withdrawn
 from .layout import Layout
 from .namer import Namer, next_unique
@@ -34,7 +34,7 @@ T = TypeVar("T")
 class QueueWriter:
     """A blocking handle on one queue's bus (the store's ``QueueBus``); thread-safe."""
 
-    def __init__(self, root: str, config: BusConfig, ops: Ops | None = None) -> None:
+    def __init__(self, root: str, config: Settings, ops: Ops | None = None) -> None:
         self.layout = Layout.of(root, config)
         self._fs = BusFS(self.layout, config, ops)
         self._fs.setup()
@@ -351,11 +351,11 @@ def route(
     return out
 
 
-def open_store(layout: Layout, config: BusConfig, ops: Ops | None = None) -> QueueStore:
+def open_store(layout: Layout, config: Settings, ops: Ops | None = None) -> QueueStore:
     """The queue store of the bus laid out as ``layout``; the queues' buses do their file
     operations through ``ops``, as the bus does."""
 
-    def opener(root: str, sub_config: BusConfig) -> QueueWriter:
+    def opener(root: str, sub_config: Settings) -> QueueWriter:
         return QueueWriter(root, sub_config, ops)
 
     return QueueStore(layout.private, config, layout.quarantine, opener, layout.messages)

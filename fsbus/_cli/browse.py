@@ -15,7 +15,7 @@ from .queue import queue_json, queue_table
 from .runtime import bus_config, resolve_root, run_async
 
 if TYPE_CHECKING:
-    from fsbus import Bus, BusConfig, MessageInfo, QueueInfo, StreamInfo
+    from fsbus import Bus, MessageInfo, QueueInfo, StreamInfo
 
 # anyio, the Bus and Streams are imported when a command runs, not for --help.
 
@@ -157,7 +157,7 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def stats_json(
-    snap: Snapshot, config: BusConfig, top: int, queues: Sequence[QueueInfo] = ()
+    snap: Snapshot, num_buckets: int, top: int, queues: Sequence[QueueInfo] = ()
 ) -> dict[str, Any]:
     """The summary ``stats`` prints, as one JSON object."""
     msgs = snap.messages
@@ -174,7 +174,7 @@ def stats_json(
         "locked": sum(1 for m in msgs if m.locked),
         "bytes": sum(m.size for m in msgs),
         "topics": len(topics),
-        "buckets": config.num_buckets,
+        "buckets": num_buckets,
         "buckets_in_use": len(buckets),
         "deepest_bucket": (
             {"bucket": deepest[0][0], "messages": deepest[0][1]} if deepest else None
@@ -260,7 +260,7 @@ def run_stats(args: argparse.Namespace) -> int:
         async with Bus(root, config=config) as bus:
             snap = await take_snapshot(bus, root)
             queues = await bus.queues()
-        stats = stats_json(snap, config, args.top, queues)
+        stats = stats_json(snap, len(bus.layout.buckets), args.top, queues)
         if args.json:
             emit_json(stats)
         else:

@@ -47,9 +47,9 @@ def _option_value(text: str) -> object:
         return text
 
 
-def bus_config(args: argparse.Namespace) -> BusConfig:
-    """A :class:`BusConfig` with the ``-o KEY=VALUE`` overrides applied."""
-    from fsbus import BusConfig  # pydantic: imported when a command needs a bus
+def bus_config(args: argparse.Namespace) -> BusConfig | None:
+    """A :class:`BusConfig` with the ``-o KEY=VALUE`` overrides applied; None (the
+    defaults) without any."""
 
     options: dict[str, object] = {}
     for item in getattr(args, "option", None) or []:
@@ -58,10 +58,11 @@ def bus_config(args: argparse.Namespace) -> BusConfig:
             raise CliError(f"-o/--option needs KEY=VALUE (a BusConfig field), got {item!r}")
         options[key.strip().replace("-", "_")] = _option_value(value)
     if not options:
-        # the defaults as they are: validating them would first build BusConfig's
-        # validators (and scan the installed packages for pydantic plugins), about 30 ms
-        # of every command's start, for values known to be valid
-        return BusConfig.model_construct()
+        # the defaults: a bus opened without a config does not import pydantic (0.1-0.2 s
+        # of every command's start)
+        return None
+    from fsbus import BusConfig  # pydantic: imported only when options are given
+
     return BusConfig(**options)
 
 

@@ -26,7 +26,7 @@ from .output import emit, emit_json, format_size, format_table
 from .runtime import bus_config, interruptible, resolve_root, run_async
 
 if TYPE_CHECKING:
-    from fsbus import Bus, BusConfig, QueueInfo
+    from fsbus import Bus, QueueInfo
 
 # anyio and the Bus are imported when the command runs, not for --help.
 
@@ -111,7 +111,7 @@ def queue_rates(
 def frame_json(
     prev: Snapshot,
     cur: Snapshot,
-    config: BusConfig,
+    num_buckets: int,
     queues: Sequence[QueueInfo] = (),
     copies: tuple[QueueCopies, QueueCopies] | None = None,
 ) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def frame_json(
         "out_rate": round(sum(left.values()) / dt, 2),
         "topics": topics,
         "buckets": {
-            "total": config.num_buckets,
+            "total": num_buckets,
             "in_use": len(buckets),
             "deepest": [{"bucket": b, "messages": n} for b, n in buckets.most_common(5)],
         },
@@ -300,7 +300,11 @@ def run_top(args: argparse.Namespace) -> int:
                     await anyio.sleep(interval)
                     cur = await take_snapshot(bus, root)
                     queues, cur_copies = await queue_copies(bus)
-                    show(frame_json(prev, cur, config, queues, (prev_copies, cur_copies)))
+                    show(
+                        frame_json(
+                            prev, cur, len(bus.layout.buckets), queues, (prev_copies, cur_copies)
+                        )
+                    )
                     if args.once:
                         break
                     prev, prev_copies = cur, cur_copies

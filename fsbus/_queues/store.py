@@ -36,7 +36,6 @@ import uuid
 from collections.abc import Callable, Collection, Iterator
 from typing import Protocol
 
-from .._config import BusConfig
 from .._core.trie import TopicTrie
 from .._errors import (
     FsBusError,
@@ -46,6 +45,7 @@ from .._errors import (
     StorageError,
     UsageError,
 )
+from .._settings import Settings, with_changes
 from . import routed
 from .definition import Definition, QueueInfo, QueueOptions, validate_queue_name
 from .routed import RouteMark
@@ -86,7 +86,7 @@ class QueueBus(Protocol):
         """Release what the handle holds."""
 
 
-Opener = Callable[[str, BusConfig], QueueBus]
+Opener = Callable[[str, Settings], QueueBus]
 """Opens the bus of a queue: (its directory, its configuration) -> a handle."""
 
 log = logging.getLogger("fsbus.queues")
@@ -106,7 +106,7 @@ class QueueStore:
     def __init__(
         self,
         private: str,
-        config: BusConfig,
+        config: Settings,
         quarantine: str,
         opener: Opener,
         messages: str | None = None,
@@ -130,13 +130,12 @@ class QueueStore:
         # Queues with max_length: [depth last counted + copies written since, when to
         # count again (time.monotonic)], so that a publish counts only now and then.
         self._tallies: dict[str, list[float]] = {}
-        self.sub_config = config.model_copy(
-            update={
-                "max_deliveries": None,
-                "bucket_num_chars": 1,
-                "locking": config.locking,
-                "count_deliveries": True,
-            }
+        self.sub_config = with_changes(
+            config,
+            max_deliveries=None,
+            bucket_num_chars=1,
+            locking=config.locking,
+            count_deliveries=True,
         )
 
     # ------------------------------------------------------------------ paths

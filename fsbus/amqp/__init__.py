@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
-from .. import BusConfig
 from ._server import Gateway, serve
+
+if TYPE_CHECKING:
+    from .. import BusConfig
 
 __all__ = ["Gateway", "running", "serve"]
 

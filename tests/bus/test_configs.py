@@ -50,3 +50,67 @@ async def test_round_trip(root: Path, cfg: BusConfig) -> None:
         for rel in message_files(root):
             assert (root / "messages" / rel).stat().st_mode & 0o777 == cfg.file_mode
         assert (root / "messages").stat().st_mode & 0o777 == cfg.dir_mode
+
+
+def test_the_defaults_without_pydantic_are_busconfigs_defaults() -> None:
+    """A bus opened without a config reads fsbus._settings.Defaults; BusConfig takes its
+    field defaults from the same place, so the two cannot drift apart."""
+    import dataclasses
+
+    from fsbus._defaults import Defaults
+    from fsbus._settings import as_config, was_set, with_changes
+
+    defaults = Defaults(force_polling=False)
+    config = BusConfig(force_polling=False)
+    names = [f.name for f in dataclasses.fields(Defaults) if f.name != "changed"]
+    assert sorted(names) == sorted(BusConfig.model_fields)
+    assert {n: getattr(defaults, n) for n in names} == config.model_dump()
+    assert defaults.num_buckets == config.num_buckets == 256
+    # made into a BusConfig (Bus.config), only what fsbus changed counts as set
+    changed = with_changes(defaults, poll_interval=0.02)
+    assert was_set(changed, "poll_interval")
+    assert not was_set(changed, "gc_interval")
+    made = as_config(changed)
+    assert made.poll_interval == 0.02
+    assert made.model_fields_set == {"poll_interval"}
+    assert not was_set(made, "gc_interval")
+
+
+NO_PYDANTIC = """
+import sys
+import anyio
+from fsbus import BlockingBus, Bus
+from fsbus.amqp import Gateway
+
+root = sys.argv[1]
+with BlockingBus(root) as bus:
+    bus.publish("a.b", b"x")
+    with bus.messages("a.*") as it:
+        bus.publish("a.c", b"y")
+        it.ack(it.get(timeout=10))
+
+async def main():
+    async with Bus(root) as bus, Gateway(root, port=0):
+        await bus.publish("a.d", b"z")
+
+anyio.run(main)
+assert "pydantic" not in sys.modules, "pydantic was imported"
+print(BlockingBus(root).config.multi_ttl)  # asked for: a BusConfig, made then
+assert "pydantic" in sys.modules
+"""
+
+
+def test_a_bus_and_a_gateway_with_the_defaults_never_import_pydantic(tmp_path: Path) -> None:
+    """pydantic takes 0.1-0.2 s to import: a process that opens buses (and an AMQP
+    gateway) with the defaults does without it, until it asks for ``Bus.config``."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", NO_PYDANTIC, str(tmp_path / "bus")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "60.0"

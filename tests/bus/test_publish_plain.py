@@ -30,7 +30,7 @@ from fsbus._bus.namer import Namer, new_publish_info
 from fsbus._bus.names import bucket_for, parse_name
 from fsbus._bus.ops import Ops
 from fsbus._bus.plan import PublishPlan, plan_publish, topic_form
-from fsbus._config import make_config
+from fsbus._defaults import Defaults
 from tests.journaled import UnorderedMount
 
 from .conftest import FailingOps, RecordingOps, files_under, message_files
@@ -109,7 +109,7 @@ def test_name_plain_leaves_long_and_foreign_topics_to_the_general_plan() -> None
 
 
 def test_names_from_the_fast_path_are_unique() -> None:
-    config = make_config(None)
+    config = Defaults()
     namer = Namer(Layout.of("/nowhere/bus", config), config)
     namer.plan("t", False, None, False, None, None)
     names = []
