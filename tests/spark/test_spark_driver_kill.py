@@ -24,6 +24,11 @@ from fsbus import RecordIn, Stream
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 CHILD = Path(__file__).with_name("spark_driver_child.py")
+FIRST = 800
+"""Records in stream ``in`` when the first driver starts; it is killed after copying about
+200 (400 on the cluster, where an executor dies at 200), 40 a micro-batch."""
+TOTAL = 1000
+"""Records in all, the last 200 appended while no driver runs."""
 
 
 def fill(root: Path, values: range) -> None:
@@ -98,15 +103,15 @@ def test_driver_sigkill_mid_stream_then_restart(
         cluster = request.getfixturevalue("spark_cluster")
         master = cluster.url
     root = tmp_path / "bus"
-    fill(root, range(1200))
+    fill(root, range(FIRST))
 
     with open(tmp_path / "run.out", "wb") as log:
         first = driver(root, tmp_path, "run", master, log)
         kill_when_copying(root, tmp_path, first, cluster)
     copied_before_kill = out_end(root)
-    assert copied_before_kill < 1200, "the driver finished before it could be killed"
+    assert copied_before_kill < FIRST, "the driver finished before it could be killed"
 
-    fill(root, range(1200, 1500))  # records keep arriving while the driver is down
+    fill(root, range(FIRST, TOTAL))  # records keep arriving while the driver is down
 
     with open(tmp_path / "finish.out", "wb") as log:
         second = driver(root, tmp_path, "finish", master, log)
@@ -120,6 +125,6 @@ def test_driver_sigkill_mid_stream_then_restart(
 
     with Stream.open(root, "out", create=False) as stream:
         stored = [(r.key, r.value) for r in stream.read()]
-    expected = Counter((f"k{i % 10}".encode(), f"v{i}".encode()) for i in range(1500))
+    expected = Counter((f"k{i % 10}".encode(), f"v{i}".encode()) for i in range(TOTAL))
     assert Counter(stored) == expected
-    assert len(stored) == 1500
+    assert len(stored) == TOTAL
