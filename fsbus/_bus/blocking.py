@@ -34,7 +34,7 @@ from .namer import Namer, new_publish_info
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import open_store, renaming, route
+from .queueing import enqueue_each, open_store, renaming, route
 from .sweep import collect_garbage
 
 if TYPE_CHECKING:
@@ -417,7 +417,7 @@ class BlockingBus:
 
     def enqueue(
         self,
-        queue: str,
+        queue: str | Sequence[str],
         topic: str,
         payload: bytes | str,
         *,
@@ -425,15 +425,27 @@ class BlockingBus:
         durable: bool = False,
         headers: dict[str, str] | None = None,
         priority: int | None = None,
-    ) -> None:
-        """Put a message straight into queue ``queue`` (see :meth:`Bus.enqueue`)."""
+    ) -> int:
+        """Put a message straight into queue ``queue``, or into each of several queues;
+        how many got it (see :meth:`Bus.enqueue`)."""
         self._check_open()
         self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         self._namer.check_size(len(data))
+        if not isinstance(queue, str):
+            return enqueue_each(
+                self._queues,
+                self._queues.existing(queue),
+                topic,
+                data,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+            )
         d = self._queues.current(queue)
         self._queues.check_room((d,))
-        self._queues.enqueue(
+        return self._queues.enqueue(
             d, topic, data, ttl=ttl, durable=durable, headers=headers, priority=priority
         )
 

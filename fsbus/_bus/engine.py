@@ -53,7 +53,7 @@ from .offload import Offload, ScanTooBig
 from .ops import Ops
 from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import open_store, renaming, route
+from .queueing import enqueue_each, open_store, renaming, route
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
 from .sweep import collect_garbage
@@ -1941,7 +1941,7 @@ class Bus:
 
     async def enqueue(
         self,
-        queue: str,
+        queue: str | Sequence[str],
         topic: str,
         payload: bytes | str,
         *,
@@ -1949,36 +1949,66 @@ class Bus:
         durable: bool = False,
         headers: dict[str, str] | None = None,
         priority: int | None = None,
-    ) -> None:
-        """Put a message straight into queue ``queue`` (no routing, no copy elsewhere)."""
+    ) -> int:
+        """Put a message straight into queue ``queue`` (no routing, no copy elsewhere),
+        or into each of several queues, a copy each; how many queues got it.
+
+        One queue that does not exist raises :class:`QueueNotFound`, and one that is
+        full with ``overflow="reject-publish"`` raises :class:`QueueFull`, with nothing
+        published. Of several queues, those that do not exist are left out, and a full
+        one refuses its own copy only: the others get theirs, then :class:`QueueFull`
+        names the ones that refused (as RabbitMQ nacks a publish one queue refused).
+        """
         self._check_open()
         self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
         data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
         self._namer.check_size(len(data))
-        if self._offload.inline:  # (cached: the routing table's lookup, as publish's)
-            d = self._queues.current(queue)
+        store = self._queues
+        if isinstance(queue, str):
+            if self._offload.inline:  # (cached: the routing table's lookup, as publish's)
+                d = store.current(queue)
+            else:
+                d = await anyio.to_thread.run_sync(store.current, queue)
+            targets: tuple[Definition, ...] = (d,)
+            checked = functools.partial(store.check_room, targets)
+            put: Callable[[], int] = functools.partial(
+                store.enqueue,
+                d,
+                topic,
+                data,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+            )
         else:
-            d = await anyio.to_thread.run_sync(self._queues.current, queue)
-        put = functools.partial(
-            self._queues.enqueue,
-            d,
-            topic,
-            data,
-            ttl=ttl,
-            durable=durable,
-            headers=headers,
-            priority=priority,
-        )
-        if durable or d.options.max_length is not None:
+            names = list(queue)
+            if self._offload.inline:
+                targets = store.existing(names)
+            else:
+                targets = await anyio.to_thread.run_sync(store.existing, names)
+            checked = None  # each queue's room is checked with its copy
+            put = functools.partial(
+                enqueue_each,
+                store,
+                targets,
+                topic,
+                data,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+            )
+        if durable or any(d.options.max_length is not None for d in targets):
             # synced, or counted now and then to keep to its length: in a worker thread
 
             def room_and_put() -> int:
-                self._queues.check_room((d,))
+                if checked is not None:
+                    checked()
                 return put()
 
-            await anyio.to_thread.run_sync(room_and_put)
-        else:
-            await self._offload.call(put)  # inline while the mount is fast, as publish
+            return await anyio.to_thread.run_sync(room_and_put)
+        return await self._offload.call(put)  # inline while the mount is fast, as publish
 
     async def _subscribe_queue(
         self, name: str, pattern: str | None, handler: Handler, prefetch: int | None

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .._errors import storage_error
+from .._errors import QueueFull, storage_error
 from .._queues.definition import Definition
 from .._queues.store import QueueStore, copy_ttl
 from .._settings import Settings
@@ -349,6 +349,59 @@ def route(
     for d, _ in writers:
         store.trim(d)
     return out
+
+
+def enqueue_each(
+    store: QueueStore,
+    targets: Sequence[Definition],
+    topic: str,
+    payload: bytes,
+    *,
+    ttl: float | None,
+    durable: bool,
+    headers: dict[str, str] | None,
+    priority: int | None,
+) -> int:
+    """Put a message into each queue of ``targets``, a copy each; how many got one.
+
+    The copies are named once (per TTL: a queue's ``message_ttl`` can shorten it) and
+    their headers encoded once, as :func:`route` does. A queue deleted meanwhile is
+    skipped. A full queue with ``overflow="reject-publish"`` refuses its own copy only:
+    the other queues get theirs, then :class:`QueueFull` names the ones that refused (as
+    RabbitMQ delivers to the queues with room and nacks the publish).
+    """
+    full: list[Definition] = []
+    room: list[Definition] = []
+    for d in targets:
+        try:
+            store.check_room((d,))
+        except QueueFull:
+            full.append(d)
+            continue
+        room.append(d)
+    plans: dict[float, PublishPlan] = {}
+    made = 0
+    for d, w in store.open_targets(tuple(room)):
+        life = copy_ttl(d, ttl)
+        if isinstance(w, QueueWriter):
+            plan = plans.get(life)
+            if plan is None:
+                plan = plans[life] = w.plan(
+                    topic, ttl=life, durable=durable, headers=headers, priority=priority
+                )
+            w.publish_planned(plan, payload)
+        else:
+            w.publish(topic, payload, ttl=life, durable=durable, headers=headers, priority=priority)
+        store.trim(d)
+        made += 1
+    if full:
+        names = ", ".join(repr(d.name) for d in full)
+        raise QueueFull(
+            f"queue {names} is full (overflow='reject-publish') and refused the message; "
+            f"{made} other queue(s) got it: consume from or purge the full queue, or "
+            "publish again later"
+        )
+    return made
 
 
 def open_store(layout: Layout, config: Settings, ops: Ops | None = None) -> QueueStore:

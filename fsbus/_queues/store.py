@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Protocol
 
 from .._core.trie import TopicTrie
@@ -505,6 +505,19 @@ class QueueStore:
             self._refresh(now)
         d = self._defs.get(name)
         return d if d is not None else self.get(name)
+
+    def existing(self, names: Iterable[str]) -> tuple[Definition, ...]:
+        """The queues of ``names`` that exist now (as :meth:`current` knows them), each
+        once, in the order given; a missing one is left out, an invalid name raises."""
+        out: dict[str, Definition] = {}
+        for name in names:
+            if name in out:
+                continue
+            try:
+                out[name] = self.current(name)
+            except QueueNotFound:
+                continue
+        return tuple(out.values())
 
     def declare(self, name: str, bindings: list[str], options: QueueOptions) -> Definition:
         from .._core.topics import validate_pattern

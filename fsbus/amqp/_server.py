@@ -304,22 +304,19 @@ class Gateway:
                     priority=job.priority,
                 )
                 return len(targets)
-        made = 0
-        for q in targets:
-            try:
-                bus.enqueue(
-                    q,
-                    topic,
-                    job.body,
-                    ttl=job.ttl,
-                    durable=job.durable,
-                    headers=job.headers,
-                    priority=job.priority,
-                )
-                made += 1
-            except QueueNotFound:
-                continue
-        return made
+        if not targets:
+            return 0
+        # one call for every queue: the copies are named and their headers encoded once;
+        # a queue deleted meanwhile is left out, a full one refuses only its own copy
+        return bus.enqueue(
+            targets,
+            topic,
+            job.body,
+            ttl=job.ttl,
+            durable=job.durable,
+            headers=job.headers,
+            priority=job.priority,
+        )
 
     async def dead_letter(self, queue: str, msg: Message, reason: str = "rejected") -> None:
         """A message of ``queue`` dead-lettered (rejected without requeue): to the queue's

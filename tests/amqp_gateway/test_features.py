@@ -248,6 +248,35 @@ def test_max_length_drop_head_and_reject_publish(
     ch.queue_delete(refuse)
 
 
+def test_a_full_reject_publish_queue_refuses_only_its_own_copy(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """A fanout to several queues, one of them full with ``reject-publish``: the publish
+    is nacked, and every other queue still gets its copy, whichever order the queues
+    are written in (names before and after the full one)."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    fan = names("fan-full")
+    ch.exchange_declare(fan, "fanout")
+    full = ch.queue_declare(
+        names("b-full"), arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+    ).method.queue
+    others = [ch.queue_declare(names(n)).method.queue for n in ("a-open", "c-open")]
+    for q in (full, *others):
+        ch.queue_bind(q, fan)
+    ch.basic_publish(fan, "", b"1")
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish(fan, "", b"2")
+    assert [b for _m, _p, b in get_all(ch, full, 1)] == [b"1"]
+    for q in others:
+        assert [b for _m, _p, b in get_all(ch, q, 2)] == [b"1", b"2"]
+    ch.basic_publish(fan, "", b"3")  # room again: every queue gets it
+    for q in (full, *others):
+        assert [b for _m, _p, b in get_all(ch, q, 1)] == [b"3"]
+        ch.queue_delete(q)
+    ch.exchange_delete(fan)
+
+
 def test_dead_letter_exchange_on_reject(conn: pika.BlockingConnection, names: Names) -> None:
     ch = conn.channel()
     dlx = names("dlx")

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import BlockingBus, Bus, QueueFull, QueueNotFound, StorageError
+from fsbus import BlockingBus, Bus, QueueFull, QueueNotFound, StorageError, UsageError
 from fsbus._bus.ops import Ops
 from tests.journaled import JournaledExt4, UnorderedMount
 
@@ -293,3 +293,57 @@ def test_enqueue_sees_a_queue_another_bus_deleted_or_declared(root: Path) -> Non
         assert one.queue_info("a").depth == 1
         with pytest.raises(QueueFull):  # the new definition's options, not the old ones
             other.enqueue("a", "t.x", b"one too many")
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_enqueue_into_several_queues_copies_into_each(root: Path, durable: bool) -> None:
+    """One enqueue into several queues: a copy in each that exists (one named twice gets
+    one copy, a missing one is left out), with its headers, and each queue's own TTL."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue("a", [])
+        bus.declare_queue("b", [], message_ttl=3600)
+        made = bus.enqueue(
+            ["a", "b", "gone", "a"], "t.x", b"one", durable=durable, headers={"k": "v"}
+        )
+        assert made == 2
+        assert _staged(root) == []
+        short = list(bus.browse("#", queue="b"))
+        long = list(bus.browse("#", queue="a"))
+        assert len(short) == len(long) == 1
+        assert short[0].expires < long[0].expires  # b's message_ttl, a's none
+        for q in ("a", "b"):
+            assert _drain(bus, q, 1) == [("t.x", b"one", {"k": "v"})]
+        assert bus.enqueue([], "t.x", b"nowhere") == 0
+        assert bus.enqueue(["gone"], "t.x", b"nowhere") == 0
+        with pytest.raises(UsageError, match="queue name"):
+            bus.enqueue(["a", "no/slash"], "t.x", b"bad name")
+
+
+def test_a_full_queue_among_several_refuses_only_its_own_copy(root: Path) -> None:
+    """A full reject-publish queue among several: the others get the message, then
+    QueueFull names the full one (RabbitMQ's nack); the full queue keeps what it had."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue("full", [], max_length=1, overflow="reject-publish")
+        bus.declare_queue("a", [])
+        bus.declare_queue("z", [])
+        assert bus.enqueue(["a", "full", "z"], "t.x", b"1") == 3
+        with pytest.raises(QueueFull, match=r"'full' is full .* 2 other queue"):
+            bus.enqueue(["a", "full", "z"], "t.x", b"2")
+        assert [bus.queue_info(q).depth for q in ("a", "full", "z")] == [2, 1, 2]
+        assert [p for _t, p, _h in _drain(bus, "full", 1)] == [b"1"]
+        for q in ("a", "z"):
+            assert [p for _t, p, _h in _drain(bus, q, 2)] == [b"1", b"2"]
+
+
+def test_async_enqueue_into_several_queues(root: Path) -> None:
+    async def main() -> None:
+        async with Bus(root) as bus:
+            await bus.declare_queue("a", [])
+            await bus.declare_queue("capped", [], max_length=1, overflow="reject-publish")
+            assert await bus.enqueue(["a", "capped", "gone"], "t.x", b"1") == 2
+            with pytest.raises(QueueFull, match="'capped'"):
+                await bus.enqueue(["a", "capped"], "t.x", b"2", durable=True)
+            assert await bus.enqueue("a", "t.x", b"3") == 1
+            assert [(await bus.queue_info(q)).depth for q in ("a", "capped")] == [3, 1]
+
+    anyio.run(main)
