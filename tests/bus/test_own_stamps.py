@@ -51,16 +51,20 @@ async def _scanned_after(bus: Bus, before: int) -> None:
 
 async def _warm_up(bus: Bus) -> None:
     """Publish until publishing runs inline (a bus starts in a worker thread, measuring
-    the mount; own stamps are taken on the inline path), then publish a message the bus
-    wants and wait for it: the scan that delivers it has listed every bucket stamped
-    before."""
+    the mount; own stamps are taken on the inline path), then subscribe, which makes the
+    next scan list every bucket, and wait for that scan: every warm-up message has then
+    been listed (its own-only bucket too). A scan already under way when ``subscribe``
+    returns is not that scan, and it may deliver the message published next: so wait
+    for the scan after it, not for the message."""
     with anyio.fail_after(30):
         while not bus._offload.inline:
             await bus.publish("warm.up", b"x")
     sync = Inbox()
     await bus.subscribe("sync.#", sync)
+    before = bus.statistics().scans  # (no await since subscribe returned)
     await bus.publish("sync.now", b"x")
     await sync.wait_for(1)
+    await _scanned_after(bus, before + 1)  # the one under way, if any, then the full one
 
 
 @pytest.mark.anyio
