@@ -22,8 +22,9 @@ from anyio.from_thread import BlockingPortal
 from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import QueueInfo, QueueOptions
-from .._settings import Settings, as_config, settings, with_changes
+from .._settings import Settings, settings
 from .browse import browse_messages, read_browsed
+from .configured import Configured
 from .engine import Bus, Kind
 from .fs import BusFS, NameClash
 from .iterator import MessageIterator
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["BlockingBus", "BlockingMessages"]
 
 
-class BlockingBus:
+class BlockingBus(Configured):
     """A bus used from plain (non-async) code.
 
     ::
@@ -63,22 +64,6 @@ class BlockingBus:
         ops: Ops | None = None,
     ) -> None:
         self._init(root, settings(config), ops)
-
-    @classmethod
-    def _using(
-        cls,
-        root: str | os.PathLike[str],
-        options: Settings | None,
-        ops: Ops | None = None,
-        **changes: object,
-    ) -> BlockingBus:
-        """A bus with ``options`` (a config, the defaults when None, or defaults fsbus
-        changed) and ``changes`` to them, set by fsbus and known valid (no validation,
-        no pydantic: see fsbus._settings)."""
-        opts = settings(options)
-        bus = cls.__new__(cls)
-        bus._init(root, with_changes(opts, **changes) if changes else opts, ops)
-        return bus
 
     def _init(self, root: str | os.PathLike[str], options: Settings, ops: Ops | None) -> None:
         self._cfg = options
@@ -102,13 +87,6 @@ class BlockingBus:
         self._subscriptions: list[BlockingMessages] = []
         self._open = False
         self._closed = False
-
-    @property
-    def config(self) -> BusConfig:
-        """This bus's options."""
-        if self._config is None:
-            self._config = as_config(self._cfg)
-        return self._config
 
     def __enter__(self) -> Self:
         if self._open or self._closed:

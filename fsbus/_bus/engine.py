@@ -40,8 +40,9 @@ from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import Definition, QueueInfo, QueueOptions
 from .._queues.routed import RouteMark
 from .._queues.store import QueueStore
-from .._settings import Settings, as_config, settings, was_set, with_changes
+from .._settings import Settings, settings, was_set
 from .browse import browse_messages
+from .configured import Configured
 from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
 from .iterator import Decline, GiveBack, MessageIterator
 from .jobs import Batcher, JobQueue
@@ -164,7 +165,7 @@ finds unrouted (clocks of the hosts on a shared mount, and of the filesystem, ma
 a little)."""
 
 
-class Bus:
+class Bus(Configured):
     """A message bus over a directory.
 
     Use it as an async context manager; everything it starts stops when the block ends,
@@ -183,22 +184,6 @@ class Bus:
         ops: Ops | None = None,
     ) -> None:
         self._init(root, settings(config), ops)
-
-    @classmethod
-    def _using(
-        cls,
-        root: str | os.PathLike[str],
-        options: Settings | None,
-        ops: Ops | None = None,
-        **changes: object,
-    ) -> Bus:
-        """A bus with ``options`` (a config, the defaults when None, or defaults fsbus
-        changed) and ``changes`` to them, set by fsbus and known valid (no validation,
-        no pydantic: see fsbus._settings)."""
-        opts = settings(options)
-        bus = cls.__new__(cls)
-        bus._init(root, with_changes(opts, **changes) if changes else opts, ops)
-        return bus
 
     def _init(self, root: str | os.PathLike[str], options: Settings, ops: Ops | None) -> None:
         self._cfg = options
@@ -308,13 +293,6 @@ class Bus:
         self._host = host
         self._open = True
         return self
-
-    @property
-    def config(self) -> BusConfig:
-        """This bus's options."""
-        if self._config is None:
-            self._config = as_config(self._cfg)
-        return self._config
 
     def _setup(self) -> None:
         self._fs.setup()
