@@ -85,7 +85,9 @@ from bench.procs import REPO, ChildFailed, run_single
 SIZE = 100
 PREFETCH = 100
 CLIENTS = ("pika", "aio-pika")
-MODES = ("transient", "confirms", "get")
+MODES = ("transient", "confirms", "get", "fanout")
+FANOUT = 3
+"""Queues bound to the fanout exchange of the *fanout* mode."""
 GET_SHARE = 10
 """The ``get`` mode moves this fraction of N (at least 300): one round trip a message."""
 SYSTEMS = ("fsbus", "rabbitmq")
@@ -125,20 +127,25 @@ def _pika_pub(p: dict[str, Any]) -> None:
         ch.confirm_delivery()  # each basic_publish waits for the broker's ack
     props = pika.BasicProperties(delivery_mode=2 if confirms else 1)
     queue, n = p["queue"], int(p["n"])
+    exchange = p.get("exchange", "")  # fanout: every queue of p["queues"] gets each
+    key = "" if exchange else queue
     payloads = [make_payload(i, SIZE) for i in range(n)]
     publish = ch.basic_publish
     c0 = _cpu()
     t0 = time.monotonic_ns()
     for body in payloads:
-        publish("", queue, body, props)
+        publish(exchange, key, body, props)
     t1 = time.monotonic_ns()
-    held = 0
+    counts = []
     deadline = time.monotonic() + 60
-    while True:  # the same channel: after every publish above
-        held = int(ch.queue_declare(queue, durable=True, passive=True).method.message_count)
-        if held >= n or time.monotonic() > deadline:
-            break
-        time.sleep(0.002)
+    for q in p.get("queues", [queue]):  # the same channel: after every publish above
+        while True:
+            held = int(ch.queue_declare(q, durable=True, passive=True).method.message_count)
+            if held >= n or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+        counts.append(held)
+    held = min(counts)
     t2 = time.monotonic_ns()
     cpu = _cpu() - c0
     conn.close()
@@ -209,20 +216,28 @@ def _aio_pub(p: dict[str, Any]) -> None:
             messages = [
                 aio_pika.Message(make_payload(i, SIZE), delivery_mode=mode) for i in range(n)
             ]
-            publish = ch.default_exchange.publish
+            exchange = ch.default_exchange
+            key = queue
+            if p.get("exchange"):  # fanout: every queue of p["queues"] gets each
+                exchange = await ch.get_exchange(p["exchange"])
+                key = ""
+            publish = exchange.publish
             c0 = _cpu()
             t0 = time.monotonic_ns()
             for msg in messages:
-                await publish(msg, routing_key=queue)  # with confirms: waits for the ack
+                await publish(msg, routing_key=key)  # with confirms: waits for the ack
             t1 = time.monotonic_ns()
-            held = 0
+            counts = []
             deadline = time.monotonic() + 60
-            while True:
-                q = await ch.declare_queue(queue, durable=True, passive=True)
-                held = int(q.declaration_result.message_count or 0)
-                if held >= n or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.002)
+            for name in p.get("queues", [queue]):
+                while True:
+                    q = await ch.declare_queue(name, durable=True, passive=True)
+                    held = int(q.declaration_result.message_count or 0)
+                    if held >= n or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.002)
+                counts.append(held)
+            held = min(counts)
             t2 = time.monotonic_ns()
             cpu = _cpu() - c0
         finally:
@@ -539,10 +554,17 @@ def _measure(
     if mode == "get":
         n = max(300, n // GET_SHARE)
     queue = f"bench-{secrets.token_hex(4)}"
+    params: dict[str, Any] = {"port": server.port, "queue": queue, "n": n, "mode": mode}
     conn, ch = server.channel()
     ch.queue_declare(queue, durable=True)
+    if mode == "fanout":  # published once, copied into each queue; the first is consumed
+        params["exchange"] = f"{queue}-fan"
+        params["queues"] = [queue, *(f"{queue}-{k}" for k in range(2, FANOUT + 1))]
+        ch.exchange_declare(params["exchange"], "fanout")
+        for q in params["queues"]:
+            ch.queue_declare(q, durable=True)
+            ch.queue_bind(q, params["exchange"])
     conn.close()
-    params = {"port": server.port, "queue": queue, "n": n, "mode": mode}
     timeout = max(300.0, n / 20)
     extra: dict[str, float] = {}
     notes: list[str] = []
@@ -595,7 +617,10 @@ def _measure(
     finally:
         with contextlib.suppress(Exception):
             conn, ch = server.channel()
-            ch.queue_delete(queue)
+            for q in params.get("queues", [queue]):
+                ch.queue_delete(q)
+            if "exchange" in params:
+                ch.exchange_delete(params["exchange"])
             conn.close()
     ok = not notes
     return Run(
@@ -928,7 +953,10 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
             "(pika `confirm_delivery()`; aio-pika's default `publisher_confirms=True`, "
             "`await exchange.publish(...)` in a loop); *get*: published as *transient*, "
             f"then taken one at a time with `basic.get` and acked (a {GET_SHARE}th of N, "
-            "at least 300: one round trip a message). Server CPU: µs of the gateway "
+            "at least 300: one round trip a message); *fanout*: published as *transient* "
+            f"to a fanout exchange bound to {FANOUT} fresh durable queues (*publish* waits "
+            "until each shows all N), then the first of them consumed. Server CPU: µs of "
+            "the gateway "
             "process's (RabbitMQ node's) CPU per message, publish / consume.",
             "",
             "| fs | client | mode | publish fsbus | publish RabbitMQ "
