@@ -606,7 +606,8 @@ class Bus(Configured):
 
             def route_all() -> None:
                 for targets, topic, data in copies:
-                    self._queues.route(
+                    enqueue_each(
+                        self._queues,
                         targets,
                         topic,
                         data,
@@ -614,6 +615,7 @@ class Bus(Configured):
                         durable=durable,
                         headers=headers,
                         priority=priority,
+                        rooms_checked=True,  # all of them, before anything was published
                     )
 
             await anyio.to_thread.run_sync(route_all)

@@ -361,6 +361,7 @@ def enqueue_each(
     durable: bool,
     headers: dict[str, str] | None,
     priority: int | None,
+    rooms_checked: bool = False,
 ) -> int:
     """Put a message into each queue of ``targets``, a copy each; how many got one.
 
@@ -369,12 +370,15 @@ def enqueue_each(
     skipped. A full queue with ``overflow="reject-publish"`` refuses its own copy only:
     the other queues get theirs, then :class:`QueueFull` names the ones that refused (as
     RabbitMQ delivers to the queues with room and nacks the publish).
+    ``rooms_checked``: the caller checked every queue's room before it published
+    anything (``publish_many``), so none is checked again here.
     """
     full: list[Definition] = []
     room: list[Definition] = []
     for d in targets:
         try:
-            store.check_room((d,))
+            if not rooms_checked:
+                store.check_room((d,))
         except QueueFull:
             full.append(d)
             continue

@@ -245,25 +245,6 @@ class QueueStore:
             dst,
         )
 
-    def route(
-        self,
-        targets: tuple[Definition, ...],
-        topic: str,
-        payload: bytes,
-        *,
-        ttl: float | None,
-        durable: bool,
-        headers: dict[str, str] | None,
-        priority: int | None,
-    ) -> int:
-        """Copy one published message into each of ``targets``; returns the copies made."""
-        made = 0
-        for d in targets:
-            made += self.enqueue(
-                d, topic, payload, ttl=ttl, durable=durable, headers=headers, priority=priority
-            )
-        return made
-
     def check_room(self, targets: tuple[Definition, ...]) -> None:
         """Raise :class:`QueueFull` if a reject-publish queue among ``targets`` is full."""
         for d in targets:
