@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from time import perf_counter_ns
+from typing import Any
 
 from bench.filesystems import scratch
 from bench.procs import REPO, Child, python_cmd
@@ -159,6 +161,8 @@ PATH_STEPS = (
     ("publish call -> file operations start", "call", "fs0"),
     ("file operations (create, write, rename, stamp)", "fs0", "fs1"),
     ("file operations end -> publish returns", "fs1", "ret"),
+    ("publish returns -> inotify events read", "ret", "ino"),
+    ("inotify events read -> scanner awake", "ino", "wake"),
     ("publish returns -> scanner awake (inotify on the loop)", "ret", "wake"),
     ("scanner awake -> in the worker thread", "wake", "thr0"),
     ("listing the changed buckets", "thr0", "list1"),
@@ -170,25 +174,39 @@ PATH_STEPS = (
 )
 
 
-def trace_path(fs: str, n: int, size: int, warmup: int = 50) -> str:
-    """Timestamps along publish -> stamp -> inotify -> scan -> read -> handler."""
-    import statistics
-    from time import perf_counter_ns as now
+class _Tracer:
+    """Timestamps (``perf_counter_ns``: one clock for every process) on a bus's own steps.
 
-    import anyio
+    A leg is one message, publish call to handler. The sending half's stamps (the first
+    of each in the leg) and the receiving half's (the last before the handler: a wake-up
+    for the bus's own publish comes earlier and lists nothing) are kept apart, so that
+    two processes' halves can be joined into one leg.
+    """
 
-    import fsbus
+    def __init__(self) -> None:
+        self.sends: list[dict[str, int]] = []
+        self.recvs: list[dict[str, int]] = []
+        self.send: dict[str, int] = {}
+        self.recv: dict[str, int] = {}
 
-    legs: list[dict[str, int]] = []  # one dict of stamps per message (ping, then pong)
-    cur: dict[str, int] = {}
-    rtts: list[int] = []
+    def start_send(self, t: int) -> None:
+        self.send = {"call": t}
+        self.sends.append(self.send)
 
-    def stamp(key: str) -> None:
-        if key not in cur:  # the first time in this leg (a leg is one message)
-            cur[key] = now()
+    def received(self) -> None:
+        self.recv["handler"] = perf_counter_ns()
+        self.recvs.append(self.recv)
+        self.recv = {}
 
-    def wrap(obj: object, attr: str, before: str | None, after: str | None) -> None:
+    def stamp(self, key: str) -> None:
+        if key in _SEND_KEYS:
+            self.send.setdefault(key, perf_counter_ns())
+        else:
+            self.recv[key] = perf_counter_ns()
+
+    def _wrap(self, obj: object, attr: str, before: str | None, after: str | None) -> None:
         fn = getattr(obj, attr)
+        stamp = self.stamp
 
         def wrapped(*a: object, **k: object) -> object:
             if before:
@@ -201,8 +219,9 @@ def trace_path(fs: str, n: int, size: int, warmup: int = 50) -> str:
 
         setattr(obj, attr, wrapped)
 
-    def wrap_async(obj: object, attr: str, before: str | None, after: str | None) -> None:
+    def _wrap_async(self, obj: object, attr: str, before: str | None, after: str | None) -> None:
         fn = getattr(obj, attr)
+        stamp = self.stamp
 
         async def wrapped(*a: object, **k: object) -> object:
             if before:
@@ -215,60 +234,29 @@ def trace_path(fs: str, n: int, size: int, warmup: int = 50) -> str:
 
         setattr(obj, attr, wrapped)
 
-    async def main(bus_dir: str) -> None:
-        nonlocal cur
-        got = [anyio.Event()]
-        async with fsbus.Bus(bus_dir) as bus:
+    def install(self, bus: object) -> None:
+        """Wrap the bus's own steps on this instance (private names: a profiler looks
+        inside; nothing here changes what they do)."""
+        b: Any = bus
+        offload = b._offload
+        self._wrap(offload._fs, "publish_plain", "fs0", "fs1")
+        self._wrap(offload._fs, "publish", "fs0", "fs1")
+        self._wrap_async(b, "publish", None, "ret")
+        self._wrap_async(b._waker, "wait", None, "wake")
+        self._wrap(b, "_list", "thr0", "list1")
+        self._wrap(b._waker, "_drain", "ino", None)
+        self._wrap(b._fs, "read_multi", "read0", "read1")
+        self._wrap(b, "_list_and_read", None, "read1")
+        self._wrap_async(b, "_deliver_multi", "back", None)
 
-            async def echo(msg: fsbus.Message) -> None:
-                stamp("handler")
-                legs.append(cur)
-                start_leg()
-                await bus.publish("bench.pong", msg.payload)
 
-            async def pong(msg: fsbus.Message) -> None:
-                stamp("handler")
-                legs.append(cur)
-                rtts.append(now() - int(msg.payload[:20]))
-                got[0].set()
+_SEND_KEYS = frozenset({"call", "fs0", "fs1", "ret"})
 
-            def start_leg() -> None:
-                nonlocal cur
-                cur = {"call": now()}
 
-            await bus.subscribe("bench.ping", echo)
-            await bus.subscribe("bench.pong", pong)
-            # the bus's own steps, wrapped on this instance (private names: a profiler
-            # looks inside; nothing here changes what they do)
-            b: object = bus
-            offload = b._offload  # type: ignore[attr-defined]
-            wrap(offload._fs, "publish_plain", "fs0", "fs1")
-            wrap(offload._fs, "publish", "fs0", "fs1")
-            wrap_async(b, "publish", None, "ret")
-            wrap_async(b._waker, "wait", None, "wake")  # type: ignore[attr-defined]
-            wrap(b, "_list", "thr0", "list1")
-            wrap(b._fs, "read_multi", "read0", "read1")  # type: ignore[attr-defined]
-            wrap(b, "_list_and_read", None, "read1")
-            wrap_async(b, "_deliver_multi", "back", None)
-            pad = b"x" * max(0, size - 20)
-            for i in range(warmup + n):
-                got[0] = anyio.Event()
-                if i == warmup:
-                    legs.clear()
-                    rtts.clear()
-                start_leg()
-                await bus.publish("bench.ping", b"%020d" % cur["call"] + pad)
-                with anyio.fail_after(30):
-                    await got[0].wait()
-                await anyio.sleep(0.001)  # the scanner settles; the next ping starts cold
+def _steps(legs: list[dict[str, int]], rtts: list[int], head: str) -> str:
+    import statistics
 
-    from bench.filesystems import scratch
-
-    with scratch(fs) as place:
-        bus_dir = place.path / "bus"
-        bus_dir.mkdir()
-        anyio.run(main, str(bus_dir))
-    out = [f"{len(rtts)} round trips in one process on {fs}; {len(legs)} legs (one way)", ""]
+    out = [head, ""]
     out.append(f"{'step':<56} {'p50 us':>8} {'p90 us':>8}")
     for label, a, b_ in PATH_STEPS:
         xs = [(leg[b_] - leg[a]) / 1000 for leg in legs if a in leg and b_ in leg]
@@ -285,12 +273,143 @@ def trace_path(fs: str, n: int, size: int, warmup: int = 50) -> str:
     return "\n".join(out)
 
 
+async def _pinger(
+    bus: Any, tracer: _Tracer, n: int, size: int, warmup: int, gap: float
+) -> list[int]:
+    """Send ``bench.ping`` one at a time, each after the last pong; the round trips."""
+    import anyio
+
+    rtts: list[int] = []
+    got = [anyio.Event()]
+
+    async def pong(msg: Any) -> None:
+        tracer.received()
+        rtts.append(perf_counter_ns() - int(msg.payload[:20]))
+        got[0].set()
+
+    await bus.subscribe("bench.pong", pong)
+    pad = b"x" * max(0, size - 20)
+    for i in range(warmup + n):
+        got[0] = anyio.Event()
+        if i == warmup:
+            rtts.clear()
+        t = perf_counter_ns()
+        tracer.start_send(t)
+        await bus.publish("bench.ping", b"%020d" % t + pad)
+        with anyio.fail_after(30):
+            await got[0].wait()
+        if gap:
+            await anyio.sleep(gap)  # the scanner settles; the next ping starts cold
+    return rtts
+
+
+async def _echoer(bus: Any, tracer: _Tracer) -> None:
+    async def echo(msg: Any) -> None:
+        tracer.received()
+        tracer.start_send(perf_counter_ns())
+        await bus.publish("bench.pong", msg.payload)
+
+    await bus.subscribe("bench.ping", echo)
+
+
+def trace_path(fs: str, n: int, size: int, gap: float, warmup: int = 50) -> str:
+    """Timestamps along publish -> stamp -> inotify -> scan -> read -> handler, in one
+    process: one bus pings itself."""
+    import anyio
+
+    import fsbus
+
+    tracer = _Tracer()
+    rtts: list[int] = []
+
+    async def main(bus_dir: str) -> None:
+        async with fsbus.Bus(bus_dir) as bus:
+            await _echoer(bus, tracer)
+            tracer.install(bus)
+            rtts.extend(await _pinger(bus, tracer, n, size, warmup, gap))
+
+    from bench.filesystems import scratch
+
+    with scratch(fs) as place:
+        bus_dir = place.path / "bus"
+        bus_dir.mkdir()
+        anyio.run(main, str(bus_dir))
+    # in one process a leg's halves are the same message's: sends and receipts alternate
+    legs = [{**s, **r} for s, r in zip(tracer.sends, tracer.recvs, strict=False)][2 * warmup :]
+    return _steps(legs, rtts, f"{len(rtts)} round trips in one process on {fs}")
+
+
+def _echo_process(bus_dir: str, ready: Any, stop: Any, out: Any) -> None:
+    import anyio
+
+    import fsbus
+
+    tracer = _Tracer()
+
+    async def main() -> None:
+        async with fsbus.Bus(bus_dir) as bus:
+            await _echoer(bus, tracer)
+            tracer.install(bus)
+            ready.set()
+            await anyio.to_thread.run_sync(stop.wait)
+
+    anyio.run(main)
+    out.put((tracer.sends, tracer.recvs))
+
+
+def trace_cross(fs: str, n: int, size: int, gap: float, warmup: int = 50) -> str:
+    """The same steps with the echo in a second process: each leg's sending half is
+    one process's, its receiving half the other's (their clocks are one clock)."""
+    import multiprocessing
+
+    import anyio
+
+    import fsbus
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    tracer = _Tracer()
+    rtts: list[int] = []
+
+    async def main(bus_dir: str) -> None:
+        async with fsbus.Bus(bus_dir) as bus:
+            tracer.install(bus)
+            rtts.extend(await _pinger(bus, tracer, n, size, warmup, gap))
+
+    from bench.filesystems import scratch
+
+    with scratch(fs) as place:
+        bus_dir = place.path / "bus"
+        bus_dir.mkdir()
+        fsbus.BlockingBus(str(bus_dir)).close()  # made once, before either process starts
+        echo = ctx.Process(target=_echo_process, args=(str(bus_dir), ready, stop, out))
+        echo.start()
+        try:
+            if not ready.wait(60):
+                raise RuntimeError("the echo process did not start")
+            anyio.run(main, str(bus_dir))
+            stop.set()
+            e_sends, e_recvs = out.get(timeout=60)
+        finally:
+            stop.set()
+            echo.join(60)
+    pings = [{**s, **r} for s, r in zip(tracer.sends, e_recvs, strict=False)][warmup:]
+    pongs = [{**s, **r} for s, r in zip(e_sends, tracer.recvs, strict=False)][warmup:]
+    return _steps(pings + pongs, rtts, f"{len(rtts)} round trips between two processes on {fs}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    ap.add_argument("scenario", choices=("publish", "fanout", "workqueue", "path"))
+    ap.add_argument("scenario", choices=("publish", "fanout", "workqueue", "path", "crosspath"))
     ap.add_argument("--fs", default="tmpfs", help="disk, ext4loop or tmpfs (default tmpfs)")
     ap.add_argument("-n", type=int, default=20_000, help="messages (default 20000)")
     ap.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=0.001,
+        help="path, crosspath: seconds between a pong and the next ping (default 0.001)",
+    )
     ap.add_argument("--rate", type=int, default=1000, help="samples per second")
     ap.add_argument("--top", type=int, default=40, help="rows to show")
     ap.add_argument(
@@ -298,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.scenario == "path":
-        print(trace_path(args.fs, min(args.n, 2000), args.size))
+        print(trace_path(args.fs, min(args.n, 2000), args.size, args.gap))
+        return 0
+    if args.scenario == "crosspath":
+        print(trace_cross(args.fs, min(args.n, 2000), args.size, args.gap))
         return 0
     print(profile(args.scenario, args.fs, args.n, args.size, args.rate, args.top, args.consumers))
     return 0

@@ -10,6 +10,7 @@ always runs; there the bus turns the watcher off (``Platform.watch``), as
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
 import os
@@ -32,6 +33,14 @@ BUSY_FACTOR = 4
 """After a change, polling runs this many times faster..."""
 BUSY_SECONDS = 1.0
 """...until this long has passed without one."""
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop; None under another backend (trio)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def poll_delay(interval: float, since_change: float | None) -> float:
@@ -116,6 +125,10 @@ class Waker:
         fd = self._fd
         if fd is None:
             return
+        loop = _asyncio_loop()
+        if loop is not None:
+            await self._run_on(loop, fd)
+            return
         try:
             while True:
                 # While the scanner is told to list less often (it keeps losing claims to
@@ -125,18 +138,59 @@ class Waker:
                 if rest > 0:
                     await anyio.sleep(rest)
                 await anyio.wait_readable(fd)
-                try:
-                    while os.read(fd, _READ_SIZE):
-                        pass
-                except BlockingIOError:
-                    pass
-                self._fs_event = True
-                self._event.set()
+                self._drain(fd)
         except NotImplementedError:  # an event loop without fd readiness
             self._fd = None
             os.close(fd)
             self.inotify_active = False
             await anyio.to_thread.run_sync(self._start_observer)
+
+    def _drain(self, fd: int) -> None:
+        """Read every queued event (their content does not matter: UPDATE tells what
+        changed) and wake the scanner."""
+        try:
+            while os.read(fd, _READ_SIZE):
+                pass
+        except BlockingIOError:
+            pass
+        self._fs_event = True
+        self._event.set()
+
+    async def _run_on(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        """:meth:`run` on asyncio: the descriptor stays registered with the loop and
+        its reader wakes the scanner directly. ``wait_readable`` would register and
+        unregister it for every event (two ``epoll_ctl`` calls) and pass through a task
+        of its own: about a tenth of an unloaded round trip's time.
+
+        A quiet spell (:attr:`quiet_until`) unregisters it until the spell ends, so the
+        events stay queued in the kernel, as :meth:`run` does by sleeping.
+        """
+        later: asyncio.TimerHandle | None = None
+
+        def readable() -> None:
+            nonlocal later
+            self._drain(fd)
+            rest = self.quiet_until - time.monotonic()
+            if rest > 0:
+                loop.remove_reader(fd)
+                later = loop.call_later(rest, listen)
+
+        def listen() -> None:
+            nonlocal later
+            later = None
+            rest = self.quiet_until - time.monotonic()
+            if rest > 0:  # the spell was made longer meanwhile
+                later = loop.call_later(rest, listen)
+            else:
+                loop.add_reader(fd, readable)
+
+        listen()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            if later is not None:
+                later.cancel()
+            loop.remove_reader(fd)
 
     def _start_observer(self) -> None:
         try:

@@ -1,0 +1,113 @@
+"""The scanner's wake-ups from inotify (fsbus._core.watch.Waker), on both event loops.
+
+On asyncio the inotify descriptor stays registered with the loop; on trio it is read
+through ``wait_readable``. Both must wake the scanner for a write in the watched
+directory, keep events queued in the kernel during a quiet spell, and leave nothing
+registered once the task that reads them ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from fsbus._core.watch import Waker
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 10.0
+
+
+def _stamp(path: Path) -> None:
+    with open(path, "ab") as f:
+        f.write(b"x")
+
+
+async def _started(tmp_path: Path) -> tuple[Waker, Path]:
+    waker = Waker(str(tmp_path), use_inotify=True)
+    if not waker.start():
+        pytest.skip("no inotify descriptor on this system")
+    return waker, tmp_path / "UPDATE"
+
+
+async def test_a_write_wakes_the_scanner(tmp_path: Path) -> None:
+    waker, update = await _started(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waker.run)
+            await anyio.lowlevel.checkpoint()  # the reader is listening once run has started
+            for _ in range(3):  # and keeps listening after each event
+                _stamp(update)
+                with anyio.fail_after(WAIT):
+                    assert await waker.wait(WAIT)
+                assert waker.take_fs_event()
+            tg.cancel_scope.cancel()
+    finally:
+        waker.stop()
+
+
+async def test_no_event_means_no_wake(tmp_path: Path) -> None:
+    waker, _ = await _started(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waker.run)
+            assert not await waker.wait(0.05)
+            assert not waker.take_fs_event()
+            tg.cancel_scope.cancel()
+    finally:
+        waker.stop()
+
+
+async def test_a_quiet_spell_keeps_events_until_it_ends(tmp_path: Path) -> None:
+    waker, update = await _started(tmp_path)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waker.run)
+            await anyio.lowlevel.checkpoint()
+            _stamp(update)
+            with anyio.fail_after(WAIT):
+                assert await waker.wait(WAIT)
+            waker.take_fs_event()
+            # The scanner asks for quiet: what happens meanwhile waits in the kernel.
+            spell = 0.3
+            waker.quiet_until = time.monotonic() + spell
+            _stamp(update)  # the event the reader sees: it then rests for the spell
+            with anyio.fail_after(WAIT):
+                assert await waker.wait(WAIT)
+            waker.take_fs_event()
+            _stamp(update)  # during the spell: not read, no wake
+            woke_early = await waker.wait(max(0.0, waker.quiet_until - time.monotonic() - 0.05))
+            assert not woke_early
+            with anyio.fail_after(WAIT):  # the spell over, the kept event wakes it
+                assert await waker.wait(WAIT)
+            assert waker.take_fs_event()
+            assert time.monotonic() >= waker.quiet_until
+            tg.cancel_scope.cancel()
+    finally:
+        waker.stop()
+
+
+async def test_the_descriptor_is_let_go_when_the_reader_ends(tmp_path: Path) -> None:
+    waker, update = await _started(tmp_path)
+    fd = waker._fd
+    assert fd is not None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waker.run)
+        await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    waker.stop()  # closes the descriptor: the loop must no longer be watching it
+    # A new descriptor may get the same number; the loop must accept it afresh.
+    r, w = os.pipe()
+    try:
+        with anyio.fail_after(WAIT):
+            os.write(w, b"x")
+            await anyio.wait_readable(r)
+    finally:
+        os.close(r)
+        os.close(w)
+    _stamp(update)
