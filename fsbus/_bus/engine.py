@@ -31,6 +31,7 @@ from typing import Any, Self, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import anyio.to_thread
 
 from .._core.topics import validate_pattern, validate_topic
@@ -1249,6 +1250,8 @@ class Bus(Configured):
             targets = _unique(extra[e.key]) if e.key in extra else self._targets(e)
             if targets:
                 work.append((e, targets))
+        if not work:
+            return
         for i in range(0, len(work), _READ_BATCH):
             chunk = work[i : i + _READ_BATCH]
             missing = [e for e, _ in chunk if e.key not in prefetched]
@@ -1270,6 +1273,9 @@ class Bus(Configured):
                     self._counts["delivered"] += 1
                     self._check_open()
                     self._jobs.put((self._run_multi, (sub, msg)))
+        # Let the handlers just woken run before the scanner finishes its round: what
+        # they do next (often a publish of their own) waits for nothing else.
+        await anyio.lowlevel.checkpoint()
 
     async def _take_slot(self) -> None:
         """Wait for a free handler slot (the backpressure point) and take it."""
