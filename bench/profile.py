@@ -164,15 +164,21 @@ PATH_STEPS = (
     ("publish returns -> inotify events read", "ret", "ino"),
     ("inotify events read -> scanner awake", "ino", "wake"),
     ("publish returns -> scanner awake (inotify on the loop)", "ret", "wake"),
-    ("scanner awake -> in the worker thread", "wake", "thr0"),
-    ("listing the changed buckets", "thr0", "list1"),
-    ("decide (parse the new names)", "list1", "read0"),
+    ("scanner awake -> listing starts (or the worker thread)", "wake", "thr0"),
+    ("  read UPDATE", "thr0", "upd"),
+    ("  find the changed buckets (own stamps left out)", "upd", "ls0"),
+    ("    compare the stamps", "cb0", "cb1"),
+    ("    tell this bus's own", "own0", "own1"),
+    ("  list them", "ls0", "ls1"),
+    ("listing the changed buckets (the three above and more)", "thr0", "list1"),
+    ("  decide (compare the listings, parse the new names)", "dec0", "dec1"),
+    ("decide, up to the read", "list1", "read0"),
     ("read the message", "read0", "read1"),
     ("read done -> back on the loop", "read1", "back"),
+    ("  back on the loop -> Message made", "back", "msg1"),
     ("back on the loop -> handler starts", "back", "handler"),
     ("one way: publish call -> handler", "call", "handler"),
 )
-
 
 class _Tracer:
     """Timestamps (``perf_counter_ns``: one clock for every process) on a bus's own steps.
@@ -248,6 +254,13 @@ class _Tracer:
         self._wrap(b._fs, "read_multi", "read0", "read1")
         self._wrap(b, "_list_and_read", None, "read1")
         self._wrap_async(b, "_deliver_multi", "back", None)
+        self._wrap(b._fs, "read_update", None, "upd")
+        self._wrap(b._fs, "list_buckets", "ls0", "ls1")
+        self._wrap(b, "_message", None, "msg1")
+        engine = sys.modules[type(b).__module__]
+        self._wrap(engine, "decide", "dec0", "dec1")  # this process's engine module
+        self._wrap(engine, "changed_buckets", "cb0", "cb1")
+        self._wrap(b._fs, "own_only", "own0", "own1")
 
 
 _SEND_KEYS = frozenset({"call", "fs0", "fs1", "ret"})

@@ -1131,25 +1131,34 @@ class Bus(Configured):
             dirty.clear()
         else:
             wanted = set(changed_buckets(self._last_update, update, self.layout.stamp_size, count))
-            if limit is not None and self._names_in((*wanted, *retry, *dirty)) > limit:
-                raise ScanTooBig
-            if fs.track_own and wanted:
-                # Buckets whose only change is this bus's own stamp hold nothing new for
-                # it; they are listed again within _OWN_RELIST all the same (a stamp of
-                # another publisher's that this bus overwrote in between is rare, not
-                # impossible: see BusFS.stamp_own).
-                mine = fs.own_only(wanted, update)
-                if mine:
-                    wanted -= mine
-                    now = time.monotonic()
-                    for bi in mine:
-                        dirty.setdefault(bi, now)
+            # Buckets whose only change is this bus's own stamp hold nothing new for it;
+            # they are listed again within _OWN_RELIST all the same (a stamp of another
+            # publisher's that this bus overwrote in between is rare, not impossible: see
+            # BusFS.stamp_own).
+            mine = fs.own_only(wanted, update) if fs.track_own and wanted else ()
+            wanted.difference_update(mine)
             wanted |= retry
+            now = time.monotonic()
+            due = []
             if dirty:
-                now = time.monotonic()
-                for bi in [bi for bi, t in dirty.items() if bi in wanted or now - t >= _OWN_RELIST]:
+                # Unlisted for _OWN_RELIST: listed now. The dict is in the order of its
+                # times (a bucket enters once, at its first own stamp), so the due ones
+                # are at its front; a bus publishing fast keeps most buckets in it.
+                for bi, t in dirty.items():
+                    if now - t < _OWN_RELIST:
+                        break
+                    due.append(bi)
+                wanted.update(due)
+            if limit is not None and self._names_in(wanted) > limit:
+                raise ScanTooBig  # nothing changed yet
+            if dirty:
+                for bi in due:
                     del dirty[bi]
-                    wanted.add(bi)
+                for bi in [bi for bi in wanted if bi in dirty]:  # listed now anyway
+                    del dirty[bi]
+            for bi in mine:
+                if bi not in wanted:
+                    dirty.setdefault(bi, now)
         listings = fs.list_buckets(sorted(wanted))
         if fs.track_own:
             fs.note_listed(listings, update)
