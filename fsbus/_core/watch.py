@@ -146,11 +146,11 @@ class Waker:
             await anyio.to_thread.run_sync(self._start_observer)
 
     def _drain(self, fd: int) -> None:
-        """Read every queued event (their content does not matter: UPDATE tells what
-        changed) and wake the scanner."""
+        """Read the queued events (their content does not matter: UPDATE tells what
+        changed) and wake the scanner. One read takes what fits in its buffer; if more
+        is left, the descriptor is still readable and the loop calls again."""
         try:
-            while os.read(fd, _READ_SIZE):
-                pass
+            os.read(fd, _READ_SIZE)
         except BlockingIOError:
             pass
         self._fs_event = True
