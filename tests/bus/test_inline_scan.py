@@ -17,7 +17,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fsbus import Bus, BusConfig
+from fsbus import Bus, BusConfig, Message
 from fsbus._bus import engine, offload
 from fsbus._bus.ops import Ops
 
@@ -248,9 +248,40 @@ async def test_a_paced_consumer_still_gets_every_message_of_a_deep_backlog(
     async with Bus(root, config=config) as publisher:
         async with Bus(root, ops=seam, config=config) as bus:
             inbox = Inbox()
+            rests: list[float] = []  # the pace in force at each delivery
+
+            async def handler(msg: Message) -> None:
+                rests.append(bus._listing_took)
+                await inbox(msg)
+
+            await bus.subscribe("t.#", handler, kind="single")
+            for i in range(n):  # work-queue messages, faster than the slowed listings
+                await publisher.publish(f"t.m{i}", PAYLOAD, single=True)
+            got = await inbox.wait_for(n)
+            assert max(rests) > 0  # listings of the backlog were paced
+    assert sorted(m.topic for m in got) == sorted(f"t.m{i}" for i in range(n))
+
+
+@pytest.mark.anyio
+async def test_multi_messages_left_in_their_buckets_pace_nothing(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Delivered multi messages stay until they expire, so a subscriber's listings grow
+    with them; that is no backlog of work: slow listings of many multi messages never
+    make the subscriber rest between them."""
+    monkeypatch.setattr(engine, "_PACE_NAMES", 4)
+    monkeypatch.setattr(engine, "_PACE_FROM", 0.0)
+    seam = ListingSeam()
+    seam.delay = 0.003
+    n = 60
+    config = BusConfig(bucket_base=2, bucket_num_chars=1)  # two buckets: big listings
+    async with Bus(root, config=config) as publisher:
+        async with Bus(root, ops=seam, config=config) as bus:
+            inbox = Inbox()
             await bus.subscribe("t.#", inbox)
             for i in range(n):
                 await publisher.publish(f"t.m{i}", PAYLOAD)
-            got = await inbox.wait_for(n)
-            assert bus._listing_took > 0  # the last listings were paced
-    assert sorted(m.topic for m in got) == sorted(f"t.m{i}" for i in range(n))
+                await inbox.wait_for(i + 1)
+                assert bus._listing_took == 0.0, f"paced after {i + 1} multi messages"
+            assert len(seam.listings) >= n // 2  # listings of many names, each slow
+    assert sorted(m.topic for m in inbox.messages) == sorted(f"t.m{i}" for i in range(n))
