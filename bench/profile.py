@@ -13,6 +13,11 @@ wrapping the bus's own steps on the instance (a profiler has to look inside): th
 call, its file operations (create, write, rename, stamp), the scanner waking (inotify on
 the loop), the worker-thread hop, the listing, the decision, the read, the hop back and
 the handler. It prints the median and p90 of each step, for both legs of the round trip.
+
+``crosspath`` does the same with the echo in a second process: each leg's sending half
+is stamped in one process and its receiving half in the other (one clock for both).
+``--gap`` sets the pause between a pong and the next ping (``path`` and ``crosspath``;
+0 sends them back to back, as the harness's ``latency`` scenario does).
 """
 
 from __future__ import annotations
