@@ -185,6 +185,7 @@ PATH_STEPS = (
     ("one way: publish call -> handler", "call", "handler"),
 )
 
+
 class _Tracer:
     """Timestamps (``perf_counter_ns``: one clock for every process) on a bus's own steps.
 

@@ -233,18 +233,25 @@ async def test_a_long_listing_of_a_backlog_paces_the_next_and_a_small_one_does_n
         assert bus._paced_until(100.0) == pytest.approx(101.25)
 
 
-@pytest.mark.anyio
-async def test_a_paced_consumer_still_gets_every_message_of_a_deep_backlog(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Listings slowed through the seam and a low threshold: every listing paces the next,
-    and the events kept meanwhile are listed when the rest ends; nothing is missed."""
+@pytest.fixture
+def slow_listings(monkeypatch: pytest.MonkeyPatch) -> tuple[ListingSeam, BusConfig]:
+    """A seam whose bucket listings take 3 ms, a config of two buckets (big listings),
+    and a pacing threshold so low that any backlog of work is paced."""
     monkeypatch.setattr(engine, "_PACE_NAMES", 4)
     monkeypatch.setattr(engine, "_PACE_FROM", 0.0)
     seam = ListingSeam()
     seam.delay = 0.003
+    return seam, BusConfig(bucket_base=2, bucket_num_chars=1)
+
+
+@pytest.mark.anyio
+async def test_a_paced_consumer_still_gets_every_message_of_a_deep_backlog(
+    root: Path, slow_listings: tuple[ListingSeam, BusConfig]
+) -> None:
+    """Listings slowed through the seam and a low threshold: every listing paces the next,
+    and the events kept meanwhile are listed when the rest ends; nothing is missed."""
+    seam, config = slow_listings
     n = 120
-    config = BusConfig(bucket_base=2, bucket_num_chars=1)  # two buckets: big listings
     async with Bus(root, config=config) as publisher:
         async with Bus(root, ops=seam, config=config) as bus:
             inbox = Inbox()
@@ -264,17 +271,13 @@ async def test_a_paced_consumer_still_gets_every_message_of_a_deep_backlog(
 
 @pytest.mark.anyio
 async def test_multi_messages_left_in_their_buckets_pace_nothing(
-    root: Path, monkeypatch: pytest.MonkeyPatch
+    root: Path, slow_listings: tuple[ListingSeam, BusConfig]
 ) -> None:
     """Delivered multi messages stay until they expire, so a subscriber's listings grow
     with them; that is no backlog of work: slow listings of many multi messages never
     make the subscriber rest between them."""
-    monkeypatch.setattr(engine, "_PACE_NAMES", 4)
-    monkeypatch.setattr(engine, "_PACE_FROM", 0.0)
-    seam = ListingSeam()
-    seam.delay = 0.003
+    seam, config = slow_listings
     n = 60
-    config = BusConfig(bucket_base=2, bucket_num_chars=1)  # two buckets: big listings
     async with Bus(root, config=config) as publisher:
         async with Bus(root, ops=seam, config=config) as bus:
             inbox = Inbox()

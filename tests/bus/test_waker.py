@@ -8,8 +8,10 @@ registered once the task that reads them ends.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -28,80 +30,65 @@ def _stamp(path: Path) -> None:
         f.write(b"x")
 
 
-async def _started(tmp_path: Path) -> tuple[Waker, Path]:
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Path) -> AsyncIterator[tuple[Waker, Path]]:
+    """A waker on ``tmp_path`` with its reader running; stopped afterwards."""
     waker = Waker(str(tmp_path), use_inotify=True)
     if not waker.start():
         pytest.skip("no inotify descriptor on this system")
-    return waker, tmp_path / "UPDATE"
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waker.run)
+            await anyio.lowlevel.checkpoint()  # the reader is listening once run started
+            yield waker, tmp_path / "UPDATE"
+            tg.cancel_scope.cancel()
+    finally:
+        waker.stop()
 
 
 async def test_a_write_wakes_the_scanner(tmp_path: Path) -> None:
-    waker, update = await _started(tmp_path)
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waker.run)
-            await anyio.lowlevel.checkpoint()  # the reader is listening once run has started
-            for _ in range(3):  # and keeps listening after each event
-                _stamp(update)
-                with anyio.fail_after(WAIT):
-                    assert await waker.wait(WAIT)
-                assert waker.take_fs_event()
-            tg.cancel_scope.cancel()
-    finally:
-        waker.stop()
-
-
-async def test_no_event_means_no_wake(tmp_path: Path) -> None:
-    waker, _ = await _started(tmp_path)
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waker.run)
-            assert not await waker.wait(0.05)
-            assert not waker.take_fs_event()
-            tg.cancel_scope.cancel()
-    finally:
-        waker.stop()
-
-
-async def test_a_quiet_spell_keeps_events_until_it_ends(tmp_path: Path) -> None:
-    waker, update = await _started(tmp_path)
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waker.run)
-            await anyio.lowlevel.checkpoint()
+    async with _running(tmp_path) as (waker, update):
+        for _ in range(3):  # and keeps listening after each event
             _stamp(update)
             with anyio.fail_after(WAIT):
                 assert await waker.wait(WAIT)
-            waker.take_fs_event()
-            # The scanner asks for quiet: what happens meanwhile waits in the kernel.
-            spell = 0.3
-            waker.quiet_until = time.monotonic() + spell
-            _stamp(update)  # the event the reader sees: it then rests for the spell
-            with anyio.fail_after(WAIT):
-                assert await waker.wait(WAIT)
-            waker.take_fs_event()
-            _stamp(update)  # during the spell: not read, no wake
-            woke_early = await waker.wait(max(0.0, waker.quiet_until - time.monotonic() - 0.05))
-            assert not woke_early
-            with anyio.fail_after(WAIT):  # the spell over, the kept event wakes it
-                assert await waker.wait(WAIT)
             assert waker.take_fs_event()
-            assert time.monotonic() >= waker.quiet_until
-            tg.cancel_scope.cancel()
-    finally:
-        waker.stop()
+
+
+async def test_no_event_means_no_wake(tmp_path: Path) -> None:
+    async with _running(tmp_path) as (waker, _):
+        assert not await waker.wait(0.05)
+        assert not waker.take_fs_event()
+
+
+async def test_a_quiet_spell_keeps_events_until_it_ends(tmp_path: Path) -> None:
+    async with _running(tmp_path) as (waker, update):
+        _stamp(update)
+        with anyio.fail_after(WAIT):
+            assert await waker.wait(WAIT)
+        waker.take_fs_event()
+        # The scanner asks for quiet: what happens meanwhile waits in the kernel.
+        spell = 0.3
+        waker.quiet_until = time.monotonic() + spell
+        _stamp(update)  # the event the reader sees: it then rests for the spell
+        with anyio.fail_after(WAIT):
+            assert await waker.wait(WAIT)
+        waker.take_fs_event()
+        _stamp(update)  # during the spell: not read, no wake
+        woke_early = await waker.wait(max(0.0, waker.quiet_until - time.monotonic() - 0.05))
+        assert not woke_early
+        with anyio.fail_after(WAIT):  # the spell over, the kept event wakes it
+            assert await waker.wait(WAIT)
+        assert waker.take_fs_event()
+        assert time.monotonic() >= waker.quiet_until
 
 
 async def test_the_descriptor_is_let_go_when_the_reader_ends(tmp_path: Path) -> None:
-    waker, update = await _started(tmp_path)
-    fd = waker._fd
-    assert fd is not None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waker.run)
-        await anyio.lowlevel.checkpoint()
-        tg.cancel_scope.cancel()
-    waker.stop()  # closes the descriptor: the loop must no longer be watching it
-    # A new descriptor may get the same number; the loop must accept it afresh.
+    async with _running(tmp_path) as (waker, _):
+        assert waker._fd is not None
+    # stopped: the descriptor is closed and the loop no longer watches it, so a new
+    # descriptor that gets the same number is accepted afresh
+    assert waker._fd is None
     r, w = os.pipe()
     try:
         with anyio.fail_after(WAIT):
@@ -110,4 +97,3 @@ async def test_the_descriptor_is_let_go_when_the_reader_ends(tmp_path: Path) -> 
     finally:
         os.close(r)
         os.close(w)
-    _stamp(update)
