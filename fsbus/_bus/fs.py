@@ -178,6 +178,7 @@ class BusFS:
         self.platform: Platform = decide(MountFacts(fstype="ext4"))
         """What this filesystem needs (``fsbus._core.platform.decide``); set by setup()."""
         self._read_fd: int | None = None  # UPDATE opened for coherent reads (O_DIRECT)
+        self._local_read_fd: int | None = None  # UPDATE opened for page-cache reads
         self._read_direct = False
         self._direct_ok = False
         self._read_lock = threading.Lock()  # the scanner and the poller thread share the fd
@@ -440,6 +441,7 @@ class BusFS:
             self.ops.close(fd)
         with self._read_lock:
             self._drop_read_fd()
+            self._drop_local_read_fd()
         if self._lister is not None:
             self._lister.shutdown(wait=False)
             self._lister = None
@@ -944,10 +946,10 @@ class BusFS:
     def read_update(self, *, reopen: bool = False) -> bytes | None:
         """A fresh snapshot of UPDATE.
 
-        On a local filesystem it is re-opened and read through the page cache. Where
-        another client's write would not reach our cache (:attr:`platform`), it is read
-        with ``O_DIRECT`` on a descriptor kept open (``reopen`` opens it again, in case
-        UPDATE was replaced), or after dropping the cache where O_DIRECT is refused.
+        On a local filesystem it is read through the page cache. Where another client's
+        write would not reach our cache (:attr:`platform`), it is read with ``O_DIRECT``,
+        or after dropping the cache where O_DIRECT is refused. Either way through a
+        descriptor kept open (``reopen`` opens it again, in case UPDATE was replaced).
         """
         if reopen and self._dir_fds:
             self._check_dir_fds()
@@ -967,17 +969,32 @@ class BusFS:
                         raise storage_error(
                             "reading the UPDATE file", exc, self.layout.update_file
                         ) from exc
-        path = self.layout.update_file
-        try:
-            fd = self.ops.open(path, _READ)
-        except OSError as exc:
-            if exc.errno in _MISSING:
-                return None
-            raise storage_error("reading the UPDATE file", exc, path) from exc
-        try:
-            return self.ops.pread(fd, self.layout.update_size, 0)
-        finally:
-            self.ops.close(fd)
+        # Read through a descriptor kept open, as stamps are written through one
+        # (opening the path again cost more than the read itself: 7 of 8 µs a scan).
+        # ``reopen`` (every full listing, each refresh_ttl) opens it again, in case
+        # UPDATE was replaced: until then this bus goes on reading the file it stamps.
+        with self._read_lock:
+            if reopen:
+                self._drop_local_read_fd()
+            fd = self._local_read_fd
+            if fd is not None:
+                try:
+                    return self.ops.pread(fd, self.layout.update_size, 0)
+                except OSError:
+                    self._drop_local_read_fd()  # read it again through the path
+            path = self.layout.update_file
+            try:
+                fd = self.ops.open(path, _READ)
+            except OSError as exc:
+                if exc.errno in _MISSING:
+                    return None
+                raise storage_error("reading the UPDATE file", exc, path) from exc
+            self._local_read_fd = fd
+            try:
+                return self.ops.pread(fd, self.layout.update_size, 0)
+            except OSError as exc:
+                self._drop_local_read_fd()
+                raise storage_error("reading the UPDATE file", exc, path) from exc
 
     def _read_update_direct(self, reopen: bool) -> bytes:
         size = self.layout.update_size
@@ -1009,6 +1026,14 @@ class BusFS:
             self.ops.drop_cache(fd)
         n = self.ops.pread_into(fd, buf, 0)
         return buf[: min(n, size)]
+
+    def _drop_local_read_fd(self) -> None:
+        fd, self._local_read_fd = self._local_read_fd, None
+        if fd is not None:
+            try:
+                self.ops.close(fd)
+            except OSError:
+                pass
 
     def _drop_read_fd(self) -> None:
         fd, self._read_fd = self._read_fd, None

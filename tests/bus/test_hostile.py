@@ -230,6 +230,30 @@ async def test_a_missing_update_file_while_running(root: Path) -> None:
         await inbox.wait_for(1)
 
 
+@pytest.mark.anyio
+async def test_an_update_file_replaced_while_running(root: Path) -> None:
+    """UPDATE replaced by a new file (renamed over it): a running subscriber reads it
+    through a descriptor kept open, so it sees the new file's stamps after its next full
+    listing (every ``refresh_ttl``), and meanwhile messages stamped in either file
+    reach it."""
+    inbox = Inbox()
+    config = BusConfig(refresh_ttl=0.2)
+    update = root / "update" / "UPDATE"
+    async with Bus(root, config=config) as bus:
+        await bus.subscribe("#", inbox)
+        await bus.publish("before", b"x")  # stamped in the old file
+        await inbox.wait_topic("before")
+        fresh = root / "update" / "UPDATE.new"
+        await anyio.Path(fresh).write_bytes(os.urandom((await anyio.Path(update).stat()).st_size))
+        os.rename(fresh, update)
+        with BlockingBus(root, config=config) as other:  # opens and stamps the new file
+            await anyio.to_thread.run_sync(other.publish, "after", b"y")
+        await inbox.wait_topic("after")
+        await bus.publish("again", b"z")  # this bus still stamps the file it opened
+        await inbox.wait_topic("again")
+    assert sorted(inbox.topics) == ["after", "again", "before"]
+
+
 @pytest.mark.parametrize("single", [False, True])
 @pytest.mark.anyio
 async def test_a_fifo_named_like_a_message_does_not_hang_the_bus(root: Path, single: bool) -> None:
