@@ -1029,14 +1029,13 @@ class BusFS:
 
     def _drop_local_read_fd(self) -> None:
         fd, self._local_read_fd = self._local_read_fd, None
-        if fd is not None:
-            try:
-                self.ops.close(fd)
-            except OSError:
-                pass
+        self._close_quiet(fd)
 
     def _drop_read_fd(self) -> None:
         fd, self._read_fd = self._read_fd, None
+        self._close_quiet(fd)
+
+    def _close_quiet(self, fd: int | None) -> None:
         if fd is not None:
             try:
                 self.ops.close(fd)
