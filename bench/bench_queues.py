@@ -91,6 +91,7 @@ TARGET_VS_RABBIT = 1.5
 TARGET_3_VS_1 = 2.0
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "queues.md"
+QUICK_OUT = HERE / "results" / "quick" / "queues.md"
 
 
 # --- children ----------------------------------------------------------------------------
@@ -876,7 +877,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--only", choices=("flow", "publish"), help="one of the two measurements")
     ap.add_argument("--json", metavar="FILE", help="write the JSON there instead of stdout")
-    ap.add_argument("--out", metavar="FILE", help=f"the Markdown table (default: {DEFAULT_OUT})")
+    ap.add_argument(
+        "--out",
+        metavar="FILE",
+        help=f"the Markdown table (default: {DEFAULT_OUT}; with --quick, {QUICK_OUT})",
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile the fsbus consumers")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-process CPU of every run")
     args = ap.parse_args(argv)
@@ -916,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         "fsbus": _fsbus_source(fsbus.__file__),
     }
     md = markdown(results, meta)
-    out = Path(args.out) if args.out else DEFAULT_OUT
+    out = Path(args.out) if args.out else QUICK_OUT if args.quick else DEFAULT_OUT
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)
     log(md)

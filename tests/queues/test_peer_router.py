@@ -25,6 +25,7 @@ import pytest
 from fsbus import BlockingBus, Bus, BusConfig
 from fsbus._bus import engine
 from fsbus._bus.layout import Layout
+from fsbus._bus.ops import Ops
 
 from .conftest import Inbox, wait_until
 
@@ -157,3 +158,45 @@ async def test_the_router_lists_once_for_many_publishes_and_still_routes_peers(
         listed = scans(router) - before
     assert listed < n // 4
     assert Counter(inbox.payloads) == Counter([b"peer", *(b"%d" % i for i in range(n))])
+
+
+class SlowMainListings(Ops):
+    """Every listing of one of the main bus's buckets takes 3 ms (queues' buses not)."""
+
+    def listdir(self, path: str) -> list[str]:
+        if "/messages/" in path and "/queues/" not in path:
+            time.sleep(0.003)
+        return super().listdir(path)
+
+
+@pytest.mark.anyio
+async def test_a_router_rests_after_a_long_listing_of_many_messages_and_still_routes_peers(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main bus keeps every multi message until it expires, so a router's listings
+    grow with what fsbus publishers send, which needs no routing. A long listing of many
+    names paces the router's next one, as a consumer's of a backlog does; a peer's
+    message published meanwhile is routed when the rest ends."""
+    monkeypatch.setattr(engine, "_PACE_NAMES", 4)
+    monkeypatch.setattr(engine, "_PACE_FROM", 0.0)
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    inbox = Inbox()
+    n = 60
+    async with Bus(root, ops=SlowMainListings(), config=BusConfig()) as router:
+        await router.subscribe(None, inbox, queue="q")
+        await wait_until(lambda: scans(router) > 0)
+        rests: list[float] = []
+
+        def publish_all() -> None:
+            with BlockingBus(root) as pub:
+                for i in range(n):
+                    pub.publish("other.fsbus", b"%d" % i)  # bound to no queue
+                    rests.append(router._listing_took)
+
+        await anyio.to_thread.run_sync(publish_all)
+        await wait_until(lambda: router._listing_took > 0 or any(rests))
+        await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
+        await inbox.wait_for(1)
+    assert inbox.payloads == [b"peer"]
+    assert await anyio.to_thread.run_sync(depth, root) == 0
