@@ -19,6 +19,7 @@ import heapq
 import inspect
 import logging
 import math
+import operator
 import os
 import random
 import time
@@ -58,6 +59,7 @@ from .purge import check_purge, purge_some, purge_targets
 from .queueing import enqueue_each, open_store, renaming, route
 from .retry import Contention, RetrySchedule
 from .scan import Entry, ScanDecision, ScanState, decide, long_names
+from .share import SHARE_EVERY, Share, share_of
 from .sweep import collect_garbage
 from .take import TakeView
 
@@ -138,6 +140,7 @@ claims on a local disk, a handful on a network filesystem, where a claim waits f
 server (the first message then reaches its handler after one claim, not after all)."""
 _ROUTER_POLL = 0.25
 """Seconds between a waiting queue consumer's tries to take over routing peers' messages."""
+_rank_of = operator.attrgetter("rank")
 _ROUTE_GAP = 0.02
 """Seconds a bus that lists its directory only to route peers' messages into the queues
 (no subscription of its own: the router of queue consumers) leaves between listings.
@@ -224,6 +227,12 @@ class Bus(Configured):
         # left unlisted for their stamps, with when that began.
         self._own_names: set[str] = set()
         self._own_dirty: dict[int, float] = {}
+        # A queue's bus with several consumers: the buckets this process lists first, the
+        # changes to the others' it put off (share.py), and the others' buckets listed by
+        # the current scan (all their work items go on the heap).
+        self._share = Share()
+        self._share_look: Callable[[], Callable[[], frozenset[int] | None]] | None = None
+        self._others_listed: set[int] = set()
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
         self._state = ScanState()
@@ -835,6 +844,13 @@ class Bus(Configured):
         listing_due = True
         listed_at = 0.0
         while True:
+            if self._share_look is not None and time.monotonic() >= self._share.next_look:
+                self._share.next_look = time.monotonic() + SHARE_EVERY
+                look = self._share_look()  # (on the loop: what this process holds now)
+                try:
+                    self._share.mine = await anyio.to_thread.run_sync(look)
+                except OSError:
+                    self._share.mine = None
             try:
                 if listing_due:
                     listed_at = time.monotonic()
@@ -856,6 +872,11 @@ class Bus(Configured):
             due = self._retries.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))
+            deadline = self._share.deadline()
+            if deadline is not None:
+                timeout = max(0.0, min(timeout, deadline - now))
+            if self._share_look is not None:
+                timeout = max(0.0, min(timeout, self._share.next_look - now))
             paced_until = self._paced_until(listed_at)
             quiet_until = max(self._contention.until, paced_until)
             if not self._subs:  # listing only to route peers' messages (_ROUTE_GAP)
@@ -889,6 +910,7 @@ class Bus(Configured):
                 or bool(self._existing_pending)
                 or (not self._ready_keys and not quiet)
                 or (due is not None and due <= now)
+                or (deadline is not None and deadline <= now)
             )
 
     def _paced_until(self, listed_at: float) -> float:
@@ -927,9 +949,12 @@ class Bus(Configured):
             # Inline on the loop while the mount is fast and the bus holds no big backlog
             # (the thread hop costs more than a small scan); in a worker thread otherwise.
             cache = self._target_cache
+            steal = not self._ready_keys and self._free > 0
             t0 = time.perf_counter()
             update, listings, decision, reads = await self._offload.scan(
-                lambda inline: self._list_and_read(full, relist, baseline, deliver, cache, inline),
+                lambda inline: self._list_and_read(
+                    full, relist, baseline, deliver, cache, inline, steal
+                ),
                 big=full,
             )
             # (a full listing, every refresh_ttl, is long by nature: it paces nothing)
@@ -964,8 +989,42 @@ class Bus(Configured):
         # Work items already on the heap, in flight or backing off need no second look:
         # new ones go on the heap, and a full listing or a bucket listed again for a
         # retry puts back everything it holds (what was dropped while busy, released...).
+        others = self._others_listed
+        mine = self._share.mine
         if full:
-            again = decision.singles
+            again = (
+                decision.singles
+                if mine is None or not self._share.deferred
+                else [e for e in decision.singles if e.bucket_index in mine]
+            )
+        elif mine is not None and (due or others):
+            # A consumer with a share: a retry puts back its own item only (a lost claim
+            # in another's bucket does not pull this one into that bucket's work), and
+            # the others' buckets listed put back what they hold: all of it when this
+            # consumer had nothing left to claim, else only what comes before the head of
+            # its own work (the others are further behind than this one: help them).
+            again = [e for e in decision.new_singles if e.bucket_index not in others]
+            views = self._state.buckets
+            for bi, name in due:
+                view = views.get(bi)
+                e = view.singles.get(name) if view is not None and bi in listings else None
+                if e is not None:
+                    again.append(e)
+            if others:
+                head = self._ready[0][0] if self._ready and not steal else None
+                theirs = [
+                    e
+                    for e in decision.singles
+                    if e.bucket_index in others and (head is None or e.rank < head)
+                ]
+                most = 2 * self._cfg.handler_concurrency
+                if len(theirs) > most:
+                    # Take the oldest few, as many as the handlers could start soon: the
+                    # owners take the rest (a consumer that took all it saw raced them
+                    # for all of it). What is left is looked at again by the next steal.
+                    theirs = heapq.nsmallest(most, theirs, key=_rank_of)
+                    self._share.note((), others, time.monotonic())
+                again.extend(theirs)
         elif retry:
             again = [
                 *decision.new_singles,
@@ -1089,6 +1148,7 @@ class Bus(Configured):
         deliver: bool,
         cache: dict[tuple[str, str], list[Subscription]],
         inline: bool,
+        steal: bool = True,
     ) -> tuple[bytes | None, dict[int, list[str]], ScanDecision, dict[tuple[int, str], ReadResult]]:
         """Blocking, one call per scan (inline or in a worker thread, see
         :meth:`Offload.scan`): list, decide, and read the new multi messages whose topic
@@ -1100,7 +1160,9 @@ class Bus(Configured):
         where it raises :class:`ScanTooBig` instead of listing buckets that held more
         than :data:`_INLINE_SCAN_NAMES` names (before it has changed any state).
         """
-        update, listings, spills = self._list(full, retry, _INLINE_SCAN_NAMES if inline else None)
+        update, listings, spills = self._list(
+            full, retry, _INLINE_SCAN_NAMES if inline else None, steal
+        )
         decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
         own = self._own_names
         if own and decision.new_multi:
@@ -1125,21 +1187,30 @@ class Bus(Configured):
         return update, listings, decision, reads
 
     def _list(
-        self, full: bool, retry: set[int], limit: int | None = None
+        self, full: bool, retry: set[int], limit: int | None = None, steal: bool = True
     ) -> tuple[bytes | None, dict[int, list[str]], dict[tuple[int, str], str | None]]:
         """Read UPDATE, list the buckets that changed (all when ``full``) and read the
         spilled topics of long names. ``limit``: raise :class:`ScanTooBig` first, with
         nothing changed, when those buckets held more names than that at their last
-        listing."""
+        listing. ``steal``: nothing to claim and a handler free (a queue consumer with a
+        share lists the others' buckets too, see share.py)."""
         fs = self._fs
         update = fs.read_update(reopen=full)
         count = len(self.layout.buckets)
         dirty = self._own_dirty
+        share = self._share
         if full or update is None:
             if limit is not None and self._names_in(range(count)) > limit:
                 raise ScanTooBig
             wanted: set[int] | list[int] = list(range(count))
             dirty.clear()
+            ours = share.mine
+            if ours is None or steal:
+                share.note(wanted, set(), time.monotonic())
+            else:
+                # listed, but the others' work stays theirs until this one is idle
+                share.note(ours, {bi for bi in wanted if bi not in ours}, time.monotonic())
+            self._others_listed = set()  # (a full listing puts back what it may)
         else:
             wanted = set(changed_buckets(self._last_update, update, self.layout.stamp_size, count))
             # Buckets whose only change is this bus's own stamp hold nothing new for it;
@@ -1160,8 +1231,12 @@ class Bus(Configured):
                         break
                     due.append(bi)
                 wanted.update(due)
+            listed, put_off, others = share.split(wanted, retry, steal, now)
+            wanted = listed
             if limit is not None and self._names_in(wanted) > limit:
                 raise ScanTooBig  # nothing changed yet
+            share.note(listed, put_off, now)
+            self._others_listed = others
             if dirty:
                 for bi in due:
                     del dirty[bi]
@@ -2290,6 +2365,13 @@ class Bus(Configured):
         finally:
             self._router_waiting = False
 
+    def _share_looker(self, name: str, buckets: int) -> Callable[[], frozenset[int] | None]:
+        """What finds this process's share of queue ``name``'s buckets (see share.py): its
+        own consumers taken now, on the loop; the others' looked at in a thread."""
+        own = frozenset(os.path.basename(p) for p in self._own_consumers.get(name, ()))
+        queues = self._queues
+        return lambda: share_of(queues.live_consumers(name, own), own, buckets)
+
     def _release_queue_bus(
         self, name: str, entry: _Hosted, token: object, *, linger: bool = True
     ) -> None:
@@ -2347,6 +2429,10 @@ class Bus(Configured):
         # the same I/O seam as this bus: a fault injected there reaches its consumers too
         async with Bus._using(root, self._queues.sub_config, self._fs.ops) as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
+            if not self._fs.platform.shared:  # (flock and listings: see share.py)
+                inner._share_look = functools.partial(
+                    self._share_looker, name, len(inner.layout.buckets)
+                )
             hosted.bus = inner
             # the directory it opened (created, if it was not there yet)
             hosted.ino = await anyio.to_thread.run_sync(_inode, root)

@@ -632,6 +632,35 @@ class QueueStore:
                 return True
         return False
 
+    def live_consumers(self, name: str, own: Collection[str] = ()) -> list[str]:
+        """The names of the live consumer files of ``name`` (held by a flock), sorted; the
+        names in ``own`` (this process's) count as live without a look. Nothing is
+        removed (see :meth:`consumers`)."""
+        folder = f"{self.dir(name)}/consumers"
+        try:
+            files = os.listdir(folder)
+        except FileNotFoundError:
+            return sorted(own)
+        live = []
+        for f in files:
+            if f in own:
+                live.append(f)
+                continue
+            try:
+                fd = os.open(f"{folder}/{f}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    live.append(f)
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        return sorted(set(live) | set(own))
+
     def consumers(self, name: str, skip: Collection[str] = ()) -> int:
         """The live consumers of ``name``: consumer files held by a flock, but for the
         paths in ``skip`` (a process's own consumers, which it counts itself)."""

@@ -93,25 +93,28 @@ def test_consumers_killed_mid_handling(root: Path, spawn: Spawn) -> None:
     with BlockingBus(root) as bus:
         bus.declare_queue("a", ["jobs.#"])
         bus.declare_queue("b", ["jobs.#"])
-    # the first of each group hangs in its 21st message: it is killed with it in hand
-    groups = {
-        q: [
-            spawn("consumer", queue=q, work=0.01, hang_after=20 if i == 0 else None, config=FAST)
-            for i in range(3)
-        ]
-        for q in "ab"
-    }
+    # The first of each group hangs in its 21st message: it is killed with it in hand.
+    # It runs alone for the first 30 messages, so that it surely gets that far (which
+    # consumer takes what is not for a test to assume); the two others join after.
+    groups = {q: [spawn("consumer", queue=q, work=0.01, hang_after=20, config=FAST)] for q in "ab"}
     for group in groups.values():
-        for c in group:
-            c.wait_count("ready", 1)
+        group[0].wait_count("ready", 1)
     ids = {str(i) for i in range(400)}
-    publisher = spawn("pub", messages=[["jobs.x", i] for i in sorted(ids)], config=FAST)
+    ordered = sorted(ids)
+    first = spawn("pub", messages=[["jobs.x", i] for i in ordered[:30]], config=FAST)
+    for group in groups.values():
+        group[0].wait_count("start", 21)
+    for q, group in groups.items():
+        group += [spawn("consumer", queue=q, work=0.01, config=FAST) for _ in range(2)]
+        for c in group[1:]:
+            c.wait_count("ready", 1)
+    publisher = spawn("pub", messages=[["jobs.x", i] for i in ordered[30:]], config=FAST)
     for group in groups.values():
         victim = group[0]
-        victim.wait_count("start", 21)
         victim.proc.kill()
         victim.wait_exit()
-    publisher.wait_count("published", len(ids))
+    first.wait_count("published", 30)
+    publisher.wait_count("published", len(ids) - 30)
     for q, group in groups.items():
         wait_all(group[1:], q, ids - set(handled(group[:1], q)))
         done = check_counts(group, q, ids)
