@@ -34,11 +34,11 @@ SHARE_EVERY = 1.0
 def share_of(live: Iterable[str], mine: Collection[str], buckets: int) -> frozenset[int] | None:
     """The buckets (of ``buckets``) that the consumers named ``mine`` list first, given the
     names of every live consumer of the queue (``mine`` among them); None: every bucket
-    (one consumer, or none of them here)."""
+    (every consumer is here, or none is)."""
     ordered = sorted(set(live) | set(mine))
     n = len(ordered)
     positions = {i for i, name in enumerate(ordered) if name in mine}
-    if n <= 1 or not positions:
+    if not positions or len(positions) == n:
         return None
     return frozenset(b for b in range(buckets) if b % n in positions)
 

@@ -21,6 +21,7 @@ def test_two_consumers_in_one_process_take_both_their_parts() -> None:
 
 def test_no_share_alone_or_without_a_consumer_here() -> None:
     assert share_of(["a"], {"a"}, 16) is None
+    assert share_of(["a", "b"], {"a", "b"}, 16) is None  # (every consumer is here)
     assert share_of([], {"a"}, 16) is None  # (its own file counts even before it is seen)
     assert share_of(["a", "b"], set(), 16) is None
 
