@@ -637,59 +637,16 @@ class QueueStore:
         names in ``own`` (this process's) count as live without a look. Nothing is
         removed (see :meth:`consumers`)."""
         folder = f"{self.dir(name)}/consumers"
-        try:
-            files = os.listdir(folder)
-        except FileNotFoundError:
-            return sorted(own)
-        live = []
-        for f in files:
-            if f in own:
-                live.append(f)
-                continue
-            try:
-                fd = os.open(f"{folder}/{f}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    live.append(f)
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            finally:
-                os.close(fd)
-        return sorted(set(live) | set(own))
+        live = {f for f in _names_in(folder) if f in own or _held(f"{folder}/{f}")}
+        return sorted(live | set(own))
 
     def consumers(self, name: str, skip: Collection[str] = ()) -> int:
         """The live consumers of ``name``: consumer files held by a flock, but for the
-        paths in ``skip`` (a process's own consumers, which it counts itself)."""
+        paths in ``skip`` (a process's own consumers, which it counts itself). A file no
+        one holds is removed: its consumer died."""
         folder = f"{self.dir(name)}/consumers"
-        try:
-            files = os.listdir(folder)
-        except FileNotFoundError:
-            return 0
-        live = 0
-        for f in files:
-            path = f"{folder}/{f}"
-            if path in skip:
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    live += 1
-                continue
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)  # its consumer died: no one holds it
-            finally:
-                os.close(fd)
-        return live
+        paths = (f"{folder}/{f}" for f in _names_in(folder))
+        return sum(1 for p in paths if p not in skip and _held(p, remove_dead=True))
 
     def expire_unused(self) -> list[str]:
         """Remove expired messages from every queue, and delete the queues with
@@ -738,6 +695,33 @@ RECOUNT = 0.1
 
 PROGRESS_EVERY = 0.5
 """Seconds between two records of the router's progress in ``.router``."""
+
+
+def _names_in(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+def _held(path: str, *, remove_dead: bool = False) -> bool:
+    """Whether a consumer file is held by a flock (its consumer lives). ``remove_dead``:
+    remove it when no one holds it (under the lock just taken)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    else:
+        if remove_dead:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # its consumer died: no one holds it
+        return False
+    finally:
+        os.close(fd)
 
 
 def copy_ttl(d: Definition, ttl: float | None) -> float:
