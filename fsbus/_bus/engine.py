@@ -2215,16 +2215,22 @@ class Bus(Configured):
                 yield None if taken is None else taken[0]
 
     @asynccontextmanager
-    async def _taking(self, queue: str) -> AsyncIterator[tuple[Message, int, int] | None]:
+    async def _taking(
+        self, queue: str, check: Callable[[], None] | None = None
+    ) -> AsyncIterator[tuple[Message, int, int] | None]:
         """:meth:`get`, with how many other messages were ready in the queue when it
         took its own (those another process's consumers hold counted in) and how many
-        consumers the queue has; for the AMQP gateway's ``get-ok``."""
+        consumers the queue has; for the AMQP gateway's ``get-ok``. ``check``: blocking
+        work of the caller's that must pass first (the gateway's exclusivity check),
+        done with the queue's own look-up, under the same rule for the event loop."""
         self._check_open()
         root = self._queues.bus_root(queue)
 
         skip = frozenset(self._own_consumers.get(queue, ()))
 
         def definition() -> tuple[Definition, int | None, int]:
+            if check is not None:
+                check()
             # as the routing table knows it (read again once VERSION changed): a get
             # after a change that returned sees it, with no read of the file each time
             d, ino = self._queues.current(queue), _inode(root)

@@ -483,14 +483,19 @@ class Channel:
                 spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)
             )
 
+    def _named(self, name: str) -> str:
+        """The queue a method names: the channel's last one if empty (404 if none)."""
+        name = name or self.last_queue
+        if not name:
+            raise AmqpError(NOT_FOUND, "NOT_FOUND - no previously declared queue")
+        return name
+
     async def _queue_name(self, name: str, *, count: bool = True) -> str:
         """The queue a method names (the channel's last one if empty), checked: 404 if
         it does not exist, 405 if another connection holds it exclusively. ``count=False``
         leaves out the count (:attr:`_last_info`) and the bus's check (the caller's use of
         the queue raises QueueNotFound)."""
-        name = name or self.last_queue
-        if not name:
-            raise AmqpError(NOT_FOUND, "NOT_FOUND - no previously declared queue")
+        name = self._named(name)
         meta = await (self._queue_meta(name) if count else self._queue_owner(name))
         if meta is None:
             raise _not_found_queue(name)
@@ -849,8 +854,16 @@ class Channel:
             await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
 
     async def _get(self, m: spec.Basic.Get) -> None:
-        # Not counted first: the take lists the queue, and says what else is ready.
-        name = await self._queue_name(m.queue, count=False)
+        # Not counted first: the take lists the queue, and says what else is ready. The
+        # exclusivity check (405) runs inside the take's own look-up of the queue, before
+        # it: one hand-off of blocking work a get, not a worker thread for it as well.
+        name = self._named(m.queue)
+        self._last_info = None
+        read = functools.partial(self.state.read, "queues", bus_queue_name(name))
+
+        def check() -> None:
+            self._check_exclusive(name, read() or {"name": name, "owner": None})
+
         answered = anyio.Event()
         failed: list[BaseException] = []
 
@@ -859,7 +872,7 @@ class Channel:
             # back (a failed delivery, as RabbitMQ counts a requeue) when _Requeue ends it.
             counted = sent = False
             try:
-                async with self.bus._taking(bus_queue_name(name)) as taken:
+                async with self.bus._taking(bus_queue_name(name), check) as taken:
                     if taken is None:
                         await self.reply(spec.Basic.GetEmpty())
                         return

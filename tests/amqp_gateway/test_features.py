@@ -456,6 +456,7 @@ def test_errors_are_rabbitmqs(broker: Broker, names: Names) -> None:
         excl = ch.queue_declare("", exclusive=True).method.queue
         assert channel_error(broker, lambda ch: ch.queue_declare(excl, passive=True)) == 405
         assert channel_error(broker, lambda ch: ch.basic_consume(excl, print)) == 405
+        assert channel_error(broker, lambda ch: ch.basic_get(excl)) == 405
 
         ch.queue_delete(q)
         ch.exchange_delete(ex)
