@@ -127,6 +127,13 @@ Then = Callable[[], None]
 """Called once a publish is visible (see :meth:`BusFS.publish`): what it raises takes it back."""
 
 ONE_PAGE = 4096
+
+# Messages whose size the debris sweep looks at (one lstat each) in one sweep, at most.
+# A bus whose messages wait in the thousands (a queue with a backlog, multi messages kept
+# until they expire) has each of them looked at once every few sweeps instead of at every
+# sweep: an empty leftover is rare, harmless (no one delivers it), and a claim of it
+# removes it anyway.
+DEBRIS_LOOKS = 2048
 """The largest message file (leading byte and payload) that a durable publish may sync
 after its rename rather than before (:meth:`BusFS.places_first`)."""
 
@@ -214,6 +221,8 @@ class BusFS:
         self._dir_fds: dict[str, int] = {}
         self._retired: list[int] = []  # replaced directory fds, closed with the bus
         self._swept: float | None = None  # when crash debris was last swept
+        self._sweeps = 0  # sweeps done: which slice of the messages the next one sizes
+        self._swept_names = 0  # messages the last sweep listed
         self._open = os.open if plain else self.ops.open
         self._writev = os.writev if plain else self.ops.writev
         self._close = os.close if plain else self.ops.close
@@ -1674,8 +1683,16 @@ class BusFS:
         removed = 0
         for name in self._listdir_quiet(lay.staging):
             removed += self._remove_if_old(f"{lay.staging}/{name}", now, max_age)
+        # Sized this time: every message of a small bus; of a big one (as the last sweep
+        # counted it), the slice of names whose hash falls on this sweep: each name
+        # every `slices` sweeps.
+        slices = max(1, -(-self._swept_names // DEBRIS_LOOKS))
+        turn = self._sweeps % slices
+        self._sweeps += 1
+        self._swept_names = 0
         for bucket in lay.buckets:
             present = set(self._listdir_quiet(f"{lay.messages}/{bucket}"))
+            self._swept_names += len(present)
             for name in self._listdir_quiet(f"{self._claims}/{bucket}"):
                 # Claimed by rename: its sidecars are not orphans. A claim not renewed
                 # for claim_lease seconds belongs to a consumer that died or was cut off
@@ -1685,7 +1702,8 @@ class BusFS:
                 lease = min(max_age, self.config.claim_lease)
                 if self._is_old(p, now, lease) and self._return_claim(bucket, name):
                     removed += 1
-            for name in [n for n in present if self._empty_and_old(bucket, n, now, max_age)]:
+            sized = present if slices == 1 else [n for n in present if hash(n) % slices == turn]
+            for name in [n for n in sized if self._empty_and_old(bucket, n, now, max_age)]:
                 removed += self.remove([(bucket, name)])
                 present.discard(name)
             for parent in (

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig
+from fsbus._bus import fs as fs_module
+from fsbus._bus.ops import Ops
 
 from .conftest import Inbox, until
 
@@ -121,3 +123,47 @@ async def test_zero_byte_messages_are_never_delivered_and_gc_removes_them(
         await bus.publish("z.after", b"a")
         await inbox.wait(3)
         assert sorted(inbox.topics) == ["z.after", "z.multi", "z.single"]
+
+
+class CountedSizes(Ops):
+    """Counts the lstat's of message files: the debris sweep's look at each size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sized = 0
+
+    def lstat(self, path: str) -> os.stat_result:
+        if f"{os.sep}messages{os.sep}" in path:
+            self.sized += 1
+        return super().lstat(path)
+
+
+def test_a_big_bus_has_a_slice_of_its_messages_sized_at_each_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more messages waiting than a sweep looks at, each sweep sizes only a slice
+    of them (each message in turn), and an old empty leftover is still removed within
+    as many sweeps as there are slices, with every other message kept."""
+    monkeypatch.setattr(fs_module, "DEBRIS_LOOKS", 50)
+    root = tmp_path / "bus"
+    ops = CountedSizes()
+    with BlockingBus(root, config=FAST, ops=ops) as bus:
+        paths = [bus.publish(f"kept.{i}", b"m", ttl=3600).path for i in range(200)]
+        ops.sized = 0
+        bus.gc()  # the first sweep sizes them all, and counts them
+        assert ops.sized == 200
+        leftover = paths[123]
+        os.truncate(leftover, 0)  # a peer truncated it and died before its unlink
+        old = time.time() - 3600
+        os.utime(leftover, (old, old))
+        looks = []
+        for _ in range(4):  # 200 messages, 50 a sweep: 4 slices
+            ops.sized = 0
+            bus.gc()
+            looks.append(ops.sized)
+            if not os.path.exists(leftover):
+                break
+        assert not os.path.exists(leftover), looks
+        # a slice is about a quarter (hashes do not split names exactly evenly)
+        assert all(n < 120 for n in looks), looks
+        assert len(list(bus.browse())) == 199
