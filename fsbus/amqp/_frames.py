@@ -120,10 +120,37 @@ class _Deliver(spec.Basic.Deliver):
         pass
 
 
+_DeliverKey = tuple[int, str, bool, str, str]
+# pamqp's basic.deliver for one consumer, redelivery flag, exchange and routing key, cut
+# around its delivery tag: (what comes before the tag, what comes after), or None where
+# the tag could not be told apart (then every frame is marshalled whole).
+_DELIVERS: dict[_DeliverKey, tuple[bytes, bytes] | None] = {}
+_TAG_A, _TAG_B = 0x0102030405060708, 0x7F6E5D4C3B2A1900
+
+
 def deliver_frame(
     channel: int, consumer_tag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
 ) -> bytes:
-    """The method frame of basic.deliver, marshalled by pamqp."""
+    """The method frame of basic.deliver, marshalled by pamqp.
+
+    Deliveries to one consumer differ in their delivery tag alone (most of them, in a
+    queue bound to one key), so pamqp's frame is kept for each consumer, flag, exchange
+    and key, and only the tag's eight bytes are put in: where two frames pamqp marshalled
+    with different tags differ, and nowhere else (checked when the frame is first kept).
+    """
+    key = (channel, consumer_tag, redelivered, exchange, routing_key)
+    if key in _DELIVERS:
+        cut = _DELIVERS[key]
+    else:
+        cut = _bounded(_DELIVERS)[key] = _cut_deliver(*key)
+    if cut is None or not 0 <= tag < 1 << 63:  # pamqp: a signed long long
+        return _marshal_deliver(channel, consumer_tag, tag, redelivered, exchange, routing_key)
+    return cut[0] + tag.to_bytes(8, "big") + cut[1]
+
+
+def _marshal_deliver(
+    channel: int, consumer_tag: str, tag: int, redelivered: bool, exchange: str, routing_key: str
+) -> bytes:
     method = _Deliver(
         consumer_tag=consumer_tag,
         delivery_tag=tag,
@@ -132,6 +159,23 @@ def deliver_frame(
         routing_key=routing_key,
     )
     return pframe.marshal(method, channel)
+
+
+def _cut_deliver(
+    channel: int, consumer_tag: str, redelivered: bool, exchange: str, routing_key: str
+) -> tuple[bytes, bytes] | None:
+    a = _marshal_deliver(channel, consumer_tag, _TAG_A, redelivered, exchange, routing_key)
+    b = _marshal_deliver(channel, consumer_tag, _TAG_B, redelivered, exchange, routing_key)
+    at = a.find(_TAG_A.to_bytes(8, "big"))
+    if (
+        len(a) != len(b)
+        or at < 0
+        or b[at : at + 8] != _TAG_B.to_bytes(8, "big")
+        or a[:at] != b[:at]
+        or a[at + 8 :] != b[at + 8 :]
+    ):
+        return None
+    return a[:at], a[at + 8 :]
 
 
 def confirm_frame(channel: int, tag: int, ok: bool) -> bytes:

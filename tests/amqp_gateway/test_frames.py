@@ -71,6 +71,25 @@ def test_deliver_is_pamqps(
     )
 
 
+@given(st.integers(1, 65535), short, st.lists(tags, min_size=2, max_size=6), exchanges, short)
+def test_deliveries_to_one_consumer_are_pamqps_whatever_their_tags(
+    channel: int, ctag: str, many: list[int], exchange: str, rk: str
+) -> None:
+    """The frame kept for a consumer, exchange and key, with each tag put in, is the
+    frame pamqp marshals for that tag."""
+    for tag in many:
+        method = spec.Basic.Deliver(
+            consumer_tag=ctag,
+            delivery_tag=tag,
+            redelivered=False,
+            exchange=exchange,
+            routing_key=rk,
+        )
+        assert deliver_frame(channel, ctag, tag, False, exchange, rk) == pframe.marshal(
+            method, channel
+        )
+
+
 def test_deliver_names_any_exchange_a_short_string_holds() -> None:
     (method,) = _frames(deliver_frame(1, "c", 1, False, "wörk queue!", "k"))
     assert isinstance(method, spec.Basic.Deliver)
