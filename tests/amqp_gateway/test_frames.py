@@ -55,37 +55,28 @@ def _frames(data: bytes) -> list[object]:
     return out
 
 
-@given(st.integers(1, 65535), short, tags, st.booleans(), exchanges, short)
+@given(
+    st.integers(1, 65535),
+    short,
+    st.lists(tags, min_size=1, max_size=6),
+    st.booleans(),
+    exchanges,
+    short,
+)
 def test_deliver_is_pamqps(
-    channel: int, ctag: str, tag: int, redelivered: bool, exchange: str, rk: str
+    channel: int, ctag: str, many: list[int], redelivered: bool, exchange: str, rk: str
 ) -> None:
-    method = spec.Basic.Deliver(
-        consumer_tag=ctag,
-        delivery_tag=tag,
-        redelivered=redelivered,
-        exchange=exchange,
-        routing_key=rk,
-    )
-    assert deliver_frame(channel, ctag, tag, redelivered, exchange, rk) == pframe.marshal(
-        method, channel
-    )
-
-
-@given(st.integers(1, 65535), short, st.lists(tags, min_size=2, max_size=6), exchanges, short)
-def test_deliveries_to_one_consumer_are_pamqps_whatever_their_tags(
-    channel: int, ctag: str, many: list[int], exchange: str, rk: str
-) -> None:
-    """The frame kept for a consumer, exchange and key, with each tag put in, is the
-    frame pamqp marshals for that tag."""
+    """Each delivery's frame is pamqp's, the first to a consumer and exchange and key as
+    the later ones (the frame kept for them, each tag put in)."""
     for tag in many:
         method = spec.Basic.Deliver(
             consumer_tag=ctag,
             delivery_tag=tag,
-            redelivered=False,
+            redelivered=redelivered,
             exchange=exchange,
             routing_key=rk,
         )
-        assert deliver_frame(channel, ctag, tag, False, exchange, rk) == pframe.marshal(
+        assert deliver_frame(channel, ctag, tag, redelivered, exchange, rk) == pframe.marshal(
             method, channel
         )
 
