@@ -1664,7 +1664,7 @@ class BusFS:
         except OSError:
             return False
 
-    def sweep_debris(self, now: float, max_age: float) -> int:
+    def sweep_debris(self, now: float, max_age: float, listed: int | None = None) -> int:
         """Remove crash debris older than ``max_age`` seconds.
 
         Staging files of dead publishers, zero-byte messages (a consumer died between
@@ -1672,6 +1672,8 @@ class BusFS:
         sidecars, and topic/meta/attempts sidecars whose message is gone. Returns how
         many files were removed. On a network mount only every tenth of ``max_age``
         (or of the claim lease) at most: see :func:`~fsbus._bus.scan.sweep_due`.
+        ``listed``: how many messages a listing just found (else the last sweep's count),
+        which decides how many of them this sweep sizes (:data:`DEBRIS_LOOKS`).
         """
         lay = self.layout
         lease = self.config.claim_lease if self.locking == "rename" else max_age
@@ -1683,10 +1685,11 @@ class BusFS:
         removed = 0
         for name in self._listdir_quiet(lay.staging):
             removed += self._remove_if_old(f"{lay.staging}/{name}", now, max_age)
-        # Sized this time: every message of a small bus; of a big one (as the last sweep
-        # counted it), the slice of names whose hash falls on this sweep: each name
-        # every `slices` sweeps.
-        slices = max(1, -(-self._swept_names // DEBRIS_LOOKS))
+        # Sized this time: every message of a small bus; of a big one (as the caller's
+        # listing or the last sweep counted it), the slice of names whose hash falls on
+        # this sweep: each name every `slices` sweeps.
+        count = self._swept_names if listed is None else listed
+        slices = max(1, -(-count // DEBRIS_LOOKS))
         turn = self._sweeps % slices
         self._sweeps += 1
         self._swept_names = 0

@@ -47,5 +47,6 @@ def collect_garbage(
     gone = [(buckets[bi], name) for bi, name, _ in c.expired if (bi, name) not in in_flight]
     n = fs.remove(gone)
     q = sum(fs.quarantine(buckets[bi], name, now_ms) for bi, name in c.foreign)
-    debris = fs.sweep_debris(time.time(), debris_age)
+    listed = len(c.singles) + c.multis + len(c.expired) + len(c.foreign)
+    debris = fs.sweep_debris(time.time(), debris_age, listed)
     return n, q, debris
