@@ -58,7 +58,7 @@ from .plan import PublishPlan
 from .purge import check_purge, purge_some, purge_targets
 from .queueing import enqueue_each, open_store, renaming, route
 from .retry import Contention, RetrySchedule
-from .scan import Entry, ScanDecision, ScanState, decide, long_names
+from .scan import Entry, ScanDecision, ScanState, decide, long_names, sort_out
 from .share import SHARE_EVERY, Share, share_of
 from .sweep import collect_garbage
 from .take import TakeView
@@ -950,19 +950,26 @@ class Bus(Configured):
             # (the thread hop costs more than a small scan); in a worker thread otherwise.
             cache = self._target_cache
             steal = not self._ready_keys and self._free > 0
+            # No subscription here: the bus lists for peers' messages only (it routes
+            # them into queues), and leaves fsbus's own names unparsed.
+            peers_only = not self._subs
             t0 = time.perf_counter()
             update, listings, decision, reads = await self._offload.scan(
                 lambda inline: self._list_and_read(
-                    full, relist, baseline, deliver, cache, inline, steal
+                    full, relist, baseline, deliver, cache, inline, steal, peers_only
                 ),
                 big=full,
             )
             # (a full listing, every refresh_ttl, is long by nature: it paces nothing)
             took = time.perf_counter() - t0
+            if decision.new_unparsed and self._subs:
+                # A subscription came while the listing ran: what it left unparsed as
+                # new is new to that subscription (parsed here, a few names at most).
+                self._sort_out_new(decision)
             if self._subs:
                 held = len(decision.singles)  # a backlog of work
             else:  # a router's: every name it lists, routed or not, is its work
-                held = len(decision.singles) + len(decision.present_multi)
+                held = len(decision.singles) + len(decision.present_multi) + decision.unparsed
             big = not full and took > _PACE_FROM and held > _PACE_NAMES
             self._listing_took = took if big else 0.0
         except BaseException:
@@ -1149,6 +1156,7 @@ class Bus(Configured):
         cache: dict[tuple[str, str], list[Subscription]],
         inline: bool,
         steal: bool = True,
+        peers_only: bool = False,
     ) -> tuple[bytes | None, dict[int, list[str]], ScanDecision, dict[tuple[int, str], ReadResult]]:
         """Blocking, one call per scan (inline or in a worker thread, see
         :meth:`Offload.scan`): list, decide, and read the new multi messages whose topic
@@ -1163,7 +1171,14 @@ class Bus(Configured):
         update, listings, spills = self._list(
             full, retry, _INLINE_SCAN_NAMES if inline else None, steal
         )
-        decision = decide(self._state, listings, spills, int(time.time() * 1000), baseline=baseline)
+        decision = decide(
+            self._state,
+            listings,
+            spills,
+            int(time.time() * 1000),
+            baseline=baseline,
+            peers_only=peers_only,
+        )
         own = self._own_names
         if own and decision.new_multi:
             # This bus's own, which none of its subscriptions wanted when it published
@@ -1185,6 +1200,34 @@ class Bus(Configured):
                         buckets[e.bucket_index], e.name, has_meta=_has_meta(e)
                     )
         return update, listings, decision, reads
+
+    def _sort_out_new(self, decision: ScanDecision) -> None:
+        """Sort out the names a listing for peers only left unparsed as new (see
+        :meth:`_scan`), into the scan state and ``decision`` as new messages."""
+        views = self._state.buckets
+        now_ms = int(time.time() * 1000)
+        by_bucket: dict[int, list[str]] = {}
+        for bi, name in decision.new_unparsed:
+            view = views.get(bi)
+            if view is not None and name in view.unparsed:
+                view.unparsed.discard(name)
+                by_bucket.setdefault(bi, []).append(name)
+        own = self._own_names
+        for bi, names in by_bucket.items():
+            for e in sort_out(views[bi], bi, names, now_ms):
+                if e.parsed.expires_ms <= now_ms:
+                    continue
+                if e.name in own:  # published here before the subscription: not new
+                    own.discard(e.name)
+                    continue
+                if e.parsed.kind == "m":
+                    decision.new_multi.append(e)
+                    decision.present_multi.append(e)
+                elif e.parsed.kind == "s":
+                    decision.new_singles.append(e)
+                    decision.singles.append(e)
+        decision.new_multi.sort(key=_rank_of)
+        decision.new_unparsed = []
 
     def _list(
         self, full: bool, retry: set[int], limit: int | None = None, steal: bool = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -21,11 +22,13 @@ __all__ = [
     "ScanState",
     "census",
     "decide",
+    "is_own_short",
     "long_names",
     "name_order",
     "name_rank",
     "parse_entry",
     "rank_of",
+    "sort_out",
     "sweep_due",
 ]
 
@@ -141,6 +144,9 @@ class BucketView:
     """Messages past their expiry still present, by name."""
     foreign: set[str] = field(default_factory=set)
     """Names that are not messages."""
+    unparsed: set[str] = field(default_factory=set)
+    """fsbus's own short names, left unparsed by a listing for peers' messages only
+    (:func:`decide`'s ``peers_only``); sorted out by the first listing that is not."""
     next_expiry: int = 0
     """The soonest expiry among :attr:`multis` and :attr:`singles` (0: none)."""
 
@@ -150,6 +156,7 @@ class BucketView:
         self.singles.pop(name, None)
         self.expired.pop(name, None)
         self.foreign.discard(name)
+        self.unparsed.discard(name)
 
     def expire(self, now_ms: int) -> None:
         """Move what expired by ``now_ms`` to :attr:`expired`."""
@@ -197,6 +204,11 @@ class ScanDecision:
     """Names that are not messages (quarantine)."""
     need_spill: list[tuple[int, str]] = field(default_factory=list)
     """Long messages whose topic spill must be read before they can be matched."""
+    unparsed: int = 0
+    """How many names of the listed buckets are fsbus's own, left unparsed
+    (``peers_only``)."""
+    new_unparsed: list[tuple[int, str]] = field(default_factory=list)
+    """Those of them not in the previous listing (bucket index, name)."""
 
 
 def decide(
@@ -206,6 +218,7 @@ def decide(
     now_ms: int,
     *,
     baseline: bool = False,
+    peers_only: bool = False,
 ) -> ScanDecision:
     """Compare listings with the previous ones and sort every name into a decision.
 
@@ -213,6 +226,12 @@ def decide(
     ``spills`` maps long names to their spilled topic rest (None: the spill file was
     missing). Long names absent from ``spills`` are listed in ``need_spill``; neither kind
     is marked as seen, so they are looked at again next round.
+
+    ``peers_only``: the listing looks for qlobber-fsq peers' messages only (a bus that
+    only routes them into queues), so fsbus's own short names are not parsed: they are
+    kept in :attr:`BucketView.unparsed` (counted in :attr:`ScanDecision.unparsed`, the
+    new ones listed), and the first listing without ``peers_only`` sorts them out as
+    present, not new.
 
     Only the names that came or went since a bucket's previous listing are looked at one
     by one; the rest of the decision comes from what that listing was sorted into.
@@ -231,8 +250,17 @@ def decide(
                 parsed.pop((bi, gone), None)
                 view.drop(gone)
             added = current - prev
+            if view.unparsed and not peers_only:
+                # present since a listing for peers only: sorted out now, none new
+                sort_out(view, bi, view.unparsed, now_ms)
+                view.unparsed = set()
         keep_unseen: set[str] = set()
         for name in added:
+            if peers_only and is_own_short(name):
+                view.unparsed.add(name)
+                if not baseline:
+                    out.new_unparsed.append((bi, name))
+                continue
             key = (bi, name)
             if key in parsed:
                 entry = parsed[key]
@@ -263,6 +291,7 @@ def decide(
                 continue
             if view.next_expiry == 0 or p.expires_ms < view.next_expiry:
                 view.next_expiry = p.expires_ms
+        out.unparsed += len(view.unparsed)
         if view.next_expiry and view.next_expiry <= now_ms:
             view.expire(now_ms)  # only names seen before can expire here
         out.singles.extend(view.singles.values())
@@ -272,6 +301,37 @@ def decide(
         state.seen[bi] = current - keep_unseen if keep_unseen else current
     out.new_multi.sort(key=_rank)
     # singles need no sort here: the engine keeps them in a priority heap
+    return out
+
+
+def is_own_short(name: str) -> bool:
+    """Whether ``name`` has fsbus's unique part (``f1`` and 32 more characters, where a
+    qlobber-fsq peer's has 32 and a kind letter before its ``+``) and a short topic."""
+    return len(name) > 38 and name[-35] == "+" and name[-34:-32] == "f1" and "@s+" in name
+
+
+def sort_out(view: BucketView, bi: int, names: Iterable[str], now_ms: int) -> list[Entry]:
+    """Parse short ``names`` of bucket ``bi`` into ``view`` as present (not new); their
+    entries (messages only), for a caller that counts them as new after all."""
+    out = []
+    for name in names:
+        entry = parse_entry(bi, name, {})
+        if entry is None or entry.topic is None:
+            view.foreign.add(name)
+            continue
+        out.append(entry)
+        p = entry.parsed
+        if p.expires_ms <= now_ms:
+            view.expired[name] = entry
+            continue
+        if p.kind == "s":
+            view.singles[name] = entry
+        elif p.kind == "m":
+            view.multis[name] = entry
+        else:
+            continue
+        if view.next_expiry == 0 or p.expires_ms < view.next_expiry:
+            view.next_expiry = p.expires_ms
     return out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsbus._bus.names import FsbusFields, encode_fields, encode_topic, make_name
-from fsbus._bus.scan import Entry, ScanState, decide, long_names, sweep_due
+from fsbus._bus.scan import Entry, ScanState, decide, is_own_short, long_names, sweep_due
 
 NOW = 1_800_000_000_000
 
@@ -241,3 +241,53 @@ def test_on_a_shared_mount_debris_is_swept_ten_times_per_age() -> None:
 
 def test_a_clock_that_went_back_sweeps_at_once() -> None:
     assert sweep_due(100.0, 5000.0, max_age=600, shared=True)
+
+
+def peer_name(topic: str, *, single: bool = False) -> str:
+    """A qlobber-fsq peer's name: 32 random hex digits, no fsbus fields."""
+    n, _ = make_name(
+        encode_topic(topic),
+        split_at=200,
+        expires_ms=NOW + 60_000,
+        kind="s" if single else "m",
+        unique="f1" + "0" * 30,  # even one that starts as fsbus's fields do
+    )
+    return n
+
+
+def test_a_listing_for_peers_only_parses_peers_names_and_counts_the_others() -> None:
+    st = ScanState()
+    own, own_single, peer = name("own"), name("own.s", single=True), peer_name("peer")
+    assert is_own_short(own)
+    assert is_own_short(own_single)
+    assert not is_own_short(peer)
+    d = decide(st, {0: [own, own_single, peer]}, {}, NOW, peers_only=True)
+    assert topics(d.new_multi) == ["peer"]
+    assert d.singles == []
+    assert d.new_singles == []
+    assert d.unparsed == 2
+    assert sorted(d.new_unparsed) == sorted([(0, own), (0, own_single)])
+    # listed again unchanged: counted, nothing new
+    d = decide(st, {0: [own, own_single, peer]}, {}, NOW, peers_only=True)
+    assert (d.new_multi, d.new_unparsed, d.unparsed) == ([], [], 2)
+
+
+def test_the_first_full_listing_after_peers_only_sorts_out_the_rest_as_present() -> None:
+    st = ScanState()
+    old, old_single, gone = name("old"), name("old.s", single=True), name("gone")
+    decide(st, {0: [old, old_single, gone]}, {}, NOW, peers_only=True)
+    later = name("later")
+    d = decide(st, {0: [old, old_single, later]}, {}, NOW)
+    assert topics(d.new_multi) == ["later"]  # not old: it was there before
+    assert sorted(topics(d.present_multi)) == ["later", "old"]
+    assert topics(d.singles) == ["old.s"]
+    assert topics(d.new_singles) == []
+    assert d.unparsed == 0
+
+
+def test_long_names_are_parsed_even_for_peers_only() -> None:
+    st = ScanState()
+    n = name("t" * 150, split_at=100)
+    assert not is_own_short(n)
+    d = decide(st, {0: [n]}, {(0, n): encode_topic("t" * 150)[100:]}, NOW, peers_only=True)
+    assert topics(d.new_multi) == ["t" * 150]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +28,7 @@ from fsbus._bus import engine
 from fsbus._bus.layout import Layout
 from fsbus._bus.ops import Ops
 
-from .conftest import Inbox, wait_until
+from .conftest import WAIT, Inbox, wait_until
 
 FAST = BusConfig(poll_interval=0.05, retry_interval=0.05, gc_interval=0.2)
 
@@ -200,3 +201,96 @@ async def test_a_router_rests_after_a_long_listing_of_many_messages_and_still_ro
         await inbox.wait_for(1)
     assert inbox.payloads == [b"peer"]
     assert await anyio.to_thread.run_sync(depth, root) == 0
+
+
+def unparsed(bus: Bus) -> set[str]:
+    """fsbus's own names the router's listings for peers only left unparsed."""
+    return {n for view in bus._state.buckets.values() for n in view.unparsed}
+
+
+@pytest.mark.anyio
+async def test_a_router_leaves_fsbus_names_unparsed_and_a_later_subscription_is_served_as_ever(
+    root: Path,
+) -> None:
+    """A bus that only routes peers' messages does not parse fsbus's own names (no
+    queue needs them from it). When it gets a subscription of its own: a plain one is
+    given only what is published after it, one with ``existing=True`` what was there
+    too, and a work-queue one the work-queue messages already waiting."""
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    with BlockingBus(root) as pub:
+        before = [pub.publish("x.before", b"b%d" % i, ttl=600).path for i in range(5)]
+        waiting = pub.publish("x.work", b"w", single=True).path
+    names = {os.path.basename(p) for p in [*before, waiting]}
+    routed = Inbox()
+    async with Bus(root, config=FAST) as router:
+        await router.subscribe(None, routed, queue="q")
+        await wait_until(lambda: names <= unparsed(router))
+        with BlockingBus(root) as pub:
+            pub.publish("x.meanwhile", b"m", ttl=600)
+        await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
+        await routed.wait_for(1)  # a peer's name is parsed, and routed
+        await wait_until(lambda: len(unparsed(router)) == len(names) + 1)
+        new, old, work = Inbox(), Inbox(), Inbox()
+        await router.subscribe("x.#", new, kind="multi")
+        await router.subscribe("x.#", old, existing=True, kind="multi")
+        await router.subscribe("x.#", work, kind="single")
+        with BlockingBus(root) as pub:
+            pub.publish("x.after", b"a", ttl=600)
+        await new.wait_for(1)
+        await old.wait_for(7)
+        await work.wait_for(1)
+        await wait_until(lambda: not unparsed(router))
+    assert routed.payloads == [b"peer"]
+    assert new.payloads == [b"a"]
+    assert sorted(old.payloads) == sorted([b"a", b"m", *(b"b%d" % i for i in range(5))])
+    assert work.payloads == [b"w"]
+
+
+class GatedMainListing(Ops):
+    """Once armed, the next listing of a main-bus bucket waits for ``go`` first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def listdir(self, path: str) -> list[str]:
+        if self.armed and "/messages/" in path and "/queues/" not in path:
+            self.armed = False
+            self.entered.set()
+            self.go.wait(WAIT)
+        return super().listdir(path)
+
+
+@pytest.mark.anyio
+async def test_what_a_listing_for_peers_only_found_after_a_subscription_came_is_new_to_it(
+    root: Path,
+) -> None:
+    """A subscription made while the router's listing (for peers only) runs: a message
+    that listing finds, published after the subscription, is delivered to it (it is
+    not left unparsed as if it had been there before)."""
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    gate = GatedMainListing()
+    # every listing a full one, in a worker thread (where it may wait on the gate)
+    config = BusConfig(poll_interval=0.05, retry_interval=0.05, refresh_ttl=0.01)
+    async with Bus(root, ops=gate, config=config) as router:
+        await router.subscribe(None, Inbox(), queue="q")
+        await wait_until(lambda: scans(router) > 1)
+        gate.armed = True
+        with BlockingBus(root) as pub:
+            pub.publish("y.trigger", b"t", ttl=600)  # bound to no queue: wakes the router
+        assert await anyio.to_thread.run_sync(gate.entered.wait, WAIT)
+        inbox = Inbox()
+        await router.subscribe("x.#", inbox, kind="multi")
+        with BlockingBus(root) as pub:
+            pub.publish("x.after", b"a", ttl=600)
+        gate.go.set()
+        await inbox.wait_for(1)
+        # nothing else, and nothing twice
+        with BlockingBus(root) as pub:
+            pub.publish("x.last", b"z", ttl=600)
+        await inbox.wait_for(2)
+    assert inbox.payloads == [b"a", b"z"]
