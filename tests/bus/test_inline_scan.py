@@ -9,6 +9,7 @@ deadline), never on a timer.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -288,3 +289,50 @@ async def test_multi_messages_left_in_their_buckets_pace_nothing(
                 assert bus._listing_took == 0.0, f"paced after {i + 1} multi messages"
             assert len(seam.listings) >= n // 2  # listings of many names, each slow
     assert sorted(m.topic for m in inbox.messages) == sorted(f"t.m{i}" for i in range(n))
+
+
+def test_what_paces_a_listing() -> None:
+    """A backlog of work paces the next listing; new multi messages do too, gently, only
+    when the listing waited for a core (its wall time over twice its CPU time) on a
+    local mount; a full listing, a short one, or one new message never does."""
+    pace = functools.partial(
+        engine._pace_after, full=False, took=0.01, cpu=0.002, held=0, new_multi=5, local=True
+    )
+    many = engine._PACE_NAMES + 1
+    assert pace(present_multi=many) == engine._FANOUT_PACE
+    assert pace(present_multi=many, held=many) == engine._PACE
+    assert pace(present_multi=many, cpu=0.008) == 0.0  # had a core: no rest
+    assert pace(present_multi=many, local=False) == 0.0  # round trips, not cores
+    assert pace(present_multi=many, new_multi=1) == 0.0
+    assert pace(present_multi=engine._PACE_NAMES) == 0.0
+    assert pace(present_multi=many, full=True) == 0.0
+    assert pace(present_multi=many, took=engine._PACE_FROM, cpu=0.0) == 0.0
+
+
+@pytest.mark.anyio
+async def test_fan_out_subscribers_paced_while_short_of_cores_get_every_message_once(
+    root: Path, slow_listings: tuple[ListingSeam, BusConfig]
+) -> None:
+    """Listings that sleep in the seam wait as a listing short of a core does (wall time,
+    no CPU time): with bursts of multi messages they pace the next listing, and both
+    subscriptions still get every message, once."""
+    seam, config = slow_listings
+    n = 200
+    async with Bus(root, config=config) as publisher:
+        async with Bus(root, ops=seam, config=config) as bus:
+            first, second = Inbox(), Inbox()
+            paces: list[float] = []
+
+            async def handler(msg: Message) -> None:
+                paces.append(bus._pace if bus._listing_took else 0.0)
+                await first(msg)
+
+            await bus.subscribe("t.#", handler, kind="multi")
+            await bus.subscribe("t.#", second, kind="multi")
+            for i in range(n):
+                await publisher.publish(f"t.m{i}", PAYLOAD)
+            await first.wait_for(n)
+            await second.wait_for(n)
+            assert engine._FANOUT_PACE in paces  # some listings were paced
+    for inbox in (first, second):
+        assert sorted(m.topic for m in inbox.messages) == sorted(f"t.m{i}" for i in range(n))
