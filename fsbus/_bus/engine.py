@@ -177,14 +177,20 @@ _PACE_MOST = 0.25
 _FANOUT_PACE = 3.0
 """After a long listing that delivered several new multi messages and waited for a core
 (its wall time more than twice its CPU time), the next one on a filesystem event waits
-this many times as long (at most :data:`_PACE_MOST`). Fan-out subscribers that share
+this many times as long. Fan-out subscribers that share
 the cores with their publisher and with each other list the buckets that changed at
 every stamp: every listing reads every name those buckets keep (multi messages stay
 until they expire), so listing less often, each time for more new messages, leaves more
 of the cores for delivering them. A subscriber with a core to itself never waits for
-one and never rests: resting would leave it idle. Four subscribers of one publisher, on
-the journaled ext4 and on tmpfs (two runs each way): 9.4-11.0k -> 12.8-13.2k and
-12.7-13.0k -> 15.4-15.9k messages a second; to one subscriber, no change."""
+one and never rests: resting would leave it idle. The rest is short
+(:data:`_FANOUT_MOST`)."""
+_FANOUT_MOST = 0.01
+"""Seconds: the longest rest of a fan-out subscriber short of cores. Its rest ends a
+burst later than its listing could have (the events of the burst's end wait for it):
+capped at 0.25 s, four subscribers of 10,000 messages took 12.8-13.2k messages a second
+on the journaled ext4 (9.4-11.0k unpaced) but of 1,000 messages 8.2-8.6k on tmpfs
+(11.3k unpaced); capped at 10 ms, 11.7k and 15.2k of 10,000 on the journaled ext4 and
+tmpfs, 10.2k and 11.5k of 1,000 (`python -m bench.run [--quick] --scenarios fanout`)."""
 
 
 def _pace_after(
@@ -959,9 +965,11 @@ class Bus(Configured):
         """No listing on a filesystem event before this time (``time.monotonic``): an
         incremental listing of many names (:data:`_PACE_NAMES`) that took long
         (:data:`_PACE_FROM`) is followed by a rest :data:`_PACE` times as long as it took,
-        at most :data:`_PACE_MOST`."""
+        at most :data:`_PACE_MOST` (a fan-out subscriber's: :data:`_FANOUT_PACE` times, at
+        most :data:`_FANOUT_MOST`)."""
         took = self._listing_took
-        return listed_at + took + min(took * self._pace, _PACE_MOST) if took else 0.0
+        most = _FANOUT_MOST if self._pace == _FANOUT_PACE else _PACE_MOST
+        return listed_at + took + min(took * self._pace, most) if took else 0.0
 
     async def _scan(self, *, baseline: bool, deliver: bool = True) -> None:
         """List what changed and act on it.
