@@ -158,6 +158,23 @@ class BucketView:
         self.foreign.discard(name)
         self.unparsed.discard(name)
 
+    def place(self, name: str, entry: Entry, now_ms: int) -> str | None:
+        """Keep a message's ``entry`` where it belongs: ``"expired"``, ``"s"`` (a single)
+        or ``"m"`` (a multi), which it returns; None for a kind it does not keep."""
+        p = entry.parsed
+        if p.expires_ms <= now_ms:
+            self.expired[name] = entry
+            return "expired"
+        if p.kind == "s":
+            self.singles[name] = entry
+        elif p.kind == "m":
+            self.multis[name] = entry
+        else:
+            return None
+        if self.next_expiry == 0 or p.expires_ms < self.next_expiry:
+            self.next_expiry = p.expires_ms
+        return p.kind
+
     def expire(self, now_ms: int) -> None:
         """Move what expired by ``now_ms`` to :attr:`expired`."""
         soonest = 0
@@ -276,21 +293,11 @@ def decide(
             if entry is None:
                 view.foreign.add(name)
                 continue
-            p = entry.parsed
-            if p.expires_ms <= now_ms:
-                view.expired[name] = entry
-                continue
-            if p.kind == "s":
-                view.singles[name] = entry
+            placed = view.place(name, entry, now_ms)
+            if placed == "s":
                 out.new_singles.append(entry)
-            elif p.kind == "m":
-                view.multis[name] = entry
-                if not baseline:
-                    out.new_multi.append(entry)
-            else:
-                continue
-            if view.next_expiry == 0 or p.expires_ms < view.next_expiry:
-                view.next_expiry = p.expires_ms
+            elif placed == "m" and not baseline:
+                out.new_multi.append(entry)
         out.unparsed += len(view.unparsed)
         if view.next_expiry and view.next_expiry <= now_ms:
             view.expire(now_ms)  # only names seen before can expire here
@@ -320,18 +327,7 @@ def sort_out(view: BucketView, bi: int, names: Iterable[str], now_ms: int) -> li
             view.foreign.add(name)
             continue
         out.append(entry)
-        p = entry.parsed
-        if p.expires_ms <= now_ms:
-            view.expired[name] = entry
-            continue
-        if p.kind == "s":
-            view.singles[name] = entry
-        elif p.kind == "m":
-            view.multis[name] = entry
-        else:
-            continue
-        if view.next_expiry == 0 or p.expires_ms < view.next_expiry:
-            view.next_expiry = p.expires_ms
+        view.place(name, entry, now_ms)
     return out
 
 
