@@ -859,10 +859,10 @@ class Channel:
         # it: one hand-off of blocking work a get, not a worker thread for it as well.
         name = self._named(m.queue)
         self._last_info = None
-        read = functools.partial(self.state.read, "queues", bus_queue_name(name))
+        owner = functools.partial(self.state.owner_of, "queues", bus_queue_name(name))
 
         def check() -> None:
-            self._check_exclusive(name, read() or {"name": name, "owner": None})
+            self._check_exclusive(name, {"owner": owner()})
 
         answered = anyio.Event()
         failed: list[BaseException] = []

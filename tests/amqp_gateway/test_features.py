@@ -462,6 +462,37 @@ def test_errors_are_rabbitmqs(broker: Broker, names: Names) -> None:
         ch.exchange_delete(ex)
 
 
+def test_a_get_sees_what_became_of_the_queue_since_its_last_get(
+    broker: Broker, names: Names
+) -> None:
+    """A connection's ``basic.get`` of a shared queue, then of the same name deleted and
+    declared again as another connection's exclusive queue: 405; once that connection
+    closed (its queue gone with it), 404; declared shared again, a get finds it empty."""
+    q = names("turns")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as a:
+        ch = a.channel()
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"one")
+        method, _props, body = ch.basic_get(q, auto_ack=True)
+        assert method is not None
+        assert body == b"one"
+        assert ch.basic_get(q) == (None, None, None)
+        ch.queue_delete(q)
+        with pika.BlockingConnection(pika.URLParameters(broker.url)) as b:
+            b.channel().queue_declare(q, exclusive=True)
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as locked:
+                ch.basic_get(q)
+            assert locked.value.reply_code == 405
+        ch = a.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as missing:
+            ch.basic_get(q)
+        assert missing.value.reply_code == 404
+        ch = a.channel()
+        ch.queue_declare(q)
+        assert ch.basic_get(q) == (None, None, None)
+        ch.queue_delete(q)
+
+
 @pytest.mark.parametrize("kind", ["direct", "topic", "fanout", "headers"])
 def test_an_exchange_goes_with_its_bindings(broker: Broker, names: Names, kind: str) -> None:
     """``exchange.delete(if_unused)`` is refused (406) while a queue is bound to the
