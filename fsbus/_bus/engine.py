@@ -2539,6 +2539,7 @@ class Bus(Configured):
         # the same I/O seam as this bus: a fault injected there reaches its consumers too
         async with Bus._using(root, self._queues.sub_config, self._fs.ops) as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
+            inner._fs.peerless = True  # (only fsbus processes read a queue's bus)
             if not self._fs.platform.shared:  # (flock and listings: see share.py)
                 inner._share_look = functools.partial(
                     self._share_looker, name, len(inner.layout.buckets)
