@@ -28,7 +28,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -193,6 +193,19 @@ on the journaled ext4 (9.4-11.0k unpaced) but of 1,000 messages 8.2-8.6k on tmpf
 tmpfs, 10.2k and 11.5k of 1,000 (`python -m bench.run [--quick] --scenarios fanout`)."""
 
 
+class _Rest(NamedTuple):
+    """A rest after a long listing: ``factor`` times as long as it took, at most ``most``
+    seconds."""
+
+    factor: float
+    most: float
+
+
+_NO_REST = _Rest(0.0, 0.0)
+_BACKLOG_REST = _Rest(_PACE, _PACE_MOST)
+_FANOUT_REST = _Rest(_FANOUT_PACE, _FANOUT_MOST)
+
+
 def _pace_after(
     *,
     full: bool,
@@ -202,8 +215,8 @@ def _pace_after(
     new_multi: int,
     present_multi: int,
     local: bool,
-) -> float:
-    """How many times as long as a listing the rest after it lasts (0: none); pure.
+) -> _Rest:
+    """The rest after a listing (:data:`_NO_REST`: none); pure.
 
     ``took``: its wall time, ``cpu``: its thread's CPU time; ``held``: the work-queue
     messages it found (every name, for a router); ``new_multi`` and ``present_multi``: the
@@ -211,12 +224,12 @@ def _pace_after(
     shared mount (where a listing waits for round trips, not for a core). A full listing
     (each ``refresh_ttl``) is long by nature: it paces nothing."""
     if full or took <= _PACE_FROM:
-        return 0.0
+        return _NO_REST
     if held > _PACE_NAMES:
-        return _PACE  # a backlog of work (see _PACE)
+        return _BACKLOG_REST  # a backlog of work (see _PACE)
     if local and new_multi >= 2 and present_multi > _PACE_NAMES and cpu * 2 < took:
-        return _FANOUT_PACE  # fan-out short of cores (see _FANOUT_PACE)
-    return 0.0
+        return _FANOUT_REST  # fan-out short of cores (see _FANOUT_PACE)
+    return _NO_REST
 
 
 """Seconds: the longest rest after a long listing (what pacing adds to a message's wait)."""
@@ -287,7 +300,7 @@ class Bus(Configured):
         self._retries = RetrySchedule()
         self._contention = Contention()
         self._listing_took = 0.0  # seconds the last listing took, if it was big (_PACE)
-        self._pace = _PACE
+        self._pace = _BACKLOG_REST  # the rest after it (see _pace_after)
         self._list_cpu = 0.0  # CPU seconds the last listing took (its thread's)
         self._in_flight: set[tuple[int, str]] = set()
         # (rank, push order, entry): a heap comparison is one integer comparison
@@ -967,9 +980,8 @@ class Bus(Configured):
         (:data:`_PACE_FROM`) is followed by a rest :data:`_PACE` times as long as it took,
         at most :data:`_PACE_MOST` (a fan-out subscriber's: :data:`_FANOUT_PACE` times, at
         most :data:`_FANOUT_MOST`)."""
-        took = self._listing_took
-        most = _FANOUT_MOST if self._pace == _FANOUT_PACE else _PACE_MOST
-        return listed_at + took + min(took * self._pace, most) if took else 0.0
+        took, rest = self._listing_took, self._pace
+        return listed_at + took + min(took * rest.factor, rest.most) if took else 0.0
 
     async def _scan(self, *, baseline: bool, deliver: bool = True) -> None:
         """List what changed and act on it.
@@ -1029,8 +1041,8 @@ class Bus(Configured):
                 present_multi=len(decision.present_multi),
                 local=not self._fs.platform.shared,
             )
-            self._listing_took = took if pace else 0.0
-            self._pace = pace or _PACE
+            self._listing_took = took if pace.factor else 0.0
+            self._pace = pace if pace.factor else _BACKLOG_REST
         except BaseException:
             self._existing_pending[:0] = existing_subs  # try them again next scan
             self._retries.put_back(due, now)

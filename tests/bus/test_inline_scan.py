@@ -299,14 +299,14 @@ def test_what_paces_a_listing() -> None:
         engine._pace_after, full=False, took=0.01, cpu=0.002, held=0, new_multi=5, local=True
     )
     many = engine._PACE_NAMES + 1
-    assert pace(present_multi=many) == engine._FANOUT_PACE
-    assert pace(present_multi=many, held=many) == engine._PACE
-    assert pace(present_multi=many, cpu=0.008) == 0.0  # had a core: no rest
-    assert pace(present_multi=many, local=False) == 0.0  # round trips, not cores
-    assert pace(present_multi=many, new_multi=1) == 0.0
-    assert pace(present_multi=engine._PACE_NAMES) == 0.0
-    assert pace(present_multi=many, full=True) == 0.0
-    assert pace(present_multi=many, took=engine._PACE_FROM, cpu=0.0) == 0.0
+    assert pace(present_multi=many) == engine._FANOUT_REST
+    assert pace(present_multi=many, held=many) == engine._BACKLOG_REST
+    assert pace(present_multi=many, cpu=0.008) == engine._NO_REST  # had a core: no rest
+    assert pace(present_multi=many, local=False) == engine._NO_REST  # round trips, not cores
+    assert pace(present_multi=many, new_multi=1) == engine._NO_REST
+    assert pace(present_multi=engine._PACE_NAMES) == engine._NO_REST
+    assert pace(present_multi=many, full=True) == engine._NO_REST
+    assert pace(present_multi=many, took=engine._PACE_FROM, cpu=0.0) == engine._NO_REST
 
 
 @pytest.mark.anyio
@@ -324,7 +324,7 @@ async def test_fan_out_subscribers_paced_while_short_of_cores_get_every_message_
             paces: list[float] = []
 
             async def handler(msg: Message) -> None:
-                paces.append(bus._pace if bus._listing_took else 0.0)
+                paces.append(bus._pace.factor if bus._listing_took else 0.0)
                 await first(msg)
 
             await bus.subscribe("t.#", handler, kind="multi")
