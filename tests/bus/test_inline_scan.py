@@ -18,7 +18,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from fsbus import Bus, BusConfig, Message
+from fsbus import BlockingBus, Bus, BusConfig, Message
 from fsbus._bus import engine, offload
 from fsbus._bus.ops import Ops
 
@@ -245,6 +245,13 @@ def slow_listings(monkeypatch: pytest.MonkeyPatch) -> tuple[ListingSeam, BusConf
     return seam, BusConfig(bucket_base=2, bucket_num_chars=1)
 
 
+def _publish(root: Path, config: BusConfig, n: int, single: bool) -> None:
+    """Publish ``t.m0`` .. ``t.m<n-1>`` one after another, from the calling thread."""
+    with BlockingBus(root, config=config) as publisher:
+        for i in range(n):
+            publisher.publish(f"t.m{i}", PAYLOAD, single=single)
+
+
 @pytest.mark.anyio
 async def test_a_paced_consumer_still_gets_every_message_of_a_deep_backlog(
     root: Path, slow_listings: tuple[ListingSeam, BusConfig]
@@ -253,20 +260,20 @@ async def test_a_paced_consumer_still_gets_every_message_of_a_deep_backlog(
     and the events kept meanwhile are listed when the rest ends; nothing is missed."""
     seam, config = slow_listings
     n = 120
-    async with Bus(root, config=config) as publisher:
-        async with Bus(root, ops=seam, config=config) as bus:
-            inbox = Inbox()
-            rests: list[float] = []  # the pace in force at each delivery
+    async with Bus(root, ops=seam, config=config) as bus:
+        inbox = Inbox()
+        rests: list[float] = []  # the pace in force at each delivery
 
-            async def handler(msg: Message) -> None:
-                rests.append(bus._listing_took)
-                await inbox(msg)
+        async def handler(msg: Message) -> None:
+            rests.append(bus._listing_took)
+            await inbox(msg)
 
-            await bus.subscribe("t.#", handler, kind="single")
-            for i in range(n):  # work-queue messages, faster than the slowed listings
-                await publisher.publish(f"t.m{i}", PAYLOAD, single=True)
-            got = await inbox.wait_for(n)
-            assert max(rests) > 0  # listings of the backlog were paced
+        await bus.subscribe("t.#", handler, kind="single")
+        # work-queue messages, faster than the slowed listings: from a thread of their
+        # own, so that a listing made on this loop does not hold them back
+        await anyio.to_thread.run_sync(_publish, root, config, n, True)
+        got = await inbox.wait_for(n)
+        assert max(rests) > 0  # listings of the backlog were paced
     assert sorted(m.topic for m in got) == sorted(f"t.m{i}" for i in range(n))
 
 
@@ -318,21 +325,21 @@ async def test_fan_out_subscribers_paced_while_short_of_cores_get_every_message_
     subscriptions still get every message, once."""
     seam, config = slow_listings
     n = 200
-    async with Bus(root, config=config) as publisher:
-        async with Bus(root, ops=seam, config=config) as bus:
-            first, second = Inbox(), Inbox()
-            paces: list[float] = []
+    async with Bus(root, ops=seam, config=config) as bus:
+        first, second = Inbox(), Inbox()
+        paces: list[float] = []
 
-            async def handler(msg: Message) -> None:
-                paces.append(bus._pace.factor if bus._listing_took else 0.0)
-                await first(msg)
+        async def handler(msg: Message) -> None:
+            paces.append(bus._pace.factor if bus._listing_took else 0.0)
+            await first(msg)
 
-            await bus.subscribe("t.#", handler, kind="multi")
-            await bus.subscribe("t.#", second, kind="multi")
-            for i in range(n):
-                await publisher.publish(f"t.m{i}", PAYLOAD)
-            await first.wait_for(n)
-            await second.wait_for(n)
-            assert engine._FANOUT_PACE in paces  # some listings were paced
+        await bus.subscribe("t.#", handler, kind="multi")
+        await bus.subscribe("t.#", second, kind="multi")
+        # from a thread: a listing made on this loop must not hold the burst back (each
+        # listing would then find one new message, and none would be paced)
+        await anyio.to_thread.run_sync(_publish, root, config, n, False)
+        await first.wait_for(n)
+        await second.wait_for(n)
+        assert engine._FANOUT_PACE in paces  # some listings were paced
     for inbox in (first, second):
         assert sorted(m.topic for m in inbox.messages) == sorted(f"t.m{i}" for i in range(n))
