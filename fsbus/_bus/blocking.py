@@ -72,6 +72,7 @@ class BlockingBus(Configured):
         self.layout = Layout.of(self.root, self._cfg)
         self._ops = ops
         self._fs = BusFS(self.layout, self._cfg, ops)
+        self._fs.spares = True  # (on a local filesystem: see BusFS.publish_plain)
         self._namer = Namer(self.layout, self._cfg)
         self._queues = open_store(self.layout, self._cfg, ops)
         self._buckets = self.layout.buckets

@@ -265,6 +265,7 @@ class Bus(Configured):
         self.root = os.path.abspath(os.fspath(root))
         self.layout = Layout.of(self.root, self._cfg)
         self._fs = BusFS(self.layout, self._cfg, ops)
+        self._fs.spares = True  # (on a local filesystem: see BusFS.publish_plain)
         self._namer = Namer(self.layout, self._cfg)
         self._buckets = self.layout.buckets
         self._max_payload = self._cfg.max_payload_size
@@ -2549,7 +2550,9 @@ class Bus(Configured):
     ) -> None:
         root = self._queues.bus_root(name)
         # the same I/O seam as this bus: a fault injected there reaches its consumers too
-        async with Bus._using(root, self._queues.sub_config, self._fs.ops) as inner:
+        bus = Bus._using(root, self._queues.sub_config, self._fs.ops)
+        bus._fs.spares = False  # (what it publishes is rare: dead letters, given back)
+        async with bus as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
             inner._fs.peerless = True  # (only fsbus processes read a queue's bus)
             if not self._fs.platform.shared:  # (flock and listings: see share.py)

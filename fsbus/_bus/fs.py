@@ -7,8 +7,10 @@ All functions are blocking and meant to be called in batches from a worker threa
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import logging
 import mmap
@@ -65,6 +67,20 @@ _LEADING = b"\x00"
 # (one pwrite on the fd it holds, instead of a counter file per delivery). It saturates
 # at _COUNT_MAX; from there the counter file under fsbus/attempts/ holds the count.
 _COUNT_MAX = 255
+_PID = [os.getpid()]  # (kept current across forks: no system call a publish)
+_SPARE_SEQ = itertools.count(int.from_bytes(os.urandom(4), "big"))
+
+
+def _after_fork() -> None:
+    _PID[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+_SPARE_AGE = 60.0
+"""Seconds a spare staging file (:meth:`BusFS.publish_plain`) waits for a publish before
+it is replaced: far below the age (600 s unless ``gc`` is told less) at which the debris
+sweep takes a spare for a dead publisher's leftover."""
 _SPLIT_READ = 1 << 16  # above this a payload is read apart from its leading byte
 _MISSING = (errno.ENOENT, errno.ESTALE)
 # Files a reader passes over: links, unreadable files, directories, sockets.
@@ -199,6 +215,11 @@ class BusFS:
         """How single messages are claimed here ("auto" is resolved by :meth:`setup`)."""
         self.peerless = False
         """No qlobber-fsq peer reads this directory (a durable queue's bus): see :meth:`ack`."""
+        self.spares = False
+        """Stage each plain publish in a file created ahead, on a local filesystem (set by
+        the bus that publishes here before :meth:`setup`): see :meth:`publish_plain`."""
+        self._spare_files: list[tuple[int, str, float, int]] = []  # fd, path, made, pid
+        self._spares_dir = f"{layout.spares}/"
         self._staging = layout.staging
         self._messages = layout.messages
         self._bucket_dirs = tuple(f"{layout.messages}/{b}/" for b in layout.buckets)
@@ -260,6 +281,13 @@ class BusFS:
             else:
                 self._make_dir(d, "creating the bus directory")
         self._apply_platform(detect(lay.root, ops))
+        if self.spares and self.platform.family == "local":
+            try:
+                self._make_dir(lay.spares, "creating the spares directory")
+            except StorageError:
+                self.spares = False  # (read-only here, say: publishing will tell)
+        else:
+            self.spares = False
         present = self._present_subdirs(parents)
         self._make_dirs(
             [d for d in lay.all_dirs() if d in nested and d not in present],
@@ -446,7 +474,8 @@ class BusFS:
                 raise storage_error("initialising the UPDATE file", exc, path) from exc
 
     def close(self) -> None:
-        """Close the UPDATE descriptors (and the listing threads)."""
+        """Close the UPDATE descriptors (and the listing threads); remove the spares."""
+        self.drop_spares()
         if self._update_fd is not None:
             fd, self._update_fd = self._update_fd, None
             self.ops.close(fd)
@@ -576,9 +605,22 @@ class BusFS:
         The hot path: open, one writev, close, rename into the bucket, stamp. ``go`` as
         in :meth:`publish`; ``own``: no subscription of this bus wants it (see
         :meth:`stamp_own`).
+
+        With :attr:`spares`, the message is written into an empty file this bus created
+        after its previous plain publish was stamped, in ``fsbus/spares/``, and the
+        next one is created after this one's stamp: the creation (a third of a plain
+        publish on journaled ext4) happens while subscribers read the message, not
+        before they can. A spare the debris sweep took meanwhile (an idle publisher
+        and a ``gc`` told a short age) is found gone by the rename: the message is then
+        staged as without spares.
         """
-        path = f"{self._staging}/{name}"
-        fd = self._stage(path, payload)
+        spare = self._take_spare() if self.spares else None
+        if spare is None:
+            path = f"{self._staging}/{name}"
+            fd = self._stage(path, payload)
+        else:
+            fd, path = spare
+            self._fill(fd, path, payload)
         try:
             self._close(fd)
         except OSError as exc:
@@ -593,6 +635,12 @@ class BusFS:
         except NameClash:
             self._unlink_quiet(path)
             raise
+        except FileNotFoundError:
+            if spare is None:
+                raise storage_error(
+                    "publishing a message", FileNotFoundError(errno.ENOENT, "gone"), path
+                ) from None
+            return self._publish_unspared(name, bucket_index, payload, go, own)
         except OSError as exc:
             self._unlink_quiet(path)
             raise storage_error("publishing a message", exc, path) from exc
@@ -600,7 +648,68 @@ class BusFS:
             self.stamp_own(bucket_index)
         else:
             self.stamp(bucket_index)
+        if self.spares and not self._spare_files:
+            self._make_spare()
         return final
+
+    def _publish_unspared(
+        self, name: str, bucket_index: int, payload: bytes, go: Go | None, own: bool
+    ) -> str:
+        spares, self.spares = self.spares, False
+        try:
+            final = self.publish_plain(name, bucket_index, payload, go, own)
+        finally:
+            self.spares = spares
+        if spares and not self._spare_files:
+            self._make_spare()
+        return final
+
+    def _take_spare(self) -> tuple[int, str] | None:
+        """A spare staging file of this process (open, empty), if one is fresh enough
+        (:data:`_SPARE_AGE`); one that is not is removed."""
+        try:
+            fd, path, made, owner = self._spare_files.pop()  # (atomic: threads publish)
+        except IndexError:
+            return None
+        if owner != _PID[0]:  # inherited through a fork: the parent's
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            return None
+        if time.monotonic() - made > _SPARE_AGE:
+            self._discard(fd, path)
+            return None
+        return fd, path
+
+    def _make_spare(self) -> None:
+        """Create the next plain publish's staging file (empty, open) in
+        ``fsbus/spares/``; nothing when that fails (the publish creates its own)."""
+        pid = _PID[0]
+        path = f"{self._spares_dir}{pid:x}-{next(_SPARE_SEQ):x}"
+        try:
+            fd = self._open(path, _CREATE, 0o666)
+        except OSError:
+            return
+        try:
+            if self._file_mode is not None:
+                self.ops.fchmod(fd, self._file_mode)
+        except OSError:
+            self._discard(fd, path)
+            return
+        self._spare_files.append((fd, path, time.monotonic(), pid))
+
+    def drop_spares(self) -> None:
+        """Close and remove the spare staging files this process made (at close)."""
+        pid = os.getpid()
+        while self._spare_files:
+            try:
+                fd, path, _made, owner = self._spare_files.pop()
+            except IndexError:
+                break
+            if owner == pid:
+                self._discard(fd, path)
+            else:  # inherited through a fork: the parent's to use and remove
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _stage(self, path: str, payload: bytes) -> int:
         """Create a staging file (O_EXCL) holding 0x00 and the payload; returns the fd."""
@@ -618,9 +727,18 @@ class BusFS:
             raise NameClash(path) from None
         except OSError as exc:
             raise storage_error("creating a staging file", exc, path) from exc
-        try:
-            if self._file_mode is not None:
+        if self._file_mode is not None:
+            try:
                 self.ops.fchmod(fd, self._file_mode)
+            except OSError as exc:
+                self._discard(fd, path)
+                raise storage_error("writing a message", exc, path) from exc
+        self._fill(fd, path, payload)
+        return fd
+
+    def _fill(self, fd: int, path: str, payload: bytes) -> None:
+        """Write 0x00 and the payload into a new staging file (removed if that fails)."""
+        try:
             n = self._writev(fd, (_LEADING, payload))
             if n < len(payload) + 1:
                 self._write_all(fd, memoryview(payload)[n - 1 :] if n else _LEADING + payload)
@@ -630,7 +748,6 @@ class BusFS:
         except BaseException:
             self._discard(fd, path)
             raise
-        return fd
 
     def publish_many(self, items: Iterable[tuple[PublishPlan, bytes]]) -> list[int | BaseException]:
         """Publish several messages in one call; each result is a size or the error."""
@@ -1632,7 +1749,9 @@ class BusFS:
             self.layout.message_path(bucket, name),
             self._claim_path(bucket, name),
         )
-        for other in names:
+        # a plain message staged in a spare (publish_plain) had a name of its own there
+        spares = (f"{self.layout.spares}/{n}" for n in self._listdir_quiet(self.layout.spares))
+        for other in itertools.chain(names, spares):
             if other == opened:
                 continue
             try:
@@ -1697,6 +1816,10 @@ class BusFS:
         removed = 0
         for name in self._listdir_quiet(lay.staging):
             removed += self._remove_if_old(f"{lay.staging}/{name}", now, max_age)
+        own = {path for _fd, path, _made, _pid in list(self._spare_files)}
+        for name in self._listdir_quiet(lay.spares):  # a dead (or idle) publisher's spare
+            if f"{lay.spares}/{name}" not in own:
+                removed += self._remove_if_old(f"{lay.spares}/{name}", now, max_age)
         # Sized this time: every message of a small bus; of a big one (as the caller's
         # listing or the last sweep counted it), the slice of names whose hash falls on
         # this sweep: each name every `slices` sweeps.

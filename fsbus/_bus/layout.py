@@ -11,6 +11,7 @@
     <root>/fsbus/attempts/<bucket>/<name>  deliveries of a single message past 255
     <root>/fsbus/hosts/<host id>           the host name behind a host id
     <root>/fsbus/quarantine/               foreign or corrupt files moved aside
+    <root>/fsbus/spares/                   empty staging files publishers made ahead
     <root>/streams/<name>/                 streams (see the streams modules)
 
 The first four are qlobber-fsq 14's layout; peers ignore the rest.
@@ -88,6 +89,11 @@ class Layout:
     def quarantine(self) -> str:
         """Where foreign or corrupt files are moved."""
         return f"{self.root}/fsbus/quarantine"
+
+    @property
+    def spares(self) -> str:
+        """Empty files publishers created ahead, each to stage its next plain message."""
+        return f"{self.root}/fsbus/spares"
 
     @property
     def hosts(self) -> str:

@@ -146,6 +146,8 @@ def check_bus(
             tally.lost.append(f"{where}: acknowledged {topic} missing")
         bus.gc(debris_age=0)
         staging = os.listdir(bus.layout.staging)
+        if os.path.isdir(bus.layout.spares):
+            staging += os.listdir(bus.layout.spares)
         if staging:
             tally.corrupt.append(f"{where}: staging debris left after gc: {staging}")
         after = {info.topic for info in bus.browse("#")}
