@@ -598,7 +598,14 @@ class BusFS:
         return len(payload)
 
     def publish_plain(
-        self, name: str, bucket_index: int, payload: bytes, go: Go | None = None, own: bool = False
+        self,
+        name: str,
+        bucket_index: int,
+        payload: bytes,
+        go: Go | None = None,
+        own: bool = False,
+        *,
+        spare_ok: bool = True,
     ) -> str:
         """Publish a plain message (no sync, spill or sidecar); returns its path.
 
@@ -612,9 +619,9 @@ class BusFS:
         publish on journaled ext4) happens while subscribers read the message, not
         before they can. A spare the debris sweep took meanwhile (an idle publisher
         and a ``gc`` told a short age) is found gone by the rename: the message is then
-        staged as without spares.
+        staged as without spares (``spare_ok=False``).
         """
-        spare = self._take_spare() if self.spares else None
+        spare = self._take_spare() if self.spares and spare_ok else None
         if spare is None:
             path = f"{self._staging}/{name}"
             fd = self._stage(path, payload)
@@ -635,12 +642,12 @@ class BusFS:
         except NameClash:
             self._unlink_quiet(path)
             raise
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            self._unlink_quiet(path)
             if spare is None:
-                raise storage_error(
-                    "publishing a message", FileNotFoundError(errno.ENOENT, "gone"), path
-                ) from None
-            return self._publish_unspared(name, bucket_index, payload, go, own)
+                raise storage_error("publishing a message", exc, path) from exc
+            # (or the bucket is gone: then staging it anew says so)
+            return self.publish_plain(name, bucket_index, payload, go, own, spare_ok=False)
         except OSError as exc:
             self._unlink_quiet(path)
             raise storage_error("publishing a message", exc, path) from exc
@@ -649,18 +656,6 @@ class BusFS:
         else:
             self.stamp(bucket_index)
         if self.spares and not self._spare_files:
-            self._make_spare()
-        return final
-
-    def _publish_unspared(
-        self, name: str, bucket_index: int, payload: bytes, go: Go | None, own: bool
-    ) -> str:
-        spares, self.spares = self.spares, False
-        try:
-            final = self.publish_plain(name, bucket_index, payload, go, own)
-        finally:
-            self.spares = spares
-        if spares and not self._spare_files:
             self._make_spare()
         return final
 

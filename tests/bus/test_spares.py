@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,16 @@ def test_a_queue_copy_is_staged_as_before(root: Path) -> None:
             got = sorted(it.get(timeout=10).payload for _ in range(3))
     assert got == [b"order 0", b"order 1", b"order 2"]
     assert not (queue_private / "spares").exists()
+
+
+def test_a_publish_into_a_missing_bucket_fails_clearly_and_leaves_no_spare(root: Path) -> None:
+    with BlockingBus(root, config=FAST) as bus:
+        bus.publish("t", b"first")
+        assert len(_spares(root)) == 1
+        for bucket in (root / "messages").iterdir():
+            shutil.rmtree(bucket)  # removed from under the bus
+        with pytest.raises(StorageError) as caught:
+            bus.publish("t", b"second")
+        assert isinstance(caught.value.__cause__, FileNotFoundError)
+        assert _spares(root) == []  # its data did not stay behind in the spare
+        assert files_under(root / "staging") == []
