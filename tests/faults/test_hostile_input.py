@@ -213,16 +213,18 @@ def test_a_hard_link_to_an_outside_file_is_not_a_message(
     assert "not a message" in caplog.text
 
 
+@pytest.mark.parametrize("staged_in", ["staging", "fsbus/spares"])
 @pytest.mark.parametrize("locking", ["flock", "rename"])
 def test_a_rename_a_power_cut_left_half_done_is_still_a_message(
-    tmp_path: Path, locking: str
+    tmp_path: Path, locking: str, staged_in: str
 ) -> None:
     # Each directory is written back on its own: a cut can keep a message's entry in
-    # its bucket and lose the removal of its staging name (one file, two names).
+    # its bucket and lose the removal of the name it was staged under (one file, two
+    # names): its staging name, or a spare's (a plain publish's, on a local disk).
     root = tmp_path / "bus"
     with BlockingBus(root, config=FAST.model_copy(update={"locking": locking})) as bus:
         info = bus.publish("jobs.cut", b"survived", single=True)
-        staged = root / "staging" / info.name
+        staged = root / staged_in / (info.name if staged_in == "staging" else "dead-spare")
         os.link(info.path, staged)
         with bus.messages("jobs.#") as it:
             msg = it.get(timeout=10)
