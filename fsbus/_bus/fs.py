@@ -35,6 +35,7 @@ from .._errors import (
 )
 from .._settings import Settings
 from .layout import Layout
+from .namer import pid_tag
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan, unframe_headers
 from .scan import BAD_SPILL, sweep_due
@@ -67,16 +68,7 @@ _LEADING = b"\x00"
 # (one pwrite on the fd it holds, instead of a counter file per delivery). It saturates
 # at _COUNT_MAX; from there the counter file under fsbus/attempts/ holds the count.
 _COUNT_MAX = 255
-_PID = [os.getpid()]  # (kept current across forks: no system call a publish)
 _SPARE_SEQ = itertools.count(int.from_bytes(os.urandom(4), "big"))
-
-
-def _after_fork() -> None:
-    _PID[0] = os.getpid()
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
 _SPARE_AGE = 60.0
 """Seconds a spare staging file (:meth:`BusFS.publish_plain`) waits for a publish before
 it is replaced: far below the age (600 s unless ``gc`` is told less) at which the debris
@@ -218,7 +210,7 @@ class BusFS:
         self.spares = False
         """Stage each plain publish in a file created ahead, on a local filesystem (set by
         the bus that publishes here before :meth:`setup`): see :meth:`publish_plain`."""
-        self._spare_files: list[tuple[int, str, float, int]] = []  # fd, path, made, pid
+        self._spare_files: list[tuple[int, str, float, str]] = []  # fd, path, made, pid
         self._spares_dir = f"{layout.spares}/"
         self._staging = layout.staging
         self._messages = layout.messages
@@ -666,7 +658,7 @@ class BusFS:
             fd, path, made, owner = self._spare_files.pop()  # (atomic: threads publish)
         except IndexError:
             return None
-        if owner != _PID[0]:  # inherited through a fork: the parent's
+        if owner != pid_tag():  # inherited through a fork: the parent's
             with contextlib.suppress(OSError):
                 os.close(fd)
             return None
@@ -678,8 +670,8 @@ class BusFS:
     def _make_spare(self) -> None:
         """Create the next plain publish's staging file (empty, open) in
         ``fsbus/spares/``; nothing when that fails (the publish creates its own)."""
-        pid = _PID[0]
-        path = f"{self._spares_dir}{pid:x}-{next(_SPARE_SEQ):x}"
+        pid = pid_tag()
+        path = f"{self._spares_dir}{pid}-{next(_SPARE_SEQ):x}"
         try:
             fd = self._open(path, _CREATE, 0o666)
         except OSError:
@@ -694,7 +686,7 @@ class BusFS:
 
     def drop_spares(self) -> None:
         """Close and remove the spare staging files this process made (at close)."""
-        pid = os.getpid()
+        pid = pid_tag()
         while self._spare_files:
             try:
                 fd, path, _made, owner = self._spare_files.pop()

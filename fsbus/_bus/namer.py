@@ -18,7 +18,7 @@ from .message import PublishInfo
 from .names import MAX_EXPIRES_MS, host_id
 from .plan import PublishPlan, TopicForm, check_ttl_priority, plan_publish, topic_form
 
-__all__ = ["Namer", "new_publish_info", "next_unique", "pid_namespace"]
+__all__ = ["Namer", "new_publish_info", "next_unique", "pid_namespace", "pid_tag"]
 
 _SEQ = itertools.count(int.from_bytes(os.urandom(3), "big"))
 _PID = [f"{os.getpid() & 0xFFFFFF:06x}"]
@@ -30,6 +30,12 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def pid_tag() -> str:
+    """This process's pid as message names carry it (six hex digits), kept current
+    across forks without a system call."""
+    return _PID[0]
 
 
 def pid_namespace() -> str:
