@@ -86,8 +86,8 @@ class AmqpState:
     def owner_of(self, kind: str, name: str) -> str | None:
         """The ``owner`` a record names (None if none, or no record), read again only
         when the file changed. Every write renames a new file in, so a file with the
-        same inode, size and times holds the same record: one ``stat`` where a read
-        and a parse took ten times as long (each AMQP ``basic.get`` asks)."""
+        same inode, size and times holds the same record: one ``stat`` instead of an
+        open, a read and a parse (each AMQP ``basic.get`` asks)."""
         path = self._path(kind, name)
         try:
             st = os.stat(path)
