@@ -323,8 +323,7 @@ class Bus(Configured):
         self._scan_every = self._poll_interval  # longest wait between scans
         self._poll_thread = False  # UPDATE polled by a thread of the Waker
         self._free = self._cfg.handler_concurrency
-        self._freed = anyio.Event()
-        self._slot_waiters = 0  # tasks waiting in _take_slot
+        self._freed: anyio.Event | None = None  # set when a slot frees (made by a waiter)
         # Handlers run in a fixed pool of worker tasks fed by this queue: cheaper than a
         # task per message. Slots (_free) bound what is queued plus what runs.
         self._jobs = JobQueue()
@@ -1492,18 +1491,20 @@ class Bus(Configured):
     async def _take_slot(self) -> None:
         """Wait for a free handler slot (the backpressure point) and take it."""
         while self._free <= 0:
-            self._slot_waiters += 1
-            try:
-                await self._freed.wait()
-            finally:
-                self._slot_waiters -= 1
+            # One Event for every wait until a slot frees, made by the first waiter: the
+            # handlers that free slots meanwhile (often several before a waiter runs
+            # again) make none.
+            if self._freed is None:
+                self._freed = anyio.Event()
+            await self._freed.wait()
         self._free -= 1
 
     def _give_slot(self) -> None:
         self._free += 1
-        if self._slot_waiters:  # a new Event per freed slot costs: only when awaited
-            self._freed.set()
-            self._freed = anyio.Event()
+        freed = self._freed
+        if freed is not None:
+            self._freed = None
+            freed.set()
 
     def _read_many(self, entries: list[Entry]) -> list[ReadResult]:
         buckets = self.layout.buckets

@@ -153,10 +153,14 @@ class JobQueue:
     """Handler jobs for the pool of worker tasks: a deque, and one Event per idle worker.
 
     Cheaper than a memory object stream, whose every receive makes a checkpoint, an
-    Event and a task lookup: here a busy worker takes the next job with a ``popleft``,
-    and a job wakes exactly one idle worker. At most ``handler_concurrency`` jobs are
-    queued (the engine's slots bound them), so a worker that takes job after job
-    without yielding returns to the loop soon.
+    Event and a task lookup: here a busy worker takes the next job with a ``popleft``.
+    Workers are woken one at a time: a job wakes an idle worker only when none is on its
+    way already, and a worker that takes a job and sees more behind it wakes the next
+    (which takes one if this one's handler waits). Waking one per job, a burst of
+    handlers that never wait was run by the first worker woken, and every other one woke
+    to an empty queue and went back to sleep on a new Event. At most
+    ``handler_concurrency`` jobs are queued (the engine's slots bound them), so a worker
+    that takes job after job without yielding returns to the loop soon.
 
     Workers are started as jobs need them, up to the limit given to :meth:`start`, and
     then stay: a bus whose handlers never run more than a few at a time has a few
@@ -171,25 +175,31 @@ class JobQueue:
         self._limit = 0
         self.workers = 0
         """Worker tasks started so far (at most the limit)."""
+        self._waking = 0
+        """Workers woken (or started) that have not taken up the queue yet."""
 
     def start(self, tg: anyio.abc.TaskGroup, limit: int) -> None:
         """Run workers in ``tg``, at most ``limit`` of them; jobs queued before now start."""
         self._tg = tg
         self._limit = limit
-        for _ in range(min(len(self._jobs), limit)):
-            self._spawn()
+        if self._jobs and not self._waking:
+            self._wake_one()
 
-    def _spawn(self) -> None:
-        assert self._tg is not None
-        self.workers += 1
-        self._tg.start_soon(self.work)
+    def _wake_one(self) -> None:
+        """Wake an idle worker, or start one if none is idle and the limit allows."""
+        if self._idle:
+            self._waking += 1
+            self._idle.popleft().set()
+        elif self.workers < self._limit:
+            assert self._tg is not None
+            self._waking += 1
+            self.workers += 1
+            self._tg.start_soon(self.work)
 
     def put(self, job: Job) -> None:
         self._jobs.append(job)
-        if self._idle:
-            self._idle.popleft().set()
-        elif self.workers < self._limit:
-            self._spawn()
+        if not self._waking:
+            self._wake_one()
 
     def take_all(self) -> list[Job]:
         """Remove and return every job not started (when closing)."""
@@ -200,9 +210,12 @@ class JobQueue:
     async def work(self) -> None:
         """Run jobs one after another, for ever (a worker task; cancelled at close)."""
         jobs = self._jobs
+        self._waking -= 1  # started: it was counted as on its way
         while True:
             if jobs:
                 fn, args = jobs.popleft()
+                if jobs and not self._waking:
+                    self._wake_one()  # for the next job, should this one's handler wait
                 await fn(*args)
                 continue
             wake = anyio.Event()
@@ -210,6 +223,9 @@ class JobQueue:
             try:
                 await wake.wait()
             except BaseException:
-                if not wake.is_set():  # cancelled while idle (the bus is closing)
+                if wake.is_set():
+                    self._waking -= 1
+                else:  # cancelled while idle (the bus is closing)
                     self._idle.remove(wake)
                 raise
+            self._waking -= 1
