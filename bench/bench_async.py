@@ -451,7 +451,10 @@ def main(argv: list[str] | None = None) -> int:
             results["fs"][fs] = {"skipped": why}
             continue
         log(f"{fs}: {n:,} publishes x {rounds} rounds")
-        with scratch(fs, size_mb=1024) as place:
+        # every file of a round at once: four buses of n publishes (a loop ext4 image
+        # gets one inode per 16 KiB, so 1 GiB held the quick plan's and not the full one's)
+        size_mb = max(1024, 4 * (n + WARMUP) * 16 * 3 // (2 * 1024))
+        with scratch(fs, size_mb=size_mb) as place:
             results["fs"][fs] = throughput(place, n, rounds)
             if fs == "tmpfs":
                 log(f"{fs}: loop lag, {seconds:g} s per phase, seam {SLOW * 1000:g} ms per call")

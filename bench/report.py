@@ -136,6 +136,40 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+SUITE_TARGETS = [
+    # suite, what, figure, reference figure (None: the figure itself, in ms), need
+    ("async", "await publish, one at a time ≥ 0.5x BlockingBus.publish",
+     "sequential await publish", "blocking publish", 0.5),
+    ("async", "await publish, 50 in flight ≥ 0.8x BlockingBus.publish",
+     "50 in flight await publish", "blocking publish", 0.8),
+    ("async", "Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, one at a time",
+     "loop lag p99, ms: sequential, 10 ms a call", None, 5.0),
+    ("async", "Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, 50 in flight",
+     "loop lag p99, ms: 50 in flight, 10 ms a call", None, 5.0),
+]  # fmt: skip
+
+
+def suite_targets(suites: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+    """The targets measured by the suites run beside the harness (see :data:`SUITE_TARGETS`)."""
+    out: list[dict[str, Any]] = []
+    for suite, what, figure, ref, need in SUITE_TARGETS:
+        for fs, figs in suites.get(suite, {}).items():
+            got = figs.get(figure)
+            if not figs or got is None:
+                continue
+            if ref is None:
+                out.append(
+                    {"target": what, "fs": fs, "ratio": got, "need": need,
+                     "met": got <= need, "unit": "ms"}
+                )  # fmt: skip
+            elif figs.get(ref):
+                ratio = got / figs[ref]
+                out.append(
+                    {"target": what, "fs": fs, "ratio": ratio, "need": need, "met": ratio >= need}
+                )
+    return out
+
+
 def markdown(
     results: list[dict[str, Any]],
     meta: dict[str, Any],
@@ -163,7 +197,7 @@ def markdown(
         "in ms, lower is better. *vs raw* / *vs qlobber* are speed ratios (above 1 = faster "
         "than the reference) measured in the same run.",
     ]
-    tgt = targets(results)
+    tgt = targets(results) + suite_targets(meta.get("suites", {}))
     if tgt:
         lines += ["", f"{level} Targets", "", "| target | fs | measured | needed | met |"]
         lines.append("|---|---|---|---|---|")
@@ -252,6 +286,10 @@ FIXED_COLOURS = {
 
 SUITE_TITLES = {
     "streams": "Streams suite (bench/bench_streams.py: one process, 100 B records)",
+    "async": (
+        "Async suite (bench/bench_async.py: one process, 100 B messages, msg/s; "
+        "the event loop's lag in ms)"
+    ),
     "spark": "Spark suite (bench/bench_spark.py: local[2], 100 B records)",
 }
 
@@ -272,7 +310,8 @@ def suites_markdown(
         lines.append("| figure, records/s | " + " | ".join(cols) + " |")
         lines.append("|---|" + "---|" * len(cols))
         for key in _ordered(k for f in figs.values() for k in f):
-            vals = [_fmt(figs[c].get(key), "rec/s") for c in cols]
+            unit = "ms" if ", ms" in key else "rec/s"  # (the async suite's loop lag)
+            vals = [_fmt(figs[c].get(key), unit) for c in cols]
             lines.append(f"| {key} | " + " | ".join(vals) + " |")
         for a, b in RATIOS.get(name, []):
             vals = [
@@ -368,7 +407,15 @@ def write(out: Path, results: list[dict[str, Any]], meta: dict[str, Any], *, plo
     add_ratios(results)
     pngs = plot(results, out) if plots else []
     (out / "results.json").write_text(
-        json.dumps({"meta": meta, "targets": targets(results), "results": results}, indent=1) + "\n"
+        json.dumps(
+            {
+                "meta": meta,
+                "targets": targets(results) + suite_targets(meta.get("suites", {})),
+                "results": results,
+            },
+            indent=1,
+        )
+        + "\n"
     )
     (out / "results.md").write_text(markdown(results, meta, pngs))
 

@@ -134,7 +134,7 @@ FULL = Plan(
         Scenario("match", 100_000, bindings=10_000),
     ),
     rounds=3,
-    suites=(("streams", 200_000, 3), ("spark", 200_000, 2)),
+    suites=(("streams", 200_000, 3), ("async", 20_000, 5), ("spark", 200_000, 2)),
 )
 QUICK = Plan(
     "quick",

@@ -1,12 +1,14 @@
-"""Suites written beside the harness, run by it as scenarios: Streams and Spark.
+"""Suites written beside the harness, run by it as scenarios: Streams, async and Spark.
 
 ``bench/bench_streams.py`` exposes ``bench_fs(base, n, n_peer, rounds)`` (Streams beside raw
-appends of the same frames, persist-queue and queuelib, in one process) and
-``bench/bench_spark.py`` exposes ``run(args)`` (the Spark connector beside Spark's text and
-JSON file sources). The harness runs each in a child process
-(``python -m bench.suites NAME PARAMS_JSON``, answering one ``RESULT`` line) on each
-filesystem (Streams) or once (Spark, which keeps its scratch under bench/scratch/), and puts
-their figures in the same results.
+appends of the same frames, persist-queue and queuelib, in one process),
+``bench/bench_async.py`` exposes ``throughput(place, n, rounds)`` and ``loop_lag(place,
+seconds, with_gc)`` (``await bus.publish`` beside ``BlockingBus.publish``, and the event
+loop's lag on a mount that takes 10 ms a call) and ``bench/bench_spark.py`` exposes
+``run(args)`` (the Spark connector beside Spark's text and JSON file sources). The harness
+runs each in a child process (``python -m bench.suites NAME PARAMS_JSON``, answering one
+``RESULT`` line) on each filesystem (Streams, async) or once (Spark, which keeps its
+scratch under bench/scratch/), and puts their figures in the same results.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class Suite:
     """A suite and how big to run it."""
 
     name: str
-    """streams or spark."""
+    """streams, async or spark."""
     records: int
     """Records per figure."""
     rounds: int
@@ -47,6 +49,10 @@ RATIOS = {
         ("read", "raw read"),
         ("append 1-by-1", "persist-queue put"),
         ("append 1-by-1", "queuelib push"),
+    ],
+    "async": [
+        ("sequential await publish", "blocking publish"),
+        ("50 in flight await publish", "blocking publish"),
     ],
     "spark": [
         (f"{op} {who}{mode}", f"{op} {ref}{mode}")
@@ -91,6 +97,32 @@ def _streams(p: dict[str, Any]) -> None:
     result(rates={k: v for k, v in rates.items() if not k.endswith(" [cpu]")})
 
 
+LAG_SEQUENTIAL = "loop lag p99, ms: sequential, 10 ms a call"
+LAG_CONCURRENT = "loop lag p99, ms: 50 in flight, 10 ms a call"
+
+
+def _async(p: dict[str, Any]) -> None:
+    from bench import bench_async
+    from bench.filesystems import Scratch
+
+    records = int(p["records"])
+    place = Scratch("async", Path(p["dir"]), "")
+    got = bench_async.throughput(place, records, int(p["rounds"]))
+    # the lag phases: the full plan's 4 s each, shorter for smaller plans
+    seconds = 4.0 if records >= 20_000 else 1.5 if records >= 2_000 else 0.3
+    lag = bench_async.loop_lag(place, seconds, False)
+    m = got["median"]
+    result(
+        rates={
+            "blocking publish": m["blocking"],
+            "sequential await publish": m["sequential"],
+            "50 in flight await publish": m["concurrent"],
+            LAG_SEQUENTIAL: lag["slow sequential"]["p99_ms"],
+            LAG_CONCURRENT: lag["slow 50 in flight"]["p99_ms"],
+        }
+    )
+
+
 def _spark(p: dict[str, Any]) -> None:
     from bench import bench_spark
 
@@ -114,4 +146,4 @@ def _spark(p: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    {"streams": _streams, "spark": _spark}[sys.argv[1]](json.loads(sys.argv[2]))
+    {"streams": _streams, "async": _async, "spark": _spark}[sys.argv[1]](json.loads(sys.argv[2]))

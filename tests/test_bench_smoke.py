@@ -119,3 +119,46 @@ def test_issue_targets_cover_the_in_process_scenarios() -> None:
     assert not got["Fan-out to 4 ≥ Redis pub/sub"]["met"]
     assert got["Round trip in process p50 ≤ RabbitMQ's"]["ratio"] == 2.0
     assert not got["Bus round trip in process p99 ≤ 2 ms"]["met"]  # 3 ms
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_async_suite_answers_its_figures(tmp_path: Path) -> None:
+    # the suite the full plan runs on every filesystem (await publish beside BlockingBus,
+    # and the loop's lag on a mount that takes 10 ms a call), a few publishes only
+    params = json.dumps({"dir": str(tmp_path), "records": 300, "rounds": 1})
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.suites", "async", params],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    rates = json.loads(line.removeprefix("RESULT "))["rates"]
+    from bench.suites import LAG_CONCURRENT, LAG_SEQUENTIAL
+
+    for key in ("blocking publish", "sequential await publish", "50 in flight await publish",
+                LAG_SEQUENTIAL, LAG_CONCURRENT):  # fmt: skip
+        assert rates[key] > 0, (key, rates)
+    assert list(tmp_path.iterdir()) == []  # its directories are gone
+
+
+def test_suite_targets_read_the_async_suite() -> None:
+    from bench.report import suite_targets
+    from bench.suites import LAG_CONCURRENT, LAG_SEQUENTIAL
+
+    figs = {
+        "blocking publish": 100.0,
+        "sequential await publish": 60.0,
+        "50 in flight await publish": 70.0,
+        LAG_SEQUENTIAL: 0.2,
+        LAG_CONCURRENT: 7.0,
+    }
+    got = {t["target"]: t for t in suite_targets({"async": {"tmpfs": figs}})}
+    assert got["await publish, one at a time ≥ 0.5x BlockingBus.publish"]["met"]
+    assert not got["await publish, 50 in flight ≥ 0.8x BlockingBus.publish"]["met"]  # 0.7x
+    assert got["Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, one at a time"]["met"]
+    assert not got["Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, 50 in flight"]["met"]
