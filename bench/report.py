@@ -187,6 +187,8 @@ def markdown(
         f"took {meta['seconds']} s",
         f"- command: `{meta['command']}`",
     ]
+    if meta.get("suites_run"):
+        lines.append(f"- the suites below (and their targets) run afterwards: {meta['suites_run']}")
     for fs, desc in meta["filesystems"].items():
         lines.append(f"- `{fs}`: {desc}")
     for name, why in meta.get("skipped", {}).items():

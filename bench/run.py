@@ -278,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or DEFAULT_OUT[plan.name])
     if args.suites_only and (out / "results.json").exists():
         old = json.loads((out / "results.json").read_text())
-        results, meta = old["results"], {**old["meta"], "suites": suites}
+        # the run's own lines stay; one more says when, and how, the suites were run
+        note = f"{meta['date']}, `{meta['command']}`, {meta['seconds']} s"
+        results, meta = old["results"], {**old["meta"], "suites": suites, "suites_run": note}
     report.write(out, results, meta, plots=not args.no_plots)
     if plan.name == "full" and args.out is None and not args.no_plots:
         report.update_readme(Path(__file__).with_name("README.md"), out)
