@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import pytest
 
 from fsbus._bus.jobs import JobQueue
 
 from .conftest import wait_until
+
+
+def _recording() -> tuple[list[int], Callable[[int], Awaitable[None]]]:
+    """A job that never waits, and the list of the arguments it ran with, in order."""
+    ran: list[int] = []
+
+    async def quick(i: int) -> None:
+        ran.append(i)
+
+    return ran, quick
 
 
 async def _idle(jobs: JobQueue) -> None:
@@ -17,10 +29,7 @@ async def _idle(jobs: JobQueue) -> None:
 @pytest.mark.anyio
 async def test_a_burst_of_handlers_that_never_wait_wakes_one_worker_not_one_each() -> None:
     jobs = JobQueue()
-    ran: list[int] = []
-
-    async def quick(i: int) -> None:
-        ran.append(i)
+    ran, quick = _recording()
 
     gate = anyio.Event()
     waiting = 0
@@ -82,10 +91,7 @@ async def test_handlers_that_wait_run_side_by_side_up_to_the_limit() -> None:
 @pytest.mark.anyio
 async def test_jobs_queued_before_start_run_once_it_starts() -> None:
     jobs = JobQueue()
-    ran: list[int] = []
-
-    async def quick(i: int) -> None:
-        ran.append(i)
+    ran, quick = _recording()
 
     for i in range(3):
         jobs.put((quick, (i,)))
