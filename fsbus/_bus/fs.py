@@ -206,7 +206,8 @@ class BusFS:
         self.locking = "rename" if config.locking == "rename" else "flock"
         """How single messages are claimed here ("auto" is resolved by :meth:`setup`)."""
         self.peerless = False
-        """No qlobber-fsq peer reads this directory (a durable queue's bus): see :meth:`ack`."""
+        """No qlobber-fsq peer reads this directory (a durable queue's bus), nor an fsbus
+        older than its queues: see :meth:`ack` and :meth:`fill_attempts`."""
         self.spares = False
         """Stage each plain publish in a file created ahead, on a local filesystem (set by
         the bus that publishes here before :meth:`setup`): see :meth:`publish_plain`."""
@@ -1415,16 +1416,19 @@ class BusFS:
 
         A claim's count starts as its leading byte; only a claim whose byte is 0 (never
         counted, or counted in a file by an older version) or full (255) needs its file.
+        On a durable queue's bus (:attr:`peerless`) a 0 is never counted: only versions
+        with queues write there, and they write a counter file only once the byte is full.
         Where a bucket has several such claims its counter directory is listed once and
         only the counters present are opened, instead of one ``open`` per claim. Safe
         because the claims are held: a counter is written only by a holder, before it
         lets go, so it is in the directory before our claim.
         """
         by_bucket: dict[str, list[Claim]] = {}
+        peerless = self.peerless
         for c in claims:
-            if 0 < c.attempts < _COUNT_MAX:
+            if 0 < c.attempts < _COUNT_MAX or (peerless and c.attempts == 0):
                 # Counted in its leading byte, which is never behind a counter file
-                # (whoever wrote the byte had read the file first).
+                # (whoever wrote the byte had read the file first), or never counted.
                 c.counter_file = False
                 continue
             by_bucket.setdefault(c.bucket, []).append(c)
