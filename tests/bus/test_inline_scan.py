@@ -47,10 +47,14 @@ class ListingSeam(Ops):
         self.listings: list[int] = []  # thread id of each bucket listing, in order
         self.inside: object = None
         self.during: list[object] = []
+        self.gate: threading.Event | None = None
+        """While set here, a bucket listing waits (at most 10 s) until it is set."""
 
     def listdir(self, path: str) -> list[str]:
         if "/messages/" in path:
             self.listings.append(threading.get_ident())
+            if self.gate is not None:
+                self.gate.wait(10)
             if self.delay:
                 time.sleep(self.delay)
             if callable(self.inside):
@@ -335,11 +339,22 @@ async def test_fan_out_subscribers_paced_while_short_of_cores_get_every_message_
 
         await bus.subscribe("t.#", handler, kind="multi")
         await bus.subscribe("t.#", second, kind="multi")
-        # from a thread: a listing made on this loop must not hold the burst back (each
-        # listing would then find one new message, and none would be paced)
-        await anyio.to_thread.run_sync(_publish, root, config, n, False)
-        await first.wait_for(n)
-        await second.wait_for(n)
-        assert engine._FANOUT_PACE in paces  # some listings were paced
+        await ping(bus, second, "t.warm")  # past the subscriptions' first listings
+        # A burst: the listings wait until the publisher's thread has published them all
+        # (a listing that found one new message each time, the publisher held back by a
+        # loaded machine, would pace nothing), then the next one finds the whole burst.
+        seam.gate = gate = threading.Event()
+
+        def burst() -> None:
+            try:
+                _publish(root, config, n, False)
+            finally:
+                gate.set()
+
+        await anyio.to_thread.run_sync(burst)
+        await first.wait_for(n + 1)
+        await second.wait_for(n + 1)
+        assert engine._FANOUT_PACE in paces  # the burst's listing was paced
     for inbox in (first, second):
-        assert sorted(m.topic for m in inbox.messages) == sorted(f"t.m{i}" for i in range(n))
+        want = ["t.warm", *(f"t.m{i}" for i in range(n))]
+        assert sorted(m.topic for m in inbox.messages) == sorted(want)
