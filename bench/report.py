@@ -136,26 +136,15 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-SUITE_TARGETS = [
-    # suite, what, figure, reference figure (None: the figure itself, in ms), need
-    ("async", "await publish, one at a time ≥ 0.5x BlockingBus.publish",
-     "sequential await publish", "blocking publish", 0.5),
-    ("async", "await publish, 50 in flight ≥ 0.8x BlockingBus.publish",
-     "50 in flight await publish", "blocking publish", 0.8),
-    ("async", "Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, one at a time",
-     "loop lag p99, ms: sequential, 10 ms a call", None, 5.0),
-    ("async", "Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, 50 in flight",
-     "loop lag p99, ms: 50 in flight, 10 ms a call", None, 5.0),
-]  # fmt: skip
-
-
 def suite_targets(suites: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
-    """The targets measured by the suites run beside the harness (see :data:`SUITE_TARGETS`)."""
+    """The targets measured by the suites run beside the harness (``bench.suites.TARGETS``)."""
+    from bench.suites import TARGETS
+
     out: list[dict[str, Any]] = []
-    for suite, what, figure, ref, need in SUITE_TARGETS:
+    for suite, what, figure, ref, need in TARGETS:
         for fs, figs in suites.get(suite, {}).items():
             got = figs.get(figure)
-            if not figs or got is None:
+            if got is None:
                 continue
             if ref is None:
                 out.append(
@@ -168,6 +157,11 @@ def suite_targets(suites: dict[str, dict[str, dict[str, float]]]) -> list[dict[s
                     {"target": what, "fs": fs, "ratio": ratio, "need": need, "met": ratio >= need}
                 )
     return out
+
+
+def all_targets(results: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The scenarios' targets and the suites' (their figures are in ``meta``)."""
+    return targets(results) + suite_targets(meta.get("suites", {}))
 
 
 def markdown(
@@ -199,7 +193,7 @@ def markdown(
         "in ms, lower is better. *vs raw* / *vs qlobber* are speed ratios (above 1 = faster "
         "than the reference) measured in the same run.",
     ]
-    tgt = targets(results) + suite_targets(meta.get("suites", {}))
+    tgt = all_targets(results, meta)
     if tgt:
         lines += ["", f"{level} Targets", "", "| target | fs | measured | needed | met |"]
         lines.append("|---|---|---|---|---|")
@@ -410,12 +404,7 @@ def write(out: Path, results: list[dict[str, Any]], meta: dict[str, Any], *, plo
     pngs = plot(results, out) if plots else []
     (out / "results.json").write_text(
         json.dumps(
-            {
-                "meta": meta,
-                "targets": targets(results) + suite_targets(meta.get("suites", {})),
-                "results": results,
-            },
-            indent=1,
+            {"meta": meta, "targets": all_targets(results, meta), "results": results}, indent=1
         )
         + "\n"
     )

@@ -71,6 +71,23 @@ RATIOS = {
 }
 
 
+LAG_SEQUENTIAL = "loop lag p99, ms: sequential, 10 ms a call"
+LAG_CONCURRENT = "loop lag p99, ms: 50 in flight, 10 ms a call"
+
+TARGETS = [
+    # suite, what, figure, reference figure (None: the figure itself, in ms), need
+    ("async", "await publish, one at a time ≥ 0.5x BlockingBus.publish",
+     "sequential await publish", "blocking publish", 0.5),
+    ("async", "await publish, 50 in flight ≥ 0.8x BlockingBus.publish",
+     "50 in flight await publish", "blocking publish", 0.8),
+    ("async", "Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, one at a time",
+     LAG_SEQUENTIAL, None, 5.0),
+    ("async", "Loop lag p99 ≤ 5 ms, a mount taking 10 ms a call, 50 in flight",
+     LAG_CONCURRENT, None, 5.0),
+]  # fmt: skip
+"""The suites' targets, checked in the results' table (``bench.report.suite_targets``)."""
+
+
 def unavailable(suite: Suite) -> str | None:
     """Why the suite cannot run here, or None."""
     module = REPO / "bench" / f"bench_{suite.name}.py"
@@ -95,10 +112,6 @@ def _streams(p: dict[str, Any]) -> None:
     rates = bench_fs(Path(p["dir"]), int(p["records"]), min(20_000, int(p["records"])),
                      int(p["rounds"]))  # fmt: skip
     result(rates={k: v for k, v in rates.items() if not k.endswith(" [cpu]")})
-
-
-LAG_SEQUENTIAL = "loop lag p99, ms: sequential, 10 ms a call"
-LAG_CONCURRENT = "loop lag p99, ms: 50 in flight, 10 ms a call"
 
 
 def _async(p: dict[str, Any]) -> None:
