@@ -222,6 +222,7 @@ class BlockingBus(Configured):
                     data,
                     lambda: self._namer.plan(topic, single, ttl, durable, headers, priority),
                 ),
+                main=self._fs,
             )
             self._published += 1
             return self._namer.info(planned[0], size)

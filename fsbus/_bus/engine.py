@@ -611,6 +611,7 @@ class Bus(Configured):
                         data,
                         lambda: self.plan(topic, single, ttl, durable, headers, priority),
                     ),
+                    main=self._fs,
                 )
 
             if durable or any(d.options.max_length is not None for d in targets):

@@ -8,6 +8,7 @@ Bus uses, so a copy in a queue is an ordinary message of that bus.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -251,6 +252,7 @@ def route(
     headers: dict[str, str] | None,
     priority: int | None,
     publish: Callable[[Go | None, Then | None], T],
+    main: BusFS | None = None,
 ) -> T:
     """Publish a message with ``publish`` and copy it into each queue of ``targets``;
     returns what ``publish`` returned.
@@ -266,7 +268,10 @@ def route(
     message's directory sync then carries the copies' renames. Each copy's directory is
     synced after. Every file and every directory entry is synced before this returns,
     as one publish at a time would do; the kernel just finds most of them already on
-    disk. A sync that fails takes the message and its copies back. A copy with a
+    disk. Their buckets are stamped after the last sync (``main``, the bus ``publish``
+    writes to, holds its stamp too: see :meth:`~fsbus._bus.fs.BusFS.stamps_held`), so
+    no consumer acts on any of them in between. A sync that fails takes the message and
+    its copies back. A copy with a
     sidecar (a long topic) is written after the message, one at a time; headers go
     inline in a queue's copies, which are staged like any other.
     """
@@ -303,6 +308,22 @@ def route(
             if d.options.max_length is not None:
                 store.trim(d)
         return out
+    with contextlib.ExitStack() as stamps:
+        if main is not None:
+            stamps.enter_context(main.stamps_held())
+        for _, w in writers:
+            stamps.enter_context(w._fs.stamps_held())
+        return _durable_route(store, writers, payload, plan_for, publish)
+
+
+def _durable_route(
+    store: QueueStore,
+    writers: list[tuple[Definition, QueueWriter]],
+    payload: bytes,
+    plan_for: Callable[[Definition, QueueWriter], PublishPlan],
+    publish: Callable[[Go | None, Then | None], T],
+) -> T:
+    """:func:`route`'s group commit of a durable message and its copies."""
     staged: list[_Staged] = []
     later: list[tuple[Definition, QueueWriter]] = []
     failed: list[BaseException] = []

@@ -172,6 +172,13 @@ class Recording(Ops):
         super().rename(src, dst)
         self.events.append(("rename", f"{src} {dst}"))
 
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        n = super().pwrite(fd, data, offset)
+        path = self.paths.get(fd, "")
+        if path.endswith("/update/UPDATE"):  # a stamp: which bus, which bucket
+            self.events.append(("stamp", f"{path} {offset}"))
+        return n
+
 
 @contextlib.contextmanager
 def _three_queues(root: Path, ops: Recording) -> Iterator[BlockingBus]:
@@ -248,6 +255,58 @@ def test_a_durable_page_on_a_journaled_mount_is_renamed_everywhere_then_synced(
         for q in "abc":
             assert bus.queue_info(q).depth == 1
         assert _staged(root) == []
+
+
+@MOUNTS
+@pytest.mark.parametrize("queues", [0, 3])
+def test_a_durable_publish_stamps_after_its_last_sync(root: Path, mount: str, queues: int) -> None:
+    """Whichever the order, a durable publish stamps the buckets of the message and of
+    each copy only after every sync of it: no subscriber is woken for a message a power
+    cut could take back, and no listing, claim or stamp lands between two syncs (each
+    would cost a journal commit of its own). A plain publish stamps at once."""
+    with BlockingBus(root) as setup:
+        for q in "abc"[:queues]:
+            setup.declare_queue(q, ["t.#"])
+    ops = _JournaledRecording() if mount == "place-first" else _UnorderedRecording()
+    with BlockingBus(root, ops=ops) as bus:
+        bus.publish("t.x", b"first", durable=True)  # opens each queue's bus
+        ops.events.clear()
+        bus.publish("t.x", b"kept", durable=True)
+        ev = ops.events
+        stamps = [i for i, e in enumerate(ev) if e[0] == "stamp"]
+        syncs = [i for i, e in enumerate(ev) if e[0] in ("fdatasync", "fsync")]
+        renames = [e[1].split(" ")[1] for e in ev if e[0] == "rename"]
+        assert len(renames) == 1 + queues
+        # one stamp per bus written to (the message's, each queue's), all after the syncs
+        assert len({ev[i][1].split(" ")[0] for i in stamps}) == 1 + queues
+        assert min(stamps) > max(syncs), ev
+        ops.events.clear()
+        bus.publish("t.x", b"plain")
+        ev = ops.events
+        assert [e[0] for e in ev if e[0] != "rename"] == ["stamp"] * (1 + queues)
+        for q in "abc"[:queues]:
+            assert bus.queue_info(q).depth == 3
+        assert len(list(bus.browse("#"))) == 3
+
+
+@pytest.mark.anyio
+async def test_an_awaited_durable_publish_stamps_after_its_last_sync(root: Path) -> None:
+    """The async face routes in a worker thread: the same holding back of stamps."""
+    with BlockingBus(root) as setup:
+        for q in "abc":
+            setup.declare_queue(q, ["t.#"])
+    ops = _JournaledRecording()
+    async with Bus(root, ops=ops) as bus:
+        await bus.publish("t.x", b"first", durable=True)
+        ops.events.clear()
+        await bus.publish("t.x", b"kept", durable=True)
+        ev = list(ops.events)
+        stamps = [i for i, e in enumerate(ev) if e[0] == "stamp"]
+        syncs = [i for i, e in enumerate(ev) if e[0] in ("fdatasync", "fsync")]
+        assert len({ev[i][1].split(" ")[0] for i in stamps}) == 4
+        assert min(stamps) > max(syncs), ev
+        for q in "abc":
+            assert (await bus.queue_info(q)).depth == 2
 
 
 @MOUNTS
