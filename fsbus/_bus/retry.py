@@ -86,7 +86,7 @@ class Contention:
 
     __slots__ = ("_wait", "first", "most", "until")
 
-    def __init__(self, first: float = 0.001, most: float = 0.032) -> None:
+    def __init__(self, first: float = 0.004, most: float = 0.064) -> None:
         self.first = first
         self.most = most
         self._wait = 0.0
