@@ -889,17 +889,15 @@ class BusFS:
             return
         held: list[PublishPlan] = []
         self._held.plans = held
+        ok = False
         try:
             yield
-        except BaseException:
+            ok = True
+        finally:
             self._held.plans = None
-            with contextlib.suppress(StorageError):
+            with contextlib.nullcontext() if ok else contextlib.suppress(StorageError):
                 for plan in held:
                     self._stamp_now(plan)
-            raise
-        self._held.plans = None
-        for plan in held:
-            self._stamp_now(plan)
 
     def _stamp_placed(self, plan: PublishPlan) -> None:
         held = getattr(self._held, "plans", None)

@@ -252,7 +252,7 @@ def route(
     headers: dict[str, str] | None,
     priority: int | None,
     publish: Callable[[Go | None, Then | None], T],
-    main: BusFS | None = None,
+    main: BusFS,
 ) -> T:
     """Publish a message with ``publish`` and copy it into each queue of ``targets``;
     returns what ``publish`` returned.
@@ -309,10 +309,8 @@ def route(
                 store.trim(d)
         return out
     with contextlib.ExitStack() as stamps:
-        if main is not None:
-            stamps.enter_context(main.stamps_held())
-        for _, w in writers:
-            stamps.enter_context(w._fs.stamps_held())
+        for fs in (main, *(w._fs for _, w in writers)):
+            stamps.enter_context(fs.stamps_held())
         return _durable_route(store, writers, payload, plan_for, publish)
 
 
