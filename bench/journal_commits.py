@@ -8,7 +8,8 @@ these commits, not by CPU: the figure says how many a publish costs whatever the
 where the publish rate printed beside it moves with the machine.
 
 Then the same with ``--consumers`` processes (default 4) taking each message as it comes:
-plain subscribers of ``bench.#`` on a bus with no queue, and consumers of one queue. What
+the main benchmark's subscribers (``bench.systems.fsbus_bus``) on a bus with no queue,
+and the durable-queue benchmark's consumers (``bench.bench_queues``) of one queue. What
 they do in the buckets (list them, claim, remove) lands in the journal too; each row
 checks that every message reached them (every subscriber all, the queue's consumers each
 once between them).
@@ -19,14 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from bench.bench_queues import BINDING, QUEUE, child_cmd
+from bench.child import make_payload
 from bench.filesystems import scratch, unavailable
+from bench.procs import Child, python_cmd
+from bench.systems.fsbus_bus import TOPIC
 
-PAYLOAD = b"x" * 100
+SIZE = 100
+"""Bytes of each payload (its index first: bench.child.make_payload)."""
 WARM_UP = 20
 
 
@@ -50,81 +54,63 @@ def measure(
     root: Path, mount: Path, queues: int, n: int, consumers: int = 0
 ) -> tuple[float, float]:
     """(commits per publish, publishes per second) for a bus with ``queues`` queues, and
-    ``consumers`` processes taking the messages meanwhile (of queue ``q0`` if there is
-    one, else subscribers of ``bench.#``)."""
+    ``consumers`` processes taking the messages meanwhile: the durable-queue benchmark's
+    consumers of the first queue if there is one, else the main benchmark's subscribers
+    (bench.child's protocol: READY, COUNT, RESULT; STOP)."""
     import fsbus
 
+    total = n + WARM_UP
     with fsbus.BlockingBus(str(root)) as bus:
         for q in range(queues):
-            bus.declare_queue(f"q{q}", ["bench.#"])
-        total = n + WARM_UP
-        queue = "q0" if queues else ""
-        children = [_consumer(root, queue, i, total) for i in range(consumers)]
+            bus.declare_queue(QUEUE if q == 0 else f"q{q}", [BINDING])
+        children = [_consumer(root, bool(queues), k, total) for k in range(consumers)]
         try:
-            for i in range(consumers):
-                _wait_for(root / f".ready-{i}", children[i])
+            deadline = time.monotonic() + 60
+            for c in children:
+                c.wait_line("READY", deadline)
+            payloads = (make_payload(i, SIZE) for i in range(total))
             for _ in range(WARM_UP):
-                bus.publish("bench.x", PAYLOAD, durable=True)
+                bus.publish(TOPIC, next(payloads), durable=True)
             os.sync()
             before = transactions(mount)
             t0 = time.perf_counter()
-            for _ in range(n):
-                bus.publish("bench.x", PAYLOAD, durable=True)
+            for payload in payloads:
+                bus.publish(TOPIC, payload, durable=True)
             took = time.perf_counter() - t0
             after = transactions(mount)
-            deadline = time.monotonic() + 60
-            while queue and children and bus.queue_info(queue).depth:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"queue {queue} still holds messages after 60 s")
-                time.sleep(0.01)
+            if children:
+                _check_all_taken(children, total, shared=bool(queues))
         finally:
-            (root / ".stop").touch()
-            got = [int(c.communicate(timeout=150)[0] or -1) for c in children]
-    if children and (sum(got) != total if queue else got != [total] * consumers):
-        raise SystemExit(f"the consumers received {got} of {total} messages")
+            for c in children:
+                c.close()
     return (after - before) / n, n / took
 
 
-_CONSUME = """
-import sys, anyio, fsbus
-from pathlib import Path
-root, queue, ready, total = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-got = 0
-async def main():
-    async with fsbus.Bus(root) as bus:
-        all_in = anyio.Event()
-        async def handle(msg):
-            global got
-            got += 1
-            if got == total:
-                all_in.set()
-        if queue:
-            await bus.subscribe(None, handle, queue=queue)
-        else:
-            await bus.subscribe("bench.#", handle)
-        Path(ready).touch()
-        stop = Path(root) / ".stop"  # a queue's consumers share: told when it is empty
-        with anyio.move_on_after(120):
-            while not all_in.is_set() and not stop.exists():
-                with anyio.move_on_after(0.05):
-                    await all_in.wait()
-anyio.run(main)
-print(got)
-"""
+def _consumer(root: Path, queue: bool, k: int, total: int) -> Child:
+    if queue:
+        cpu = root / ".cpu"
+        cpu.mkdir(exist_ok=True)
+        return Child(child_cmd("fsbus-consumer", {"dir": str(root), "k": k, "cpu_dir": str(cpu)}))
+    return Child(python_cmd("fsbus_bus", "sub", {"dir": str(root), "expect": total}))
 
 
-def _consumer(root: Path, queue: str, i: int, total: int) -> subprocess.Popen[str]:
-    ready = str(root / f".ready-{i}")
-    argv = [sys.executable, "-c", _CONSUME, str(root), queue, ready, str(total)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-
-
-def _wait_for(path: Path, child: subprocess.Popen[str]) -> None:
+def _check_all_taken(children: list[Child], total: int, *, shared: bool) -> None:
+    """Every message received: by every subscriber, or once by the queue's consumers."""
     deadline = time.monotonic() + 60
-    while not path.exists():
-        if child.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"a consumer did not start (exit status {child.poll()})")
-        time.sleep(0.01)
+    if shared:  # a queue's consumers are told to stop once they have all between them
+        while sum(c.count for c in children) < total:
+            if time.monotonic() > deadline:
+                break
+            for c in children:
+                c.poll(0.01)
+        for c in children:
+            c.stop()
+    ids = [c.wait_result(deadline)["ids"] for c in children]
+    want = list(range(total))
+    if shared and sorted(i for got in ids for i in got) != want:
+        raise SystemExit(f"the queue's consumers received {sum(map(len, ids))} of {total}")
+    if not shared and any(sorted(got) != want for got in ids):
+        raise SystemExit(f"the subscribers received {[len(g) for g in ids]} of {total} each")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             root = place.path / f"bus-{queues}-consumed"
             root.mkdir()
             commits, rate = measure(root, place.path, queues, args.n, args.consumers)
-            who = "consumers of the queue" if queues else "subscribers of bench.#"
+            who = "consumers of the queue" if queues else "subscribers"
             print(
                 f"{queues} queue(s), {args.consumers} {who}: {commits:.2f} journal commits "
                 f"per durable publish ({rate:,.0f} publishes/s)"
