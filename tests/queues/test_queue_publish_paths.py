@@ -257,6 +257,15 @@ def test_a_durable_page_on_a_journaled_mount_is_renamed_everywhere_then_synced(
         assert _staged(root) == []
 
 
+def _buses_stamped_after_every_sync(ev: list[tuple[str, str]]) -> int:
+    """How many buses' UPDATE files the recorded events stamp; every stamp must come
+    after every sync."""
+    stamps = [i for i, e in enumerate(ev) if e[0] == "stamp"]
+    syncs = [i for i, e in enumerate(ev) if e[0] in ("fdatasync", "fsync")]
+    assert min(stamps) > max(syncs), ev
+    return len({ev[i][1].split(" ")[0] for i in stamps})
+
+
 @MOUNTS
 @pytest.mark.parametrize("queues", [0, 3])
 def test_a_durable_publish_stamps_after_its_last_sync(root: Path, mount: str, queues: int) -> None:
@@ -273,13 +282,10 @@ def test_a_durable_publish_stamps_after_its_last_sync(root: Path, mount: str, qu
         ops.events.clear()
         bus.publish("t.x", b"kept", durable=True)
         ev = ops.events
-        stamps = [i for i, e in enumerate(ev) if e[0] == "stamp"]
-        syncs = [i for i, e in enumerate(ev) if e[0] in ("fdatasync", "fsync")]
         renames = [e[1].split(" ")[1] for e in ev if e[0] == "rename"]
         assert len(renames) == 1 + queues
         # one stamp per bus written to (the message's, each queue's), all after the syncs
-        assert len({ev[i][1].split(" ")[0] for i in stamps}) == 1 + queues
-        assert min(stamps) > max(syncs), ev
+        assert _buses_stamped_after_every_sync(ev) == 1 + queues
         ops.events.clear()
         bus.publish("t.x", b"plain")
         ev = ops.events
@@ -301,10 +307,7 @@ async def test_an_awaited_durable_publish_stamps_after_its_last_sync(root: Path)
         ops.events.clear()
         await bus.publish("t.x", b"kept", durable=True)
         ev = list(ops.events)
-        stamps = [i for i, e in enumerate(ev) if e[0] == "stamp"]
-        syncs = [i for i, e in enumerate(ev) if e[0] in ("fdatasync", "fsync")]
-        assert len({ev[i][1].split(" ")[0] for i in stamps}) == 4
-        assert min(stamps) > max(syncs), ev
+        assert _buses_stamped_after_every_sync(ev) == 4
         for q in "abc":
             assert (await bus.queue_info(q)).depth == 2
 
