@@ -27,7 +27,11 @@ are not. A writer writes into page cache the kernel has just freed: the text and
 batch writers use ``mode("overwrite")``, which removes their previous round's output
 inside the operation; for the others (fsbus appends to a new Stream each round, the
 streaming sinks write to new paths) the benchmark removes the previous round's output
-just before the timed part, and counts what the fsbus sink appended after it.
+just before the timed part, and counts what the fsbus sink appended after it. Before each
+timed operation the benchmark also syncs the filesystems (``os.sync``, untimed), so that
+no operation waits behind the write-back of what the ones before it wrote: the file sinks
+leave theirs to the kernel, and the fsbus sink, which syncs what it writes, otherwise
+waited for their data too.
 
 Rounds are interleaved (A B C A B C ...) and the median is reported, with the ratio of
 fsbus to each file source measured in the same run. Absolute figures depend on the
@@ -291,6 +295,9 @@ def _run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         for name, fn in (*readers.items(), *writers.items()):
             if name in before:
                 before[name]()
+            # the write-back of what the operations before wrote (the file sinks do not
+            # sync theirs) is done before this one starts: none waits behind another's
+            os.sync()
             times[name].append(timed(fn))
             if name in after:
                 after[name]()
