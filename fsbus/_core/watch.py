@@ -57,6 +57,26 @@ def poll_delay(interval: float, since_change: float | None) -> float:
     return interval
 
 
+def close_inotify(fd: int) -> None:
+    """Close an inotify descriptor in a thread of its own, without waiting for it.
+
+    The kernel ends an inotify instance that holds a watch only after a grace period of
+    its read-copy-update scheme: the ``close`` took 7-15 ms here (against 3 µs without a
+    watch), and a bus waited for it on every close. A thread per descriptor, so that the
+    grace periods of several closes overlap rather than queue.
+    """
+    threading.Thread(
+        target=_close_quietly, args=(fd,), name="fsbus-inotify-close", daemon=True
+    ).start()
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError as exc:
+        log.debug("closing an inotify descriptor failed: %s", exc)
+
+
 class Waker:
     """An event the scanner waits on, set by inotify, by the engine, or by polling."""
 
@@ -277,7 +297,7 @@ class Waker:
             poller.join(timeout=5)
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)
+            close_inotify(fd)
         obs = self._observer
         self._observer = None
         if obs is not None:

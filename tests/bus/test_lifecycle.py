@@ -253,3 +253,22 @@ def test_blocking_bus_open_and_close_leave_no_descriptor_behind(root: Path) -> N
     for _ in range(3):
         cycle()
     assert sorted(p for p in open_fds() - before if str(root) in p) == []
+
+
+@pytest.mark.anyio
+async def test_buses_opened_and_closed_one_after_another_all_watch_with_inotify(
+    root: Path,
+) -> None:
+    """A bus closes its inotify instance without waiting for the kernel to end it: more
+    buses than the default per-user limit of instances (128), each closed before the
+    next opens, still all get one (the closes have kept up)."""
+
+    async def nothing(_msg: Message) -> None:
+        pass
+
+    for _ in range(150):
+        async with Bus(root) as bus:
+            await bus.subscribe("a", nothing)  # the first subscription starts the watch
+            if bus.config.force_polling:
+                pytest.skip("polling only here (force_polling): no inotify to watch with")
+            assert bus.statistics().inotify

@@ -97,3 +97,24 @@ async def test_the_descriptor_is_let_go_when_the_reader_ends(tmp_path: Path) -> 
     finally:
         os.close(r)
         os.close(w)
+
+
+def _inotify_descriptors() -> int:
+    """How many inotify instances this process holds open."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+                n += 1
+    return n
+
+
+async def test_a_stopped_waker_closes_its_inotify_instance(tmp_path: Path) -> None:
+    before = _inotify_descriptors()
+    async with _running(tmp_path):
+        assert _inotify_descriptors() == before + 1
+    # closed in a thread of its own (the kernel ends an instance with a watch only after
+    # a grace period, which stop() does not wait for): gone soon, not left open
+    with anyio.fail_after(WAIT):
+        while _inotify_descriptors() > before:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
