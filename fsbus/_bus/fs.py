@@ -256,7 +256,7 @@ class BusFS:
         ops = self.ops
         lay = self.layout
         self._created: list[str] = []
-        parents = (lay.messages, lay.topics, f"{lay.private}/meta", f"{lay.private}/attempts")
+        parents = (lay.messages, lay.topics)
         nested = {f"{p}/{b}" for p in parents for b in lay.buckets}
         for d in lay.all_dirs():
             if d in nested:
@@ -287,6 +287,7 @@ class BusFS:
             [d for d in lay.all_dirs() if d in nested and d not in present],
             "creating the bus directory",
         )
+        self._check_sidecar_buckets()
         self._sync_created()
         if self.config.locking == "auto":
             # Rename on mounts where flock stays on each host, and wherever another
@@ -316,6 +317,28 @@ class BusFS:
             )
         self._open_update(reset_update)
 
+    def _check_sidecar_buckets(self) -> None:
+        """Refuse a bucket name under ``fsbus/meta`` or ``fsbus/attempts`` that is not a
+        directory (a planted link would take the sidecars written through it elsewhere):
+        those buckets are made on first use, so nothing else looks at them before."""
+        buckets = set(self.layout.buckets)
+        for parent in self.layout.sidecar_parents:
+            try:
+                names = self.ops.listdir(parent)
+                real = self.ops.subdirs(parent)
+            except OSError as exc:
+                raise storage_error("checking the bus directory", exc, parent) from exc
+            for name in names:
+                if name in buckets and name not in real:
+                    self._check_dir(f"{parent}/{name}")  # raises: it is not a directory
+
+    def _make_sidecar_bucket(self, d: str, durable: bool) -> None:
+        """Make bucket directory ``d`` of ``fsbus/meta`` or ``fsbus/attempts`` on its
+        first use; ``durable``: its name is synced before a file goes into it."""
+        self._make_dir(d, "creating a sidecar directory", record=False)
+        if durable:
+            self._fsync_dir(os.path.dirname(d))
+
     def _present_subdirs(self, parents: Iterable[str]) -> set[str]:
         """Bucket directories that already exist, found with one listing per parent.
 
@@ -332,14 +355,15 @@ class BusFS:
             found.update(f"{parent}/{b}" for b in buckets if b in names)
         return found
 
-    def _make_dir(self, d: str, what: str) -> None:
+    def _make_dir(self, d: str, what: str, *, record: bool = True) -> None:
         ops = self.ops
         for attempt in range(_MKDIR_TRIES):
             try:
                 ops.mkdir(d, 0o777 if self._dir_mode is None else 0o700)
                 if self._dir_mode is not None:
                     ops.chmod(d, self._dir_mode)
-                self._created.append(d)
+                if record:
+                    self._created.append(d)  # synced at the end of setup
                 return  # made just now: a directory
             except FileExistsError:
                 # Made by another host just now. GlusterFS can answer EEXIST to mkdir and
@@ -1064,7 +1088,14 @@ class BusFS:
     def _write_file(
         self, path: str, data: bytes, durable: bool, *, exclusive: bool = False
     ) -> None:
-        fd = self.ops.open(path, _CREATE if exclusive else _REWRITE, 0o666)
+        try:
+            fd = self.ops.open(path, _CREATE if exclusive else _REWRITE, 0o666)
+        except FileNotFoundError:
+            bucket = os.path.dirname(path)
+            if os.path.dirname(bucket) not in self.layout.sidecar_parents:
+                raise
+            self._make_sidecar_bucket(bucket, durable)  # its first file
+            fd = self.ops.open(path, _CREATE if exclusive else _REWRITE, 0o666)
         try:
             if self._file_mode is not None:
                 self.ops.fchmod(fd, self._file_mode)

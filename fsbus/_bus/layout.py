@@ -14,7 +14,9 @@
     <root>/fsbus/spares/                   empty staging files publishers made ahead
     <root>/streams/<name>/                 streams (see the streams modules)
 
-The first four are qlobber-fsq 14's layout; peers ignore the rest.
+The first four are qlobber-fsq 14's layout; peers ignore the rest. The bucket
+directories of ``fsbus/meta/`` and ``fsbus/attempts/`` are made when a file is first
+written into them, not with the bus (a new bus makes 512 directories fewer).
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ class Layout:
         return bucket_index * self.stamp_size
 
     def all_dirs(self) -> list[str]:
-        """Every directory the bus needs, parents first."""
+        """Every directory a bus makes when it opens, parents first (the bucket
+        directories of :attr:`sidecar_parents` come when first written)."""
         dirs = [
             self.root,
             self.staging,
@@ -142,9 +145,13 @@ class Layout:
         for b in self.buckets:
             dirs.append(f"{self.messages}/{b}")
             dirs.append(f"{self.topics}/{b}")
-            dirs.append(f"{self.private}/meta/{b}")
-            dirs.append(f"{self.private}/attempts/{b}")
         return dirs
+
+    @property
+    def sidecar_parents(self) -> tuple[str, str]:
+        """``fsbus/meta`` and ``fsbus/attempts``: their bucket directories are made on
+        first use (see :meth:`all_dirs`)."""
+        return f"{self.private}/meta", f"{self.private}/attempts"
 
 
 def changed_buckets(old: bytes | None, new: bytes, stamp_size: int, count: int) -> list[int]:

@@ -130,6 +130,39 @@ async def test_a_symlinked_bucket_directory_is_refused(root: Path, tmp_path: Pat
     assert caught.value.path == str(bucket)
 
 
+@pytest.mark.parametrize("parent", ["meta", "attempts"])
+@pytest.mark.anyio
+async def test_a_symlinked_sidecar_bucket_is_refused(
+    root: Path, tmp_path: Path, parent: str
+) -> None:
+    """The buckets of fsbus/meta and fsbus/attempts are made on first use: a link planted
+    in their place before a bus opens is refused all the same (sidecars written through
+    it would land elsewhere)."""
+    await anyio.to_thread.run_sync(prepare, root)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bucket = root / "fsbus" / parent / "05"
+    bucket.symlink_to(elsewhere)
+    with pytest.raises(StorageError, match="symbolic link") as caught:
+        async with Bus(root):
+            pass
+    assert caught.value.path == str(bucket)
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.anyio
+async def test_sidecar_buckets_are_made_on_first_use(root: Path) -> None:
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        assert list((root / "fsbus" / "meta").iterdir()) == []
+        assert list((root / "fsbus" / "attempts").iterdir()) == []
+        await bus.subscribe("h", inbox)
+        info = await bus.publish("h", b"x", headers={"k": "v"})
+        (msg,) = await inbox.wait_for(1)
+    assert msg.headers == {"k": "v"}
+    assert [p.name for p in (root / "fsbus" / "meta").iterdir()] == [info.bucket]
+
+
 @pytest.mark.parametrize("single", [False, True])
 @pytest.mark.anyio
 async def test_a_directory_named_like_a_message_does_not_stop_delivery(
@@ -188,7 +221,9 @@ async def test_a_garbage_attempts_file_counts_as_none(root: Path) -> None:
     inbox = Inbox()
     async with Bus(root) as bus:
         info = await bus.publish("a", b"x", single=True)
-        await anyio.Path(root / "fsbus" / "attempts" / info.bucket / info.name).write_text("??")
+        counter = anyio.Path(root / "fsbus" / "attempts" / info.bucket / info.name)
+        await counter.parent.mkdir(exist_ok=True)  # (made on first use)
+        await counter.write_text("??")
         await bus.subscribe("a", inbox)
         (msg,) = await inbox.wait_for(1)
     assert msg.delivery_count == 1

@@ -159,7 +159,9 @@ async def test_failure_counters_go_with_the_message(root: Path) -> None:
         assert (root / "messages" / info.bucket / info.name).read_bytes()[0] == 1
         # A count in a counter file (past 255 deliveries, or written by an older fsbus):
         old = bus.publish("jobs.old", b"o", single=True)
-        (root / "fsbus" / "attempts" / old.bucket / old.name).write_text("300")
+        counter = root / "fsbus" / "attempts" / old.bucket / old.name
+        counter.parent.mkdir(exist_ok=True)  # (made on first use)
+        counter.write_text("300")
     async with Bus(root) as bus:
         report = await bus.purge("#")
     assert report.single == 2

@@ -131,6 +131,7 @@ async def test_a_counter_file_is_still_read_and_taken_over(root: Path, fast: Bus
     async with Bus(root, config=fast) as bus:
         info = await bus.publish("count.old", b"y", single=True)
         attempts = root / "fsbus" / "attempts" / info.bucket / info.name
+        attempts.parent.mkdir(exist_ok=True)  # (made on first use)
         attempts.write_text("300")
         await bus.subscribe("count.old", seen)
         await seen.wait_for(1)

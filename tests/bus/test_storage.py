@@ -57,6 +57,9 @@ async def test_durable_publish_syncs_file_sidecars_then_directories_in_order(
         assert sync_calls(ops, root) == [
             ("fdatasync", f"staging/{n}"),
             ("fdatasync", f"topics/{b}/{n}"),
+            # the first headers sidecar in its bucket makes the bucket's directory (made
+            # on first use): that name is synced before the sidecar goes into it
+            ("fsync", "fsbus/meta"),
             ("fdatasync", f"fsbus/meta/{b}/{n}"),
             # the sidecars' names before the message's (tests/powercut found a message
             # visible without its headers after a cut between these syncs)

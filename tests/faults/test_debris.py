@@ -89,6 +89,7 @@ async def test_orphan_sidecars_are_swept_and_never_delivered(tmp_path: Path) -> 
         spill.write_text("ab" * 10)
         meta.write_text('{"headers":{"h":"v"}}')
         attempts = root / "fsbus" / "attempts" / info.bucket / info.name
+        attempts.parent.mkdir(exist_ok=True)  # (made on first use)
         attempts.write_text("2")
         assert await bus.gc() == 0  # young: could be a publish in progress
         assert spill.exists()
