@@ -332,11 +332,13 @@ class BusFS:
                 if name in buckets and name not in real:
                     self._check_dir(f"{parent}/{name}")  # raises: it is not a directory
 
-    def _make_sidecar_bucket(self, d: str, durable: bool) -> None:
+    def _make_sidecar_bucket(self, d: str) -> None:
         """Make bucket directory ``d`` of ``fsbus/meta`` or ``fsbus/attempts`` on its
-        first use; ``durable``: its name is synced before a file goes into it."""
+        first use, its name synced before a file goes into it, whether or not that file
+        is durable: a durable sidecar written into it later syncs only the bucket (as
+        when every bucket was made, and synced, with the bus)."""
         self._make_dir(d, "creating a sidecar directory", record=False)
-        if durable:
+        with contextlib.suppress(StorageError):  # (as setup: a mount that cannot sync one)
             self._fsync_dir(os.path.dirname(d))
 
     def _present_subdirs(self, parents: Iterable[str]) -> set[str]:
@@ -1094,7 +1096,7 @@ class BusFS:
             bucket = os.path.dirname(path)
             if os.path.dirname(bucket) not in self.layout.sidecar_parents:
                 raise
-            self._make_sidecar_bucket(bucket, durable)  # its first file
+            self._make_sidecar_bucket(bucket)  # its first file
             fd = self.ops.open(path, _CREATE if exclusive else _REWRITE, 0o666)
         try:
             if self._file_mode is not None:

@@ -65,9 +65,12 @@ def close_inotify(fd: int) -> None:
     watch), and a bus waited for it on every close. A thread per descriptor, so that the
     grace periods of several closes overlap rather than queue.
     """
-    threading.Thread(
-        target=_close_quietly, args=(fd,), name="fsbus-inotify-close", daemon=True
-    ).start()
+    try:
+        threading.Thread(
+            target=_close_quietly, args=(fd,), name="fsbus-inotify-close", daemon=True
+        ).start()
+    except RuntimeError:  # no new thread (the interpreter is shutting down): close here
+        _close_quietly(fd)
 
 
 def _close_quietly(fd: int) -> None:
