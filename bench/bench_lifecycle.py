@@ -33,7 +33,8 @@ from typing import Any
 
 import anyio
 
-from bench.bench_queues import Rabbit, log
+import fsbus
+from bench.bench_queues import Rabbit, _fsbus_source, log
 from bench.filesystems import scratch, unavailable
 
 PHASES = ("open", "subscribe", "round trip", "close")
@@ -120,21 +121,13 @@ def measure(fs: str, cycles: int) -> dict[str, Any]:
         return {"fs": fs, "description": place.description, "times": times}
 
 
-def _commit() -> str:
-    import subprocess
-
-    out = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    )
-    return out.stdout.strip() or "unknown"
-
-
 def report(results: list[dict[str, Any]], cycles: int) -> str:
     lines = [
         "# A test's messaging: a bus's life beside a RabbitMQ session",
         "",
-        f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; fsbus commit {_commit()}; "
-        f"{cycles} cycles a system and filesystem, taking turns; medians in ms",
+        f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; fsbus: "
+        f"{_fsbus_source(fsbus.__file__)}; {cycles} cycles a system and filesystem, "
+        "taking turns; medians in ms",
         *(f"- `{r['fs']}`: {r['description']}" for r in results),
         "- fsbus: open a Bus on a new directory, subscribe, publish one message and "
         "receive it, close; RabbitMQ: connect (the node started once, untimed), declare "
