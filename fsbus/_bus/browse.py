@@ -56,7 +56,7 @@ def browse_messages(
             st = src.stat_message(bucket, e.name)
             if st is None:
                 continue
-            f = e.parsed.fields
+            f = e.fields
             if f is not None and f.host not in hosts:
                 hosts.update(fs.read_hosts())
             size = max(0, st.st_size - 1)
@@ -71,13 +71,13 @@ def browse_messages(
             out.append(
                 MessageInfo(
                     topic=e.topic,
-                    single=e.parsed.single,
-                    expires=e.parsed.expires_ms / 1000,
+                    single=e.kind == "s",
+                    expires=e.expires_ms / 1000,
                     size=size,
                     name=e.name,
                     bucket=bucket,
                     path=lay.message_path(bucket, e.name),
-                    locked=e.parsed.single and src.is_locked(bucket, e.name),
+                    locked=e.kind == "s" and src.is_locked(bucket, e.name),
                     priority=f.priority if f else src.config.default_priority,
                     published_at=f.published_ms / 1000 if f else None,
                     host=hosts.get(f.host, f.host) if f else None,

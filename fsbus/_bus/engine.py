@@ -174,6 +174,7 @@ and the ones losing the race for its head spent their cores listing, taking them
 publisher and from the consumer doing the work.) Meanwhile the scanner claims from what
 it already knows."""
 _PACE_MOST = 0.25
+"""Seconds: the longest rest after a long listing (what pacing adds to a message's wait)."""
 _FANOUT_PACE = 3.0
 """After a long listing that delivered several new multi messages and waited for a core
 (its wall time more than twice its CPU time), the next one on a filesystem event waits
@@ -232,11 +233,16 @@ def _pace_after(
     return _NO_REST
 
 
-"""Seconds: the longest rest after a long listing (what pacing adds to a message's wait)."""
 _ROUTER_SLACK = 2.0
 """Seconds before the old router's last progress from which a new router routes what it
 finds unrouted (clocks of the hosts on a shared mount, and of the filesystem, may differ
 a little)."""
+_START_SLACK = 0.05
+"""Seconds before a queue consumer came from which the first router routes what it
+finds (a file's ``st_ctime`` comes from the kernel's coarse clock, a tick behind)."""
+_HEAPIFY_FROM = 256
+"""From this many work items listed at once (and no fewer than the heap holds), they
+are added to the ready heap whole and it is rebuilt: linear time, not a push each."""
 
 
 class Bus(Configured):
@@ -1112,8 +1118,7 @@ class Bus(Configured):
         else:
             again = decision.new_singles
         if any(s.kind != "multi" and not s.closed for s in self._subs):
-            for e in again:
-                self._push_ready(e)
+            self._push_all_ready(again)
         elif self._ready:
             # No subscription here takes work-queue messages (a bus that only routes
             # peers' messages, or whose subscriptions are all multi): keep none of them
@@ -1150,7 +1155,7 @@ class Bus(Configured):
         """
         routed = []
         for e in entries:
-            if e.parsed.fields is None and e.topic is not None:
+            if e.fields is None and e.topic is not None:
                 targets = self._queues.targets(e.topic)
                 if targets:
                     routed.append((e, targets))
@@ -1163,7 +1168,7 @@ class Bus(Configured):
             made = 0
             for e, targets in routed:
                 bucket = buckets[e.bucket_index]
-                if e.parsed.expires_ms <= time.time() * 1000:
+                if e.expires_ms <= time.time() * 1000:
                     continue
                 if since is not None:
                     changed = self._fs.changed_at(bucket, e.name)
@@ -1172,7 +1177,7 @@ class Bus(Configured):
                 assert e.topic is not None
                 mark = self._queues.claim_route(bucket, e.name, e.topic, resumable)
                 if mark is not None:  # else another process routes it
-                    made += self._copy_peer_message(mark, e.parsed.expires_ms, targets)
+                    made += self._copy_peer_message(mark, e.expires_ms, targets)
             return made
 
         self._counts["peer_routed"] += await anyio.to_thread.run_sync(work)
@@ -1289,15 +1294,15 @@ class Bus(Configured):
         own = self._own_names
         for bi, names in by_bucket.items():
             for e in sort_out(views[bi], bi, names, now_ms):
-                if e.parsed.expires_ms <= now_ms:
+                if e.expires_ms <= now_ms:
                     continue
                 if e.name in own:  # published here before the subscription: not new
                     own.discard(e.name)
                     continue
-                if e.parsed.kind == "m":
+                if e.kind == "m":
                     decision.new_multi.append(e)
                     decision.present_multi.append(e)
-                elif e.parsed.kind == "s":
+                elif e.kind == "s":
                     decision.new_singles.append(e)
                     decision.singles.append(e)
         decision.new_multi.sort(key=_rank_of)
@@ -1391,7 +1396,7 @@ class Bus(Configured):
         self._counts["quarantined"] += q
         if q:
             log.warning("moved %d foreign file(s) from %s to %s", q, lay.messages, lay.quarantine)
-        lost_work = [e for e in expired if e.parsed.single and e.key not in self._in_flight]
+        lost_work = [e for e in expired if e.kind == "s" and e.key not in self._in_flight]
         if lost_work:
             # A multi message expiring is its TTL doing its job; a work item expiring
             # means nobody did it: that backlog is worth a warning.
@@ -1430,7 +1435,7 @@ class Bus(Configured):
     def _targets(self, entry: Entry) -> list[Subscription]:
         """The subscriptions a message goes to (cached per topic and kind; do not mutate)."""
         assert entry.topic is not None
-        kind = entry.parsed.kind
+        kind = entry.kind
         cache = self._target_cache
         subs = cache.get((entry.topic, kind))
         if subs is not None:
@@ -1531,6 +1536,25 @@ class Bus(Configured):
             self._ready_seq += 1
             heapq.heappush(self._ready, (e.rank, self._ready_seq, e))
 
+    def _push_all_ready(self, entries: list[Entry]) -> None:
+        """:meth:`_push_ready` each of ``entries``; many at once (a first listing of a
+        deep queue) are added whole and the heap rebuilt, in linear time."""
+        if len(entries) < _HEAPIFY_FROM or len(entries) < len(self._ready):
+            for e in entries:
+                self._push_ready(e)
+            return
+        keys = self._ready_keys
+        ready = self._ready
+        seq = self._ready_seq
+        for e in entries:
+            key = e.key
+            if key not in keys:
+                keys.add(key)
+                seq += 1
+                ready.append((e.rank, seq, e))
+        self._ready_seq = seq
+        heapq.heapify(ready)
+
     async def _claim_ready(self) -> None:
         """Claim work-queue messages from the ready heap, best priority first.
 
@@ -1582,7 +1606,7 @@ class Bus(Configured):
                 e.key in self._in_flight
                 or self._retries.backing_off(e.key, now)
                 or e.name not in self._state.seen.get(e.bucket_index, ())
-                or e.parsed.expires_ms <= now_ms
+                or e.expires_ms <= now_ms
             ):
                 continue
             subs = [s for s in self._targets(e) if not s.closed]
@@ -1900,7 +1924,7 @@ class Bus(Configured):
         return topic == prefix or topic.startswith(prefix + ".")
 
     def _message(self, e: Entry, payload: bytes, meta: bytes | None, attempts: int) -> Message:
-        f = e.parsed.fields
+        f = e.fields
         assert e.topic is not None
         host = None
         if f is not None:
@@ -1911,8 +1935,8 @@ class Bus(Configured):
         return Message(
             topic=e.topic,
             payload=payload,
-            single=e.parsed.single,
-            expires=e.parsed.expires_ms / 1000,
+            single=e.kind == "s",
+            expires=e.expires_ms / 1000,
             name=e.name,
             bucket=self.layout.buckets[e.bucket_index],
             headers=decode_meta(meta),
@@ -2239,8 +2263,7 @@ class Bus(Configured):
             self._forget_consumer(name, path)
             self._release_queue_bus(name, entry, token)
             raise
-        if not self._scanning and not self._router_waiting and self._tg is not None:
-            await self._route_peers(self._tg)
+        self._start_routing()
 
         async def consume(msg: Message) -> None:
             try:
@@ -2364,8 +2387,7 @@ class Bus(Configured):
         token = object()
         entry.users.append(token)  # no await since it was handed out: see _subscribe_queue
         try:
-            if not self._scanning and not self._router_waiting and self._tg is not None:
-                await self._route_peers(self._tg)  # peers' messages reach it meanwhile
+            self._start_routing()  # peers' messages reach it meanwhile
             taken = await inner._take()
             if taken is None:
                 yield None
@@ -2435,22 +2457,47 @@ class Bus(Configured):
             if not self._closed:
                 self._waker.wake()  # a subscription may take it now
 
-    async def _route_peers(self, tg: anyio.abc.TaskGroup) -> None:
-        """Route the messages of qlobber-fsq peers (who do not) into the queues, from the
-        process elected for it (:meth:`QueueStore.take_router`), or wait for a turn.
+    def _start_routing(self) -> None:
+        """Have this process route the messages of qlobber-fsq peers (who do not) into
+        the queues, unless it does or waits to already: a consumer of a queue, or a
+        ``get``, does, since it is what they are routed for (:meth:`_route_peers`, in the
+        background: the consumer does not wait for a listing of the main bus)."""
+        tg = self._tg
+        if self._scanning or self._router_waiting or tg is None:
+            return
+        self._router_waiting = True
+        tg.start_soon(self._route_peers, tg, time.time())
+
+    async def _route_peers(self, tg: anyio.abc.TaskGroup, since: float) -> None:
+        """Route peers' messages from the process elected for it
+        (:meth:`QueueStore.take_router`), or wait for a turn (:meth:`_await_router`).
 
         Routing means listing the main bus: a process that scans it anyway (it
         subscribes there) routes as it goes; of the processes that only consume queues,
-        one lists it for all, not each of them.
+        one lists it for all, not each of them. ``since``: when the consumer that asked
+        for it came. The first listing routes the peers' messages published since then
+        (less :data:`_START_SLACK`), as if it had been made before that consumer's
+        ``subscribe`` returned.
         """
-        if await anyio.to_thread.run_sync(self._queues.take_router):
-            with contextlib.suppress(FsBusError, OSError):
-                await self._start_scanning(tg)
-            if not self._scanning:
-                await anyio.to_thread.run_sync(self._queues.drop_router)
+        try:
+            took = await anyio.to_thread.run_sync(self._queues.take_router)
+        except (FsBusError, OSError) as exc:
+            self._router_waiting = False
+            log.warning("cannot route peers' messages on %s: %s", self.root, exc)
             return
-        self._router_waiting = True
-        tg.start_soon(self._await_router, time.time())
+        if not took:
+            tg.start_soon(self._await_router, since)  # (still waiting)
+            return
+        self._router_waiting = False
+        if self._scanning:
+            return  # a subscription of its own scans meanwhile: it routes as it goes
+        self._route_since = since - _START_SLACK
+        with contextlib.suppress(FsBusError, OSError):
+            await self._start_scanning(tg)
+        if not self._scanning:
+            self._route_since = None
+            with contextlib.suppress(FsBusError, OSError):
+                await anyio.to_thread.run_sync(self._queues.drop_router)
 
     async def _await_router(self, since: float) -> None:
         """Take over routing peers' messages when the router lets go (it closed, or its
@@ -2682,7 +2729,7 @@ def _is_async_callable(obj: object) -> bool:
 
 
 def _has_meta(e: Entry) -> bool:
-    f = e.parsed.fields
+    f = e.fields
     return f is not None and bool(f.flags & FLAG_META)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from .names import ParsedName, decode_fields, decode_topic, parse_name
+from .names import FsbusFields, Kind, ParsedName, decode_fields, decode_topic, parse_name
 
 __all__ = [
     "BucketView",
@@ -37,14 +37,35 @@ class Entry:
     """A parsed message file seen in a bucket (read-only by convention).
 
     A plain class with ``__slots__`` rather than a frozen dataclass: one is built per
-    name listed, and a frozen dataclass's ``__init__`` costs several times as much."""
+    name listed, and a frozen dataclass's ``__init__`` costs several times as much. For
+    the same reason an entry made by a listing (:func:`parse_entry`) holds what a scan
+    needs (kind, expiry, rank) and takes its name apart whole (:attr:`parsed`) only when
+    asked: a queue's first listing may hold tens of thousands, most of them claimed
+    long after."""
 
-    __slots__ = ("bucket_index", "key", "parsed", "rank", "topic")
+    __slots__ = (
+        "_parsed",
+        "bucket_index",
+        "expires_ms",
+        "fields",
+        "key",
+        "kind",
+        "name",
+        "rank",
+        "topic",
+    )
 
+    _parsed: ParsedName | None
     bucket_index: int
     """Index of its bucket."""
-    parsed: ParsedName
-    """Its name taken apart."""
+    name: str
+    """The file name."""
+    kind: Kind
+    """``m`` multi, ``s`` single, ``d`` direct (qlobber-fsq only)."""
+    expires_ms: int
+    """Expiry, milliseconds since the epoch."""
+    fields: FsbusFields | None
+    """fsbus's fields when an fsbus peer wrote the name, else None."""
     topic: str | None
     """The decoded topic, or None while a long topic's spill is not read yet."""
     key: tuple[int, str]
@@ -58,10 +79,24 @@ class Entry:
 
     def __init__(self, bucket_index: int, parsed: ParsedName, topic: str | None) -> None:
         self.bucket_index = bucket_index
-        self.parsed = parsed
+        self._parsed = parsed
+        self.name = parsed.name
+        self.kind = parsed.kind
+        self.expires_ms = parsed.expires_ms
+        self.fields = parsed.fields
         self.topic = topic
         self.key = (bucket_index, parsed.name)
         self.rank = rank_of(parsed)
+
+    @property
+    def parsed(self) -> ParsedName:
+        """Its name taken apart."""
+        p = self._parsed
+        if p is None:
+            p = parse_name(self.name)
+            assert p is not None  # (it was parsed as a message's name once)
+            self._parsed = p
+        return p
 
     def __repr__(self) -> str:
         return f"Entry({self.bucket_index!r}, {self.parsed!r}, {self.topic!r})"
@@ -77,11 +112,6 @@ class Entry:
 
     def __hash__(self) -> int:
         return hash((self.bucket_index, self.parsed, self.topic))
-
-    @property
-    def name(self) -> str:
-        """The file name."""
-        return self.parsed.name
 
     @property
     def priority(self) -> int:
@@ -161,26 +191,27 @@ class BucketView:
     def place(self, name: str, entry: Entry, now_ms: int) -> str | None:
         """Keep a message's ``entry`` where it belongs: ``"expired"``, ``"s"`` (a single)
         or ``"m"`` (a multi), which it returns; None for a kind it does not keep."""
-        p = entry.parsed
-        if p.expires_ms <= now_ms:
+        expires_ms = entry.expires_ms
+        if expires_ms <= now_ms:
             self.expired[name] = entry
             return "expired"
-        if p.kind == "s":
+        kind = entry.kind
+        if kind == "s":
             self.singles[name] = entry
-        elif p.kind == "m":
+        elif kind == "m":
             self.multis[name] = entry
         else:
             return None
-        if self.next_expiry == 0 or p.expires_ms < self.next_expiry:
-            self.next_expiry = p.expires_ms
-        return p.kind
+        if self.next_expiry == 0 or expires_ms < self.next_expiry:
+            self.next_expiry = expires_ms
+        return kind
 
     def expire(self, now_ms: int) -> None:
         """Move what expired by ``now_ms`` to :attr:`expired`."""
         soonest = 0
         for live in (self.multis, self.singles):
             for name, e in list(live.items()):
-                t = e.parsed.expires_ms
+                t = e.expires_ms
                 if t <= now_ms:
                     del live[name]
                     self.expired[name] = e
@@ -344,6 +375,30 @@ def long_names(state: ScanState, listings: dict[int, list[str]]) -> list[tuple[i
 def parse_entry(bi: int, name: str, spills: dict[tuple[int, str], str | None]) -> Entry | None:
     """The entry of ``name`` in bucket ``bi`` (``spills``: long topics' rests, as read by
     :meth:`BusFS.read_spills`); None when it is not a message's name."""
+    m = _OWN_SHORT_RE.fullmatch(name)
+    if m is not None:
+        # fsbus's own name with its whole topic in it (nearly every name): what a scan
+        # needs, from one match; the rest is parsed when asked for (Entry.parsed).
+        topic_hex, expires, kind, flags, priority, published, host, sequence = m.groups()
+        topic = _topics.get(topic_hex)
+        if topic is None:
+            topic = decode_topic(topic_hex)
+            if topic is None:
+                return None
+            if len(_topics) >= 4096:
+                _topics.clear()
+            _topics[topic_hex] = topic
+        e = _new_entry(Entry)
+        e.bucket_index = bi
+        e._parsed = None
+        e.name = name
+        e.kind = kind  # type: ignore[assignment]
+        e.expires_ms = int(expires, 16)
+        f = e.fields = FsbusFields(int(flags, 16), int(priority, 16), int(published, 16), host)
+        e.topic = topic
+        e.key = (bi, name)
+        e.rank = (f.priority << 184) | (f.published_ms << 128) | int(sequence, 16)
+        return e
     parsed = parse_name(name)
     if parsed is None:
         return None
@@ -361,6 +416,18 @@ def parse_entry(bi: int, name: str, spills: dict[tuple[int, str], str | None]) -
     if topic is None:
         return None
     return Entry(bi, parsed, topic)
+
+
+# fsbus's own short name, as parse_name takes it apart: topic, expiry, kind, then the
+# unique part's flags, priority, publish time, host and sequence.
+_OWN_SHORT_RE: Final = re.compile(
+    r"((?:[0-9a-f]{2})*)@s\+([0-9a-f]{1,13})\+([msd])\+"
+    r"f1([0-9a-f])([0-9a-f]{2})([0-9a-f]{11})([0-9a-f]{6})([0-9a-f]{12})",
+    re.DOTALL,
+)
+_topics: dict[str, str] = {}
+"""Hex topics decoded by :func:`parse_entry` (a bus holds few distinct topics)."""
+_new_entry = object.__new__
 
 
 SWEEPS_PER_AGE: Final = 10

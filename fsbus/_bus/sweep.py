@@ -28,7 +28,7 @@ def take_census(fs: BusFS, now_ms: int, topics: dict[str, bool] | None = None) -
     return Census(
         c.singles + [e.key for e in d.singles],
         c.multis + len(d.present_multi),
-        c.expired + [(e.bucket_index, e.name, e.parsed.kind) for e in d.expired],
+        c.expired + [(e.bucket_index, e.name, e.kind) for e in d.expired],
         c.foreign + d.foreign,
         {},
     )

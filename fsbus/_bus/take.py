@@ -160,12 +160,12 @@ class TakeView:
             if (
                 entry is None
                 or entry.topic is None  # its spill went with it: taken and acked since
-                or not entry.parsed.single
-                or entry.parsed.expires_ms <= now_ms  # the sweep removes it
+                or entry.kind != "s"
+                or entry.expires_ms <= now_ms  # the sweep removes it
             ):
                 passed.add(name)
                 continue
-            fields = entry.parsed.fields
+            fields = entry.fields
             has_meta = fields is not None and bool(fields.flags & FLAG_META)
             claim = fs.claim(buckets[bi], name, has_meta=has_meta, attempts=False)
             if claim is None:

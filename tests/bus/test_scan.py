@@ -291,3 +291,46 @@ def test_long_names_are_parsed_even_for_peers_only() -> None:
     assert not is_own_short(n)
     d = decide(st, {0: [n]}, {(0, n): encode_topic("t" * 150)[100:]}, NOW, peers_only=True)
     assert topics(d.new_multi) == ["t" * 150]
+
+
+def test_an_entry_from_a_listing_is_the_entry_of_its_parsed_name() -> None:
+    """:func:`parse_entry` takes fsbus's own short names apart with one match and parses
+    the whole name only when asked (``Entry.parsed``): every field a scan, a claim or a
+    delivery reads is what the full parse gives, for every kind, flag and priority."""
+    from fsbus._bus.names import parse_name
+    from fsbus._bus.scan import parse_entry
+
+    names = []
+    for kind in ("m", "s", "d"):
+        for flags in (0, 1, 2, 3, 15):
+            for priority in (0, 7, 255):
+                fields = FsbusFields(flags, priority, NOW + priority, "0a1b2c")
+                n, _ = make_name(
+                    encode_topic("a.b.ünï"),
+                    split_at=200,
+                    expires_ms=NOW + 5,
+                    kind=kind,  # type: ignore[arg-type]
+                    unique=encode_fields(fields, "00ff00ff00ff"),
+                )
+                names.append(n)
+    names.append(name("xy", single=True, split_at=2))  # long: the full parse
+    for n in names:
+        fast = parse_entry(3, n, {(3, n): encode_topic("xy")[2:]})
+        parsed = parse_name(n)
+        assert fast is not None
+        assert parsed is not None
+        full = Entry(3, parsed, fast.topic)
+        got = (fast.name, fast.kind, fast.expires_ms, fast.fields, fast.rank, fast.key)
+        assert got == (full.name, full.kind, full.expires_ms, full.fields, full.rank, full.key)
+        assert fast.parsed == parsed  # parsed when asked
+        assert fast == full
+
+
+def test_a_name_of_fsbus_form_with_a_bad_topic_is_still_foreign() -> None:
+    from fsbus._bus.scan import parse_entry
+
+    good = name("a.b")
+    at = good.index("@")
+    for bad in ("ff" + good[2:], "C3" + good[2:], good[:at] + "0" + good[at:]):
+        assert parse_entry(0, bad, {}) is None, bad
+    assert parse_entry(0, good.replace("+m+", "+x+"), {}) is None

@@ -106,8 +106,11 @@ async def test_a_new_router_leaves_what_the_old_one_had_passed(
 ) -> None:
     """A new router routes from where the old one had got to (its progress, kept in
     ``fsbus/queues/.router``): a peer's message that came before any router ran stays
-    unrouted, as it was, and one published after the takeover is routed."""
+    unrouted, as it was, and one published after the takeover is routed. (No slack:
+    the first router would otherwise route a peer's message of the last 50 ms before
+    its consumer came, which the timestamps of files cannot tell apart.)"""
     monkeypatch.setattr(engine, "_ROUTER_SLACK", 0.0)
+    monkeypatch.setattr(engine, "_START_SLACK", 0.0)
     with BlockingBus(root) as admin:
         admin.declare_queue("q", ["foo.#"])
     await anyio.to_thread.run_sync(plant_peer_message, root, b"before")
@@ -294,3 +297,29 @@ async def test_what_a_listing_for_peers_only_found_after_a_subscription_came_is_
             pub.publish("x.last", b"z", ttl=600)
         await inbox.wait_for(2)
     assert inbox.payloads == [b"a", b"z"]
+
+
+@pytest.mark.anyio
+async def test_a_queue_consumer_does_not_wait_for_the_routers_first_listing(
+    root: Path,
+) -> None:
+    """The first queue consumer of a process becomes the router, whose first listing of
+    the main bus may be long (every multi message stays until it expires). ``subscribe``
+    returns without waiting for it, and a peer's message published after it returned,
+    while that listing still runs, is routed all the same, once."""
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    gate = GatedMainListing()
+    gate.armed = True
+    inbox = Inbox()
+    async with Bus(root, ops=gate, config=FAST) as router:
+        await router.subscribe(None, inbox, queue="q")
+        # (the router's first listing may only have been started: wait until it waits)
+        assert await anyio.to_thread.run_sync(gate.entered.wait, WAIT)
+        assert not gate.go.is_set()
+        await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
+        gate.go.set()
+        await inbox.wait_for(1)
+        await wait_until(lambda: router.statistics().scans > 2)
+    assert inbox.payloads == [b"peer"]
+    assert await anyio.to_thread.run_sync(depth, root) == 0
