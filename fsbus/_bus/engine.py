@@ -804,8 +804,14 @@ class Bus(Configured):
                 await self.unsubscribe(sub)
                 raise
         else:
-            self._force_full = True  # work items already present reach it promptly
-            self._waker.wake()
+            # Work items already present reach a worker promptly: every bucket is listed
+            # again for it. A subscription to multi messages only needs no such listing
+            # (the messages published after it returns are new to the next listings; one
+            # with ``existing`` gets a full listing of its own): on a bus that keeps
+            # thousands of messages, that listing takes milliseconds.
+            if kind != "multi":
+                self._force_full = True
+            self._waker.wake()  # (the scan loop may rest, routing only, until woken)
         return sub
 
     def _watch(self, tg: anyio.abc.TaskGroup) -> None:

@@ -298,3 +298,46 @@ async def test_one_subscriber_cannot_change_anothers_headers(root: Path) -> None
         await bus.publish("h", b"x", headers={"k": "original"})
         await wait_until(lambda: len(seen) == 2)
     assert {"k": "original"} in seen
+
+
+class CountedListings(Ops):
+    """Counts the listings of the main bus's buckets."""
+
+    def __init__(self) -> None:
+        self.listed = 0
+
+    def listdir(self, path: str) -> list[str]:
+        if "/messages/" in path:
+            self.listed += 1
+        return super().listdir(path)
+
+
+@pytest.mark.anyio
+async def test_a_multi_subscription_on_a_scanning_bus_lists_no_bucket_again(root: Path) -> None:
+    """A subscription to multi messages only, added while the bus scans, gets what is
+    published after it without a listing of every bucket (a worker's gets one, for the
+    work already waiting; ``existing=True`` one, for what is present)."""
+    seam = CountedListings()
+    buckets = BusConfig().num_buckets
+    async with Bus(root, ops=seam) as bus:
+        await bus.subscribe("a.#", Inbox(), kind="multi")
+        for i in range(3):
+            inbox = Inbox()
+            before = seam.listed
+            await bus.subscribe(f"t{i}.#", inbox, kind="multi")
+            await bus.publish(f"t{i}.x", b"%d" % i)
+            await inbox.wait_for(1)
+            assert inbox.payloads == [b"%d" % i]
+            assert seam.listed - before < buckets
+        old = Inbox()
+        before = seam.listed
+        await bus.subscribe("t0.#", old, kind="multi", existing=True)
+        await old.wait_for(1)
+        assert old.payloads == [b"0"]
+        assert seam.listed - before >= buckets
+        worker = Inbox()
+        before = seam.listed
+        await bus.subscribe("w.#", worker, kind="single")
+        await bus.publish("w.x", b"w", single=True)
+        await worker.wait_for(1)
+        assert seam.listed - before >= buckets
