@@ -256,11 +256,7 @@ class BusFS:
         ops = self.ops
         lay = self.layout
         self._created: list[str] = []
-        parents = (lay.messages, lay.topics)
-        nested = {f"{p}/{b}" for p in parents for b in lay.buckets}
         for d in lay.all_dirs():
-            if d in nested:
-                continue
             if d == lay.root:
                 try:
                     self._make_parents(d)  # like Stream.open: missing parents are made
@@ -282,12 +278,16 @@ class BusFS:
                 self.spares = False  # (read-only here, say: publishing will tell)
         else:
             self.spares = False
-        present = self._present_subdirs(parents)
-        self._make_dirs(
-            [d for d in lay.all_dirs() if d in nested and d not in present],
-            "creating the bus directory",
-        )
-        self._check_sidecar_buckets()
+        if self.platform.shared:
+            # Other hosts list these buckets through their own clients, whose caches
+            # may keep a bucket's absence: every one is made now, as qlobber-fsq does.
+            parents = (lay.messages, lay.topics)
+            present = self._present_subdirs(parents)
+            self._make_dirs(
+                [f"{p}/{b}" for p in parents for b in lay.buckets if f"{p}/{b}" not in present],
+                "creating the bus directory",
+            )
+        self._check_buckets()
         self._sync_created()
         if self.config.locking == "auto":
             # Rename on mounts where flock stays on each host, and wherever another
@@ -317,12 +317,13 @@ class BusFS:
             )
         self._open_update(reset_update)
 
-    def _check_sidecar_buckets(self) -> None:
-        """Refuse a bucket name under ``fsbus/meta`` or ``fsbus/attempts`` that is not a
-        directory (a planted link would take the sidecars written through it elsewhere):
-        those buckets are made on first use, so nothing else looks at them before."""
+    def _check_buckets(self) -> None:
+        """Refuse a bucket name under ``messages``, ``topics``, ``fsbus/meta`` or
+        ``fsbus/attempts`` that is not a directory (a planted link would take what is
+        written through it elsewhere): buckets are made on first use (on a local
+        filesystem), so nothing else looks at them before."""
         buckets = set(self.layout.buckets)
-        for parent in self.layout.sidecar_parents:
+        for parent in self.layout.bucket_parents:
             try:
                 names = self.ops.listdir(parent)
                 real = self.ops.subdirs(parent)
@@ -332,14 +333,27 @@ class BusFS:
                 if name in buckets and name not in real:
                     self._check_dir(f"{parent}/{name}")  # raises: it is not a directory
 
-    def _make_sidecar_bucket(self, d: str) -> None:
-        """Make bucket directory ``d`` of ``fsbus/meta`` or ``fsbus/attempts`` on its
-        first use, its name synced before a file goes into it, whether or not that file
-        is durable: a durable sidecar written into it later syncs only the bucket (as
-        when every bucket was made, and synced, with the bus)."""
-        self._make_dir(d, "creating a sidecar directory", record=False)
-        with contextlib.suppress(StorageError):  # (as setup: a mount that cannot sync one)
-            self._fsync_dir(os.path.dirname(d))
+    def _make_bucket(self, d: str) -> None:
+        """Make bucket directory ``d`` (of :attr:`Layout.bucket_parents`) on its first
+        use. Its name is synced before a file goes into it, whether or not that file is
+        durable: a durable file written into it later syncs only the bucket (as when
+        every bucket was made, and synced, with the bus). Not on a filesystem that
+        commits metadata in order (journaled ext4, XFS: :attr:`places_first`), where
+        the sync of the bucket that a durable file asks for commits its making too.
+
+        Raises OSError, as the write that needed the bucket would have: the caller
+        takes back what it wrote and says what failed (a bucket that cannot be made,
+        or a name there that is not a directory, named with the path)."""
+        try:
+            self._make_dir(d, "creating a bucket directory", record=False)
+        except StorageError as err:
+            cause = err.__cause__
+            if isinstance(cause, OSError):
+                raise cause from None
+            raise NotADirectoryError(errno.ENOTDIR, str(err), d) from None
+        if not self._place_first:
+            with contextlib.suppress(StorageError):  # (as setup: a mount that cannot sync)
+                self._fsync_dir(os.path.dirname(d))
 
     def _present_subdirs(self, parents: Iterable[str]) -> set[str]:
         """Bucket directories that already exist, found with one listing per parent.
@@ -665,12 +679,13 @@ class BusFS:
         except FileNotFoundError as exc:
             self._unlink_quiet(path)
             if spare is None:
-                raise storage_error("publishing a message", exc, path) from exc
+                # (the staged file, or the bucket that could not be made: the path says)
+                raise storage_error("publishing a message", exc, exc.filename or path) from exc
             # (or the bucket is gone: then staging it anew says so)
             return self.publish_plain(name, bucket_index, payload, go, own, spare_ok=False)
         except OSError as exc:
             self._unlink_quiet(path)
-            raise storage_error("publishing a message", exc, path) from exc
+            raise storage_error("publishing a message", exc, exc.filename or path) from exc
         if own:
             self.stamp_own(bucket_index)
         else:
@@ -966,6 +981,15 @@ class BusFS:
         A hard link would refuse to replace, but costs a quarter of a publish on these
         filesystems; the names make it unnecessary.
         """
+        try:
+            self._place_once(staged, final)
+        except FileNotFoundError:
+            # The bucket's first message (or the staged file is gone: then this raises
+            # again, once the bucket is made)
+            self._make_bucket(os.path.dirname(final))
+            self._place_once(staged, final)
+
+    def _place_once(self, staged: str, final: str) -> None:
         if self._write_at:
             os.rename(
                 staged[len(self._staging) + 1 :],
@@ -1094,9 +1118,9 @@ class BusFS:
             fd = self.ops.open(path, _CREATE if exclusive else _REWRITE, 0o666)
         except FileNotFoundError:
             bucket = os.path.dirname(path)
-            if os.path.dirname(bucket) not in self.layout.sidecar_parents:
+            if os.path.dirname(bucket) not in self.layout.bucket_parents:
                 raise
-            self._make_sidecar_bucket(bucket)  # its first file
+            self._make_bucket(bucket)  # its first file
             fd = self.ops.open(path, _CREATE if exclusive else _REWRITE, 0o666)
         try:
             if self._file_mode is not None:

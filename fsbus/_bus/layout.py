@@ -128,9 +128,10 @@ class Layout:
         return bucket_index * self.stamp_size
 
     def all_dirs(self) -> list[str]:
-        """Every directory a bus makes when it opens, parents first (the bucket
-        directories of :attr:`sidecar_parents` come when first written)."""
-        dirs = [
+        """Every directory a bus makes when it opens, parents first. The bucket
+        directories (under :attr:`bucket_parents`) come when a file first goes into
+        them, on a local filesystem; on a shared one a bus makes them all as it opens."""
+        return [
             self.root,
             self.staging,
             self.messages,
@@ -142,16 +143,12 @@ class Layout:
             self.hosts,
             self.quarantine,
         ]
-        for b in self.buckets:
-            dirs.append(f"{self.messages}/{b}")
-            dirs.append(f"{self.topics}/{b}")
-        return dirs
 
     @property
-    def sidecar_parents(self) -> tuple[str, str]:
-        """``fsbus/meta`` and ``fsbus/attempts``: their bucket directories are made on
-        first use (see :meth:`all_dirs`)."""
-        return f"{self.private}/meta", f"{self.private}/attempts"
+    def bucket_parents(self) -> tuple[str, str, str, str]:
+        """``messages``, ``topics``, ``fsbus/meta`` and ``fsbus/attempts``: the folders
+        of bucket directories (see :meth:`all_dirs`)."""
+        return self.messages, self.topics, f"{self.private}/meta", f"{self.private}/attempts"
 
 
 def changed_buckets(old: bytes | None, new: bytes, stamp_size: int, count: int) -> list[int]:

@@ -491,6 +491,12 @@ class Offload:
             self.thread_runs += 1
             if items is not None:  # a batch, big or not, says how fast the mount is per item
                 self._timed_in_thread(took / max(items, 1))
+                if self.inline:
+                    # Sent here by its size at the cost per item measured inline: what
+                    # its items took here (no hop in it) corrects that cost, which one
+                    # slow batch (the machine busy for a moment) would otherwise hold
+                    # high for good, as no batch would run inline to lower it.
+                    self._item_took(took, items)
             elif not big:
                 self._timed_in_thread(took)
         return result

@@ -30,6 +30,18 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "bus"
 
 
+def peer_buckets(root: Path, config: BusConfig | None = None) -> None:
+    """Make every bucket directory of ``messages`` and ``topics``, as a qlobber-fsq peer
+    does when it starts (fsbus makes a bucket when its first file goes in, on a local
+    mount): for tests that plant files in buckets by hand."""
+    from fsbus._bus.layout import Layout
+
+    layout = Layout.of(str(root), config or BusConfig())
+    for parent in (layout.messages, layout.topics):
+        for b in layout.buckets:
+            os.makedirs(f"{parent}/{b}", exist_ok=True)
+
+
 @pytest.fixture
 def fast() -> BusConfig:
     """Defaults, but retries and polls quick enough for redelivery tests."""
@@ -120,7 +132,8 @@ def is_flocked(path: str | os.PathLike[str]) -> bool:
 
 
 class RecordingOps(Ops):
-    """Pass-through that records syncs and placements (rename or link into a bucket)."""
+    """Pass-through that records syncs, placements (rename or link into a bucket, once
+    done) and directories made."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -140,13 +153,17 @@ class RecordingOps(Ops):
         super().fsync(fd)
 
     def rename(self, src: str, dst: str) -> None:
-        self.calls.append(("place", f"{src} -> {dst}"))
         super().rename(src, dst)
+        self.calls.append(("place", f"{src} -> {dst}"))
 
     def link(self, src: str, dst: str) -> None:
         # Placing by link (then unlinking the staging name) is placing all the same.
-        self.calls.append(("place", f"{src} -> {dst}"))
         super().link(src, dst)
+        self.calls.append(("place", f"{src} -> {dst}"))
+
+    def mkdir(self, path: str, mode: int = 0o777) -> None:
+        super().mkdir(path, mode)
+        self.calls.append(("mkdir", path))
 
     def copy_range(self, src_fd: int, dst_fd: int, count: int) -> int:
         n = super().copy_range(src_fd, dst_fd, count)

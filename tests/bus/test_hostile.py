@@ -13,7 +13,7 @@ from fsbus import BlockingBus, Bus, BusConfig, StorageError
 from fsbus._bus.names import encode_topic, make_name
 from fsbus._bus.ops import Ops
 
-from .conftest import Inbox, files_under, message_files, wait_until
+from .conftest import Inbox, files_under, message_files, peer_buckets, wait_until
 
 
 def peer_name(topic: str, *, single: bool, ttl: float = 3600) -> str:
@@ -30,9 +30,11 @@ def peer_name(topic: str, *, single: bool, ttl: float = 3600) -> str:
 
 
 def prepare(root: Path) -> None:
-    """Create the bus layout (as a first Bus would)."""
+    """Create the bus layout (as a first Bus would), with every bucket directory (as a
+    qlobber-fsq peer makes them) for the files planted there."""
     with BlockingBus(root):
         pass
+    peer_buckets(root)
 
 
 @pytest.mark.anyio
@@ -64,6 +66,7 @@ async def test_foreign_file_dropped_while_running_is_quarantined(root: Path) -> 
     inbox = Inbox()
     async with Bus(root, config=BusConfig(refresh_ttl=0.1, poll_interval=0.05)) as bus:
         await bus.subscribe("#", inbox)
+        peer_buckets(root)
         await anyio.Path(root / "messages" / "3c" / "editor-backup~").write_text("x")
         await wait_until(lambda: bus.statistics().quarantined == 1)
         await bus.publish("after", b"1")
@@ -74,6 +77,7 @@ async def test_foreign_file_dropped_while_running_is_quarantined(root: Path) -> 
 @pytest.mark.anyio
 async def test_gc_quarantines_foreign_files_too(root: Path) -> None:
     async with Bus(root) as bus:
+        peer_buckets(root)
         await anyio.Path(root / "messages" / "11" / "stray.txt").write_text("x")
         assert await bus.gc() == 1
         assert bus.statistics().quarantined == 1

@@ -16,7 +16,7 @@ import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig
 
-from .conftest import Inbox, files_under, message_files, wait_until
+from .conftest import Inbox, files_under, message_files, peer_buckets, wait_until
 
 VECTORS: list[dict[str, Any]] = json.loads(
     (Path(__file__).parent / "data" / "qlobber_fsq_names.json").read_text()
@@ -41,8 +41,11 @@ def plant(root: Path, vec: dict[str, Any]) -> str:
 
 
 def prepare(root: Path) -> None:
+    """The bus layout, with every bucket as the qlobber-fsq peer whose files are
+    planted makes them."""
     with BlockingBus(root):
         pass
+    peer_buckets(root)
 
 
 @pytest.mark.anyio

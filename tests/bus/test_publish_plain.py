@@ -33,7 +33,7 @@ from fsbus._bus.plan import PublishPlan, plan_publish, topic_form
 from fsbus._defaults import Defaults
 from tests.journaled import UnorderedMount
 
-from .conftest import FailingOps, RecordingOps, files_under, message_files
+from .conftest import FailingOps, RecordingOps, files_under, message_files, peer_buckets
 
 CONFIGS = {
     "defaults": BusConfig(),
@@ -289,6 +289,7 @@ class _UnorderedRecording(UnorderedMount, RecordingOps):
 
 def test_a_durable_publish_on_a_known_topic_is_still_synced(tmp_path: Path) -> None:
     root = tmp_path / "bus"
+    peer_buckets(root)  # (a bucket's first message makes it: see test_storage)
     ops = _UnorderedRecording()  # (synced before its rename: see test_storage)
     with BlockingBus(root, ops=ops) as bus:
         bus.publish("d", b"x")  # known from now on: Namer.plan's shortcut names the next

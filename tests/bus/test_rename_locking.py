@@ -13,7 +13,15 @@ import pytest
 from fsbus import BlockingBus, Bus, BusConfig, Message
 from fsbus._bus.names import encode_topic, make_name
 
-from .conftest import WAIT, Inbox, files_under, message_files, wait_until, wait_until_blocking
+from .conftest import (
+    WAIT,
+    Inbox,
+    files_under,
+    message_files,
+    peer_buckets,
+    wait_until,
+    wait_until_blocking,
+)
 
 RENAME = BusConfig(locking="rename", poll_interval=0.05, retry_interval=0.05)
 
@@ -24,9 +32,11 @@ def claims(root: Path) -> list[str]:
 
 
 def prepare(root: Path) -> None:
-    """Create the bus layout, claims directory included."""
+    """Create the bus layout, claims directory included, and every bucket (as a
+    qlobber-fsq peer makes them) for the files planted there."""
     with BlockingBus(root, config=RENAME):
         pass
+    peer_buckets(root, RENAME)
 
 
 @pytest.mark.anyio

@@ -12,7 +12,7 @@ import pytest
 
 from fsbus import Bus, BusConfig, BusStatistics, Message
 
-from .conftest import Inbox, message_files, wait_until
+from .conftest import Inbox, message_files, peer_buckets, wait_until
 
 
 @pytest.mark.anyio
@@ -29,6 +29,7 @@ async def test_counters_follow_a_session(root: Path) -> None:
     async with Bus(root, config=cfg) as bus:
         fresh = bus.statistics()
         assert fresh == BusStatistics(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, fresh.inotify)
+        peer_buckets(root)
         await anyio.Path(root / "messages" / "00" / "stray").write_text("x")
         await bus.subscribe("news.#", multi)
         await bus.subscribe("jobs.#", worker)

@@ -56,15 +56,20 @@ async def test_durable_publish_syncs_file_sidecars_then_directories_in_order(
         b, n = info.bucket, info.name
         assert sync_calls(ops, root) == [
             ("fdatasync", f"staging/{n}"),
+            # the first file in a bucket makes the bucket's directory (made on first use,
+            # on a local mount): its name is synced before the file goes into it
+            ("mkdir", f"topics/{b}"),
+            ("fsync", "topics"),
             ("fdatasync", f"topics/{b}/{n}"),
-            # the first headers sidecar in its bucket makes the bucket's directory (made
-            # on first use): that name is synced before the sidecar goes into it
+            ("mkdir", f"fsbus/meta/{b}"),
             ("fsync", "fsbus/meta"),
             ("fdatasync", f"fsbus/meta/{b}/{n}"),
             # the sidecars' names before the message's (tests/powercut found a message
             # visible without its headers after a cut between these syncs)
             ("fsync", f"topics/{b}"),
             ("fsync", f"fsbus/meta/{b}"),
+            ("mkdir", f"messages/{b}"),
+            ("fsync", "messages"),
             ("place", f"staging/{n} -> messages/{b}/{n}"),
             ("fsync", f"messages/{b}"),
         ]
@@ -78,13 +83,16 @@ class JournaledRecording(JournaledExt4, RecordingOps):
 async def test_durable_page_on_a_journaled_mount_is_placed_then_synced(root: Path) -> None:
     """One page, no sidecar, on a filesystem that writes data before the metadata that
     shows it: renamed first, then its data and its bucket synced (the first sync
-    commits its creation and its rename together)."""
+    commits its creation and its rename together). Such a filesystem commits its
+    metadata in order, so the bucket made for it needs no sync of its own: the
+    bucket's sync commits its making too."""
     ops = JournaledRecording()
     async with Bus(root, ops=ops) as bus:
         ops.calls.clear()
         info = await bus.publish("d", b"x" * 4095, durable=True)  # a file of 4,096
     n, b = info.name, info.bucket
     assert sync_calls(ops, root) == [
+        ("mkdir", f"messages/{b}"),
         ("place", f"staging/{n} -> messages/{b}/{n}"),
         ("fdatasync", f"staging/{n}"),  # (the descriptor opened in staging)
         ("fsync", f"messages/{b}"),
@@ -101,6 +109,7 @@ async def test_durable_over_a_page_on_a_journaled_mount_is_synced_first(root: Pa
     n, b = info.name, info.bucket
     assert sync_calls(ops, root) == [
         ("fdatasync", f"staging/{n}"),
+        ("mkdir", f"messages/{b}"),
         ("place", f"staging/{n} -> messages/{b}/{n}"),
         ("fsync", f"messages/{b}"),
     ]
@@ -121,6 +130,8 @@ async def test_durable_short_topic_syncs_file_then_bucket(root: Path) -> None:
     n, b = info.name, info.bucket
     assert sync_calls(ops, root) == [
         ("fdatasync", f"staging/{n}"),
+        ("mkdir", f"messages/{b}"),  # its first message: the bucket made, its name synced
+        ("fsync", "messages"),
         ("place", f"staging/{n} -> messages/{b}/{n}"),
         ("fsync", f"messages/{b}"),
     ]
@@ -138,7 +149,7 @@ async def test_durable_async_iterator_payload_is_synced(root: Path) -> None:
         ops.calls.clear()
         info = await bus.publish("d", chunks(), durable=True)
     ops_done = [op for op, _ in sync_calls(ops, root)]
-    assert ops_done == ["fdatasync", "place", "fsync"]
+    assert ops_done == ["fdatasync", "mkdir", "fsync", "place", "fsync"]  # (a new bucket)
     assert await anyio.Path(info.path).read_bytes() == b"\x00ab"
 
 
@@ -149,13 +160,13 @@ async def test_plain_publish_does_not_sync(root: Path) -> None:
         ops.calls.clear()
         await bus.publish(LONG_TOPIC, b"x", headers={"h": "1"})
     calls = sync_calls(ops, root)
-    # No data or bucket is synced. Only the name of the sidecar bucket directory made for
-    # this publish's headers is (the bus is new: the first sidecar in a bucket makes it,
-    # and syncs its name whatever the publish, since a durable sidecar in it later syncs
-    # only the bucket).
-    made = ("fsync", "fsbus/meta")
-    assert calls.count(made) == 1
-    assert [op for op, what in calls if (op, what) != made] == ["place"]
+    # No data or bucket is synced. Only the names of the bucket directories made for
+    # this publish are (the bus is new: the first file in a bucket makes it, and syncs
+    # its name whatever the publish, since a durable file in it later syncs only the
+    # bucket).
+    made = [("fsync", p) for p in ("topics", "fsbus/meta", "messages")]
+    assert [c for c in calls if c[0] == "fsync"] == made
+    assert [op for op, _ in calls if op != "fsync"] == ["mkdir"] * 3 + ["place"]
 
 
 def assert_nothing_partial(root: Path) -> None:

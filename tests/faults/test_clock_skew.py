@@ -34,6 +34,7 @@ def plant(root: Path, topic: str, payload: bytes, *, expires_ms: int, single: bo
     )
     assert spill is None
     path = root / "messages" / "0" / name
+    path.parent.mkdir(exist_ok=True)  # (as a qlobber-fsq peer makes every bucket)
     staging = root / "staging" / name
     staging.write_bytes(b"\x00" + payload)
     staging.rename(path)

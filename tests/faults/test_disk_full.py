@@ -5,6 +5,7 @@ On a real 8 MiB / 200-inode tmpfs (root only) and, everywhere, through the I/O s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -92,10 +93,43 @@ async def test_out_of_inodes_publish_fails_clearly_and_recovers(small_fs: Path) 
 @pytest.mark.root
 @pytest.mark.anyio
 async def test_bus_that_cannot_create_its_layout_says_disk_full(small_fs: Path) -> None:
-    # The default layout needs 1 000+ directories; 200 inodes cannot hold it.
+    # Every inode taken but a few: not enough for the layout's dozen directories.
+    filler = small_fs / "filler"
+    filler.mkdir()
+    with contextlib.suppress(OSError):
+        for i in range(1000):
+            (filler / str(i)).touch()
+    for i in range(3):
+        (filler / str(i)).unlink()
     with pytest.raises(DiskFull, match="creating the bus directory"):
         async with Bus(small_fs / "bus"):
             pass
+
+
+@pytest.mark.root
+@pytest.mark.anyio
+async def test_a_bucket_that_cannot_be_made_says_disk_full_and_leaves_nothing(
+    small_fs: Path,
+) -> None:
+    """Buckets are made when their first message comes (on a local mount): a disk with
+    no inode left for one refuses the publish with DiskFull naming the bucket, and
+    leaves no staged file behind."""
+    root = small_fs / "bus"
+    async with Bus(root) as bus:
+        filler = small_fs / "filler"
+        filler.mkdir()
+        with contextlib.suppress(OSError):
+            for i in range(1000):
+                (filler / str(i)).touch()
+        (filler / "0").unlink()  # room for the staged file, not for its bucket too
+        with pytest.raises(DiskFull, match=r"messages/[0-9a-f]{2}"):
+            await bus.publish("t", b"x")
+        assert list((root / "staging").iterdir()) == []
+        assert list((root / "messages").iterdir()) == []
+        (filler / "1").unlink()
+        (filler / "2").unlink()
+        info = await bus.publish("t", b"x")  # room again: the bucket is made
+        assert (root / "messages" / info.bucket / info.name).read_bytes() == b"\x00x"
 
 
 class FullDisk(Ops):

@@ -103,6 +103,7 @@ async def test_names_that_are_not_utf8_are_quarantined_and_delivery_goes_on(
     async with Bus(root, config=FAST) as bus:
         await bus.subscribe("#", inbox, existing=True)
         bucket = os.fsencode(root / "messages" / "0")
+        os.makedirs(bucket, exist_ok=True)  # (as a qlobber-fsq peer makes every bucket)
         planted = [
             bucket + b"/\xff\xfe@s+" + b"ffffffffff+m+" + b"0" * 32,  # not UTF-8 at all
             bucket + b"/" + _peer_name("ff80").encode() + b"",  # hex of invalid UTF-8
@@ -138,6 +139,7 @@ async def test_hostile_spill_files_never_make_a_reader_leave_the_root(tmp_path: 
             )
             assert rest is not None
             spill = root / "topics" / "0" / name
+            spill.parent.mkdir(exist_ok=True)  # (as a qlobber-fsq peer makes every bucket)
             if kind == "symlink":
                 spill.symlink_to(secret)
             elif kind == "hardlink":
@@ -147,6 +149,7 @@ async def test_hostile_spill_files_never_make_a_reader_leave_the_root(tmp_path: 
             else:
                 spill.write_text("ab" * 50_000)
             (root / "staging" / name).write_bytes(b"\x00" + kind.encode())
+            (root / "messages" / "0").mkdir(exist_ok=True)
             (root / "staging" / name).rename(root / "messages" / "0" / name)
             cases[kind] = name
         await bus.publish("real", b"r")
@@ -171,6 +174,7 @@ def _plant_link(root: Path, target: Path, topic: str, kind: str) -> Path:
     )
     assert rest is None
     link = root / "messages" / "0" / name
+    link.parent.mkdir(exist_ok=True)  # (as a qlobber-fsq peer makes every bucket)
     os.link(target, link)
     return link
 

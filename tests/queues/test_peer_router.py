@@ -47,6 +47,8 @@ def plant_peer_message(root: Path, payload: bytes) -> str:
     name = f"{PEER['name'][:at]}@s+{expires:x}+m+{secrets.token_hex(16)}"
     staged = root / "staging" / f"peer-{secrets.token_hex(4)}"
     staged.write_bytes(b"\x00" + payload)
+    # (a qlobber-fsq peer makes every bucket when it starts)
+    (root / "messages" / PEER["bucket"]).mkdir(exist_ok=True)
     os.rename(staged, root / "messages" / PEER["bucket"] / name)
     # and stamps the bucket's slot in UPDATE, which wakes the processes that watch it
     layout = Layout.of(str(root), FAST)

@@ -289,7 +289,12 @@ def test_a_durable_publish_stamps_after_its_last_sync(root: Path, mount: str, qu
         ops.events.clear()
         bus.publish("t.x", b"plain")
         ev = ops.events
-        assert [e[0] for e in ev if e[0] != "rename"] == ["stamp"] * (1 + queues)
+        # (a bucket's first message makes it, and on a mount that does not commit in
+        # order syncs the folder that holds it: not the message)
+        made = [e for e in ev if e[0] == "fsync" and e[1].endswith("/messages")]
+        assert mount == "sync-first" or made == []
+        rest = [e[0] for e in ev if e[0] != "rename" and e not in made]
+        assert rest == ["stamp"] * (1 + queues)
         for q in "abc"[:queues]:
             assert bus.queue_info(q).depth == 3
         assert len(list(bus.browse("#"))) == 3
