@@ -130,7 +130,8 @@ class Layout:
     def all_dirs(self) -> list[str]:
         """Every directory a bus makes when it opens, parents first. The bucket
         directories (under :attr:`bucket_parents`) come when a file first goes into
-        them, on a local filesystem; on a shared one a bus makes them all as it opens."""
+        them; on a mount that other hosts share, a bus makes those of ``messages`` and
+        ``topics`` as it opens (see ``BusFS.setup``)."""
         return [
             self.root,
             self.staging,
