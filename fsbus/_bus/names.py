@@ -28,6 +28,7 @@ from typing import Literal, NamedTuple
 import xxhash
 
 __all__ = [
+    "FIELDS_HEAD_PATTERN",
     "FLAG_INLINE",
     "FLAG_META",
     "MAX_EXPIRES_MS",
@@ -54,7 +55,10 @@ write this (no qlobber-fsq peer reads them): one file a message instead of two."
 MAX_EXPIRES_MS = 0xFFF_FFFF_FFFF  # 11 hex digits: the year 2527
 _FSBUS_PREFIX = "f1"
 _FSBUS_UNIQUE_LEN = 34
-_FIELDS_PATTERN = "f1([0-9a-f])([0-9a-f]{2})([0-9a-f]{11})([0-9a-f]{6})[0-9a-f]{12}"
+FIELDS_HEAD_PATTERN = "f1([0-9a-f])([0-9a-f]{2})([0-9a-f]{11})([0-9a-f]{6})"
+"""fsbus's unique part up to its random digits: flags, priority, publish time and host,
+one group each (followed by 12 hex digits)."""
+_FIELDS_PATTERN = FIELDS_HEAD_PATTERN + "[0-9a-f]{12}"
 _FIELDS_RE = re.compile(_FIELDS_PATTERN)
 # topic hex (no "@": the last "@" splits), size, expiry, kind, then the unique part (no
 # "@" or "+": exactly four "+" fields), fsbus's fields in it when it has their form.

@@ -12,7 +12,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from .names import FsbusFields, Kind, ParsedName, decode_fields, decode_topic, parse_name
+from .names import (
+    FIELDS_HEAD_PATTERN,
+    FsbusFields,
+    Kind,
+    ParsedName,
+    decode_fields,
+    decode_topic,
+    parse_name,
+)
 
 __all__ = [
     "BucketView",
@@ -418,13 +426,12 @@ def parse_entry(bi: int, name: str, spills: dict[tuple[int, str], str | None]) -
     return Entry(bi, parsed, topic)
 
 
-# fsbus's own short name, as parse_name takes it apart: topic, expiry, kind, then the
-# unique part's flags, priority, publish time, host and sequence.
-_OWN_SHORT_RE: Final = re.compile(
-    r"((?:[0-9a-f]{2})*)@s\+([0-9a-f]{1,13})\+([msd])\+"
-    r"f1([0-9a-f])([0-9a-f]{2})([0-9a-f]{11})([0-9a-f]{6})([0-9a-f]{12})",
-    re.DOTALL,
-)
+_SHORT_HEAD: Final = r"((?:[0-9a-f]{2})*)@s\+([0-9a-f]{1,13})\+([msd])\+"
+"""A short name (the whole hex topic in it) up to its unique part, as parse_name reads
+it: the topic, expiry and kind."""
+# fsbus's own short name, as parse_name takes it apart: then the unique part's flags,
+# priority, publish time, host and sequence.
+_OWN_SHORT_RE: Final = re.compile(_SHORT_HEAD + FIELDS_HEAD_PATTERN + "([0-9a-f]{12})", re.DOTALL)
 _topics: dict[str, str] = {}
 """Hex topics decoded by :func:`parse_entry` (a bus holds few distinct topics)."""
 _new_entry = object.__new__
@@ -451,11 +458,8 @@ def sweep_due(now: float, last: float | None, *, max_age: float, shared: bool) -
     return since < 0 or since >= max_age / SWEEPS_PER_AGE
 
 
-# A short name (the whole hex topic in it) as parse_name reads it: the topic, expiry and
-# kind; the rest of the name is not looked at (no "@" or "+" in it).
-_SHORT_NAME_RE: Final = re.compile(
-    r"((?:[0-9a-f]{2})*)@s\+([0-9a-f]{1,13})\+([msd])\+[^@+]*", re.DOTALL
-)
+# A short name: the rest of the name is not looked at (no "@" or "+" in it).
+_SHORT_NAME_RE: Final = re.compile(_SHORT_HEAD + "[^@+]*", re.DOTALL)
 
 
 class Census(NamedTuple):
