@@ -91,13 +91,14 @@ class Seam(Ops):
         super().fdatasync(fd)
 
     def rename(self, src: str, dst: str) -> None:
+        recorded = len(self.threads)
         self._call("rename", dst)
         try:
             super().rename(src, dst)
         except FileNotFoundError:
-            # a bucket's first message: the bucket is made and
-            # the rename made again, which counts
-            self.threads.pop()
+            # a bucket's first message: the bucket is made and the rename made again,
+            # which counts (a rename this seam did not record is left alone)
+            del self.threads[recorded:]
             raise
         if "/messages/" in dst:
             self.placed.append(os.path.basename(dst))

@@ -90,15 +90,22 @@ async def test_out_of_inodes_publish_fails_clearly_and_recovers(small_fs: Path) 
         assert (root / "topics" / info.bucket / info.name).exists()
 
 
+def fill_inodes(fs: Path) -> Path:
+    """Take every free inode of ``fs`` with empty files in ``fs/filler``, named 0, 1, ...
+    (free some again by removing them); returns that folder."""
+    filler = fs / "filler"
+    filler.mkdir()
+    with contextlib.suppress(OSError):  # ENOSPC: none left
+        for i in range(1000):
+            (filler / str(i)).touch()
+    return filler
+
+
 @pytest.mark.root
 @pytest.mark.anyio
 async def test_bus_that_cannot_create_its_layout_says_disk_full(small_fs: Path) -> None:
     # Every inode taken but a few: not enough for the layout's dozen directories.
-    filler = small_fs / "filler"
-    filler.mkdir()
-    with contextlib.suppress(OSError):
-        for i in range(1000):
-            (filler / str(i)).touch()
+    filler = fill_inodes(small_fs)
     for i in range(3):
         (filler / str(i)).unlink()
     with pytest.raises(DiskFull, match="creating the bus directory"):
@@ -116,11 +123,7 @@ async def test_a_bucket_that_cannot_be_made_says_disk_full_and_leaves_nothing(
     leaves no staged file behind."""
     root = small_fs / "bus"
     async with Bus(root) as bus:
-        filler = small_fs / "filler"
-        filler.mkdir()
-        with contextlib.suppress(OSError):
-            for i in range(1000):
-                (filler / str(i)).touch()
+        filler = fill_inodes(small_fs)
         (filler / "0").unlink()  # room for the staged file, not for its bucket too
         with pytest.raises(DiskFull, match=r"messages/[0-9a-f]{2}"):
             await bus.publish("t", b"x")
