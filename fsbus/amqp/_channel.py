@@ -551,21 +551,28 @@ class Channel:
                 await self.reply(spec.Queue.DeleteOk(message_count=0))
             return
         self._check_exclusive(name, meta)
+        held = self.gateway.held(name)  # before the listing: see Gateway.ready_count
         info = await self.bus.queue_info(bus_queue_name(name))
         if m.if_unused and self.gateway.counted_consumers(name, info.consumers):
             raise AmqpError(
                 PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use"
             )
-        if m.if_empty and info.depth:
+        # "empty", like delete-ok's count, is the ready messages, as RabbitMQ counts
+        # them: one delivered and not yet acked (or whose ack is still being written)
+        # leaves the queue empty
+        ready = (await self.gateway.ready_count(name, info, held))[0] if info.depth else 0
+        if m.if_empty and ready:
             raise AmqpError(
                 PRECONDITION_FAILED,
                 f"PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty",
             )
         await self.gateway.cancel_consumers_of(name)
         try:
-            n = await self.bus.delete_queue(bus_queue_name(name))
+            deleted = await self.bus.delete_queue(bus_queue_name(name))
         except QueueNotFound:
-            n = 0
+            deleted = 0
+        # less those held when counted (a message published since is counted)
+        n = max(0, deleted - (info.depth - ready))
         self.gateway.forget(name)
         await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(name))
         self.conn.exclusive.discard(name)

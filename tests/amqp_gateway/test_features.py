@@ -150,6 +150,35 @@ def test_get_leaves_held_messages_out(conn: pika.BlockingConnection, names: Name
     getter.queue_delete(q)
 
 
+def test_a_held_message_leaves_a_queue_empty_for_delete_if_empty(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """``queue.delete(if_empty=True)`` counts the ready messages only, as RabbitMQ does: a
+    message got and not yet acked (or whose ack is still being written) does not make the
+    queue "not empty"; one ready message does."""
+    holder, ch = conn.channel(), conn.channel()
+    q = ch.queue_declare(names("held-delete")).method.queue
+    for body in (b"held", b"ready"):
+        ch.basic_publish("", q, body)
+    deadline = time.monotonic() + WAIT
+    while ch.queue_declare(q, passive=True).method.message_count < 2:
+        assert time.monotonic() < deadline
+    method, _props, body = holder.basic_get(q)
+    assert (body, method.message_count) == (b"held", 1)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.queue_delete(q, if_empty=True)
+    assert refused.value.reply_code == 406
+    ch = conn.channel()
+    got, _props, body = ch.basic_get(q)
+    assert (body, got.message_count) == (b"ready", 0)
+    ch.basic_ack(got.delivery_tag)
+    assert ch.queue_delete(q, if_empty=True).method.message_count == 0
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+        ch.queue_declare(q, passive=True)
+    assert gone.value.reply_code == 404
+    holder.basic_ack(method.delivery_tag)
+
+
 def test_nack_reject_requeue_and_redelivered(conn: pika.BlockingConnection, names: Names) -> None:
     ch = conn.channel()
     q = ch.queue_declare(names("nack")).method.queue
