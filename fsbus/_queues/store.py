@@ -123,6 +123,9 @@ class QueueStore:
         self._trie: TopicTrie[str] = TopicTrie()
         self._routes: dict[str, tuple[Definition, ...]] = {}
         self._publishers: dict[str, QueueBus] = {}
+        # the (device, inode) of each one's bus/ directory when it was opened: a queue
+        # another process deleted, and perhaps declared again, is another directory
+        self._publisher_dirs: dict[str, tuple[int, int] | None] = {}
         self._bad: set[str] = set()
         self._router_fd: int | None = None
         self._router_warned = False
@@ -178,6 +181,15 @@ class QueueStore:
         return hit
 
     def _refresh(self, now: float, *, force: bool = False) -> None:
+        stale: list[QueueBus] = []
+        try:
+            self._refresh_locked(now, force, stale)
+        finally:
+            for pub in stale:
+                with contextlib.suppress(OSError):
+                    pub.close()
+
+    def _refresh_locked(self, now: float, force: bool, stale: list[QueueBus]) -> None:
         with self._lock:
             try:
                 st = os.stat(f"{self.base}/VERSION")
@@ -195,6 +207,13 @@ class QueueStore:
                         trie.add(p, d.name)
                 self._defs, self._trie, self._routes = defs, trie, {}
                 self._version = version
+                # a definition changed: the buses this process writes into must still
+                # be those of the queues of their names (a delete, then a declare, in
+                # another process or by a bus of this one, makes a new directory)
+                for name, ident in list(self._publisher_dirs.items()):
+                    if _dir_id(self.bus_root(name)) != ident:
+                        stale.append(self._publishers.pop(name))
+                        del self._publisher_dirs[name]
             self._next_check = now + REFRESH
 
     def _load_all(self) -> dict[str, Definition]:
@@ -335,6 +354,9 @@ class QueueStore:
         return depth
 
     def _publisher(self, name: str) -> QueueBus | None:
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._refresh(now)  # (drops the buses of queues deleted meanwhile)
         with self._lock:
             pub = self._publishers.get(name)
             if pub is not None:
@@ -343,6 +365,7 @@ class QueueStore:
                 return None
             pub = self._opener(self.bus_root(name), self.sub_config)
             self._publishers[name] = pub
+            self._publisher_dirs[name] = _dir_id(self.bus_root(name))
             return pub
 
     def _drop_head(self, name: str, max_length: int) -> None:
@@ -679,15 +702,26 @@ class QueueStore:
     def _close_publisher(self, name: str) -> None:
         with self._lock:
             pub = self._publishers.pop(name, None)
+            self._publisher_dirs.pop(name, None)
         if pub is not None:
             pub.close()
 
     def close(self) -> None:
         with self._lock:
             pubs, self._publishers = list(self._publishers.values()), {}
+            self._publisher_dirs = {}
         for p in pubs:
             p.close()
         self.drop_router()
+
+
+def _dir_id(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of directory ``path``; None if it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 RECOUNT = 0.1

@@ -552,15 +552,20 @@ class Channel:
             return
         self._check_exclusive(name, meta)
         held = self.gateway.held(name)  # before the listing: see Gateway.ready_count
-        info = await self.bus.queue_info(bus_queue_name(name))
-        if m.if_unused and self.gateway.counted_consumers(name, info.consumers):
-            raise AmqpError(
-                PRECONDITION_FAILED, f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use"
-            )
-        # "empty", like delete-ok's count, is the ready messages, as RabbitMQ counts
-        # them: one delivered and not yet acked (or whose ack is still being written)
-        # leaves the queue empty
-        ready = (await self.gateway.ready_count(name, info, held))[0] if info.depth else 0
+        try:
+            info = await self.bus.queue_info(bus_queue_name(name))
+            # "empty", like delete-ok's count, is the ready messages, as RabbitMQ counts
+            # them: one delivered and not yet acked (or whose ack is still being
+            # written) leaves the queue empty
+            ready = (await self.gateway.ready_count(name, info, held))[0] if info.depth else 0
+        except QueueNotFound:  # its bus queue went meanwhile (deleted by another process)
+            info, ready = None, 0
+        if info is not None and m.if_unused:
+            if self.gateway.counted_consumers(name, info.consumers):
+                raise AmqpError(
+                    PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use",
+                )
         if m.if_empty and ready:
             raise AmqpError(
                 PRECONDITION_FAILED,
@@ -572,7 +577,7 @@ class Channel:
         except QueueNotFound:
             deleted = 0
         # less those held when counted (a message published since is counted)
-        n = max(0, deleted - (info.depth - ready))
+        n = max(0, deleted - (info.depth - ready)) if info is not None else 0
         self.gateway.forget(name)
         await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(name))
         self.conn.exclusive.discard(name)

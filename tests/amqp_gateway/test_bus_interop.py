@@ -123,6 +123,29 @@ def test_fsbus_and_amqp_consumers_compete_on_one_queue(gateway: Broker) -> None:
         ch.queue_delete("shared")
 
 
+def test_deleting_a_queue_the_bus_already_deleted_is_a_delete_ok(gateway: Broker) -> None:
+    """A queue declared through the gateway and deleted with the Python API: a
+    ``queue.delete`` of it, with or without its flags, answers delete-ok (0 messages), as
+    RabbitMQ answers for a queue that is not there, and the queue is gone for AMQP too.
+    Declared again through the gateway, it takes publishes (the gateway had kept the
+    deleted queue's bus open for its publishes and went on writing into it)."""
+    assert gateway.root is not None
+    with BlockingBus(gateway.root) as bus, connect(gateway.url) as conn:
+        ch = conn.channel()
+        for flags in ({}, {"if_unused": True, "if_empty": True}):
+            ch.queue_declare("gone-meanwhile", durable=True)
+            ch.basic_publish("", "gone-meanwhile", b"lost with its queue")
+            deadline = time.monotonic() + WAIT
+            while ch.queue_declare("gone-meanwhile", passive=True).method.message_count < 1:
+                assert time.monotonic() < deadline
+            assert bus.delete_queue("gone-meanwhile") == 1
+            assert ch.queue_delete("gone-meanwhile", **flags).method.message_count == 0
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+                ch.queue_declare("gone-meanwhile", passive=True)
+            assert gone.value.reply_code == 404
+            ch = conn.channel()
+
+
 def test_a_delivery_limit_reached_while_no_gateway_runs(tmp_path: Path) -> None:
     """An fsbus consumer of an AMQP queue with ``x-delivery-limit`` fails a message the
     limit and one more times while no gateway runs: it waits on the bus, and the next

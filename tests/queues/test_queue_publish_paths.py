@@ -362,6 +362,32 @@ def test_enqueue_sees_a_queue_another_bus_deleted_or_declared(root: Path) -> Non
             other.enqueue("a", "t.x", b"one too many")
 
 
+@pytest.mark.parametrize("declared_again_by", ["writer", "deleter"])
+def test_a_bus_that_wrote_into_a_queue_another_deleted_writes_into_the_new_one(
+    root: Path, declared_again_by: str
+) -> None:
+    """A bus keeps the queues' buses it wrote into open. One that another bus deleted,
+    then this bus or the other declared again, is a new directory: the next publish,
+    enqueue and count use it (they kept using the deleted one's: a StorageError where
+    the new folder was not laid out yet, and so for every later publish routed there)."""
+    with BlockingBus(root) as writer, BlockingBus(root) as deleter:
+        writer.declare_queue("q", ["t.#"])
+        writer.publish("t.x", b"old")
+        assert writer.queue_info("q").depth == 1
+        deleter.delete_queue("q")
+        (writer if declared_again_by == "writer" else deleter).declare_queue("q", ["t.#"])
+        writer.publish("t.x", b"routed")
+        writer.enqueue("q", "t.x", b"enqueued")
+        writer.enqueue(["q"], "t.x", b"enqueued into several")
+        assert writer.queue_info("q").depth == 3
+        assert sorted(payload for _t, payload, _h in _drain(deleter, "q", 3)) == [
+            b"enqueued",
+            b"enqueued into several",
+            b"routed",
+        ]
+        assert _staged(root) == []
+
+
 @pytest.mark.parametrize("durable", [True, False])
 def test_enqueue_into_several_queues_copies_into_each(root: Path, durable: bool) -> None:
     """One enqueue into several queues: a copy in each that exists (one named twice gets
