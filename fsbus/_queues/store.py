@@ -126,6 +126,8 @@ class QueueStore:
         # the (device, inode) of each one's bus/ directory when it was opened: a queue
         # another process deleted, and perhaps declared again, is another directory
         self._publisher_dirs: dict[str, tuple[int, int] | None] = {}
+        # those found stale, closed once no publish that took one can still use it
+        self._retired: list[tuple[float, QueueBus]] = []
         self._bad: set[str] = set()
         self._router_fd: int | None = None
         self._router_warned = False
@@ -181,16 +183,19 @@ class QueueStore:
         return hit
 
     def _refresh(self, now: float, *, force: bool = False) -> None:
-        stale: list[QueueBus] = []
+        done: list[QueueBus] = []
         try:
-            self._refresh_locked(now, force, stale)
+            self._refresh_locked(now, force, done)
         finally:
-            for pub in stale:
+            for pub in done:
                 with contextlib.suppress(OSError):
                     pub.close()
 
-    def _refresh_locked(self, now: float, force: bool, stale: list[QueueBus]) -> None:
+    def _refresh_locked(self, now: float, force: bool, done: list[QueueBus]) -> None:
         with self._lock:
+            if self._retired and now - self._retired[0][0] >= RETIRE:
+                done.extend(p for t, p in self._retired if now - t >= RETIRE)
+                self._retired = [(t, p) for t, p in self._retired if now - t < RETIRE]
             try:
                 st = os.stat(f"{self.base}/VERSION")
                 version: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -212,7 +217,7 @@ class QueueStore:
                 # another process or by a bus of this one, makes a new directory)
                 for name, ident in list(self._publisher_dirs.items()):
                     if _dir_id(self.bus_root(name)) != ident:
-                        stale.append(self._publishers.pop(name))
+                        self._retired.append((now, self._publishers.pop(name)))
                         del self._publisher_dirs[name]
             self._next_check = now + REFRESH
 
@@ -710,6 +715,8 @@ class QueueStore:
         with self._lock:
             pubs, self._publishers = list(self._publishers.values()), {}
             self._publisher_dirs = {}
+            pubs += [p for _t, p in self._retired]
+            self._retired = []
         for p in pubs:
             p.close()
         self.drop_router()
@@ -723,6 +730,11 @@ def _dir_id(path: str) -> tuple[int, int] | None:
         return None
     return (st.st_dev, st.st_ino)
 
+
+RETIRE = 10.0
+"""Seconds a queue's bus found stale stays open before it is closed: a publish in
+another thread may have taken it just before (its descriptors must not be reused under
+it)."""
 
 RECOUNT = 0.1
 """Seconds a capped queue's count serves its publishes (with the copies they wrote)."""

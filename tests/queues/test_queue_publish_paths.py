@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -386,6 +387,32 @@ def test_a_bus_that_wrote_into_a_queue_another_deleted_writes_into_the_new_one(
             b"routed",
         ]
         assert _staged(root) == []
+
+
+def test_the_buses_of_deleted_queues_are_closed_once_retired(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale queue bus stays open for ``RETIRE`` seconds (a publish in another thread
+    may hold it), then is closed: a process whose queue is deleted and declared again
+    over and over keeps no more descriptors open for it."""
+    import fsbus._queues.store as store
+
+    monkeypatch.setattr(store, "RETIRE", 0.0)
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with BlockingBus(root) as writer, BlockingBus(root) as deleter:
+        writer.declare_queue("q", ["t.#"])
+        counts = []
+        for i in range(30):
+            writer.publish("t.x", str(i).encode())
+            counts.append(open_fds())
+            deleter.delete_queue("q")
+            deleter.declare_queue("q", ["t.#"])
+        writer.publish("t.x", b"last")
+        assert writer.queue_info("q").depth == 1
+    assert max(counts[10:]) <= counts[5], counts
 
 
 @pytest.mark.parametrize("durable", [True, False])
