@@ -705,11 +705,12 @@ class QueueStore:
 
     # ------------------------------------------------------------------ lifecycle
     def _close_publisher(self, name: str) -> None:
+        """This process deletes queue ``name``: its bus here is retired, as a stale one."""
         with self._lock:
             pub = self._publishers.pop(name, None)
             self._publisher_dirs.pop(name, None)
-        if pub is not None:
-            pub.close()
+            if pub is not None:
+                self._retired.append((time.monotonic(), pub))
 
     def close(self) -> None:
         with self._lock:
@@ -732,9 +733,9 @@ def _dir_id(path: str) -> tuple[int, int] | None:
 
 
 RETIRE = 10.0
-"""Seconds a queue's bus found stale stays open before it is closed: a publish in
-another thread may have taken it just before (its descriptors must not be reused under
-it)."""
+"""Seconds a queue's bus found stale, or of a queue this process deleted, stays open
+before it is closed: a publish in another thread may have taken it just before (its
+descriptors must not be reused under it)."""
 
 RECOUNT = 0.1
 """Seconds a capped queue's count serves its publishes (with the copies they wrote)."""

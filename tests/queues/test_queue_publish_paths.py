@@ -389,12 +389,14 @@ def test_a_bus_that_wrote_into_a_queue_another_deleted_writes_into_the_new_one(
         assert _staged(root) == []
 
 
+@pytest.mark.parametrize("deleted_by", ["another bus", "the writer"])
 def test_the_buses_of_deleted_queues_are_closed_once_retired(
-    root: Path, monkeypatch: pytest.MonkeyPatch
+    root: Path, monkeypatch: pytest.MonkeyPatch, deleted_by: str
 ) -> None:
-    """A stale queue bus stays open for ``RETIRE`` seconds (a publish in another thread
-    may hold it), then is closed: a process whose queue is deleted and declared again
-    over and over keeps no more descriptors open for it."""
+    """A queue bus found stale, or of a queue the process deleted itself, stays open for
+    ``RETIRE`` seconds (a publish in another thread may hold it), then is closed: a
+    process whose queue is deleted and declared again over and over keeps no more
+    descriptors open for it."""
     import fsbus._queues.store as store
 
     monkeypatch.setattr(store, "RETIRE", 0.0)
@@ -402,7 +404,8 @@ def test_the_buses_of_deleted_queues_are_closed_once_retired(
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
-    with BlockingBus(root) as writer, BlockingBus(root) as deleter:
+    with BlockingBus(root) as writer, BlockingBus(root) as other:
+        deleter = writer if deleted_by == "the writer" else other
         writer.declare_queue("q", ["t.#"])
         counts = []
         for i in range(30):
