@@ -115,6 +115,10 @@ class Subscription:
         self.prefetch = prefetch
         self.queue: str | None = None  # the durable queue it consumes, if any
         self.on_close: Callable[[], Awaitable[None]] | None = None
+        self.on_queue_gone: Callable[[], Awaitable[None]] | None = None
+        """Called (once) when the bus ends this subscription because its queue was
+        deleted, by another process or by a bus of this one."""
+        self.queue_gone = False  # ended so: its queue was deleted under it
         self.in_flight = 0  # work-queue messages claimed for it and not yet settled
         self.settled: anyio.Event | None = None  # set when in_flight drops to 0 (if asked)
         self.closed = False
@@ -895,6 +899,7 @@ class Bus(Configured):
         except BaseException:
             it._close()  # a bad pattern or a closed bus: do not leak the streams
             raise
+        it.subscription = sub
         self._iterators.add(it)
         try:
             yield it
@@ -2297,7 +2302,11 @@ class Bus(Configured):
                 sub.settled = anyio.Event()
                 await sub.settled.wait()
             try:
-                deleted = await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+                if sub.queue_gone:  # (its folder is gone, perhaps a new queue's in its place)
+                    await anyio.to_thread.run_sync(os.close, fd)
+                    deleted = True
+                else:
+                    deleted = await anyio.to_thread.run_sync(self._queues.detach, name, fd)
             finally:
                 self._forget_consumer(name, path)  # (its file gone first)
             self._release_queue_bus(name, entry, token, linger=not deleted)
@@ -2618,23 +2627,66 @@ class Bus(Configured):
             # the directory it opened (created, if it was not there yet)
             hosted.ino = await anyio.to_thread.run_sync(_inode, root)
             task_status.started()
-            while True:
-                await hosted.idle.wait()
-                if not hosted.users and not hosted.close_now:
-                    with anyio.move_on_after(_QUEUE_BUS_LINGER):
-                        # (and not over a queue another process deleted meanwhile)
-                        while not hosted.users and not hosted.close_now:
-                            await anyio.sleep(_QUEUE_BUS_LINGER / 8)
-                            if await anyio.to_thread.run_sync(_inode, root) != hosted.ino:
-                                break
-                if hosted.users and not hosted.close_now:  # came back: they use this one
-                    hosted.idle = anyio.Event()
-                    continue
-                if self._queue_buses.get(name) is hosted:
-                    del self._queue_buses[name]
-                break
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(self._watch_queue, name, hosted, root)
+                while True:
+                    await hosted.idle.wait()
+                    if not hosted.users and not hosted.close_now:
+                        with anyio.move_on_after(_QUEUE_BUS_LINGER):
+                            # (and not over a queue another process deleted meanwhile)
+                            while not hosted.users and not hosted.close_now:
+                                await anyio.sleep(_QUEUE_BUS_LINGER / 8)
+                                if await anyio.to_thread.run_sync(_inode, root) != hosted.ino:
+                                    break
+                    if hosted.users and not hosted.close_now:  # came back: they use it
+                        hosted.idle = anyio.Event()
+                        continue
+                    if self._queue_buses.get(name) is hosted:
+                        del self._queue_buses[name]
+                    break
+                watching.cancel_scope.cancel()
         for key in _CONSUMER_COUNTS:  # this bus's statistics keep what its queues did
             self._counts[key] += inner._counts[key]
+
+    async def _watch_queue(self, name: str, hosted: _Hosted, root: str) -> None:
+        """While queue ``name``'s bus has consumers here, look every
+        :data:`_QUEUE_WATCH` seconds whether its directory is still the one it opened.
+        A queue deleted under them (by another process, or a bus of this one), and
+        perhaps declared again, ends them, as RabbitMQ cancels the consumers of a queue
+        that is deleted: their subscriptions close, iterators end, and
+        :attr:`Subscription.on_queue_gone` is called."""
+        while True:
+            await anyio.sleep(_QUEUE_WATCH)
+            if not hosted.users or hosted.close_now:
+                continue
+            if await anyio.to_thread.run_sync(_inode, root) == hosted.ino:
+                continue
+            subs = [
+                s
+                for s in self._own_consumers.get(name, {}).values()
+                if s is not None and s.bus is hosted.bus and not s.closed
+            ]
+            if subs:
+                log.warning(
+                    "queue %r was deleted while %d consumer(s) of this process consumed "
+                    "it: they end (declare it again and subscribe anew)",
+                    name,
+                    len(subs),
+                )
+            # (shielded: the last one's leaving closes the queue's bus, whose host then
+            # stops this watch, and every hook must still run)
+            with anyio.CancelScope(shield=True):
+                for sub in subs:
+                    sub.queue_gone = True
+                    for it in [i for i in self._iterators if i.subscription is sub]:
+                        it._close()  # what it still buffers goes back, and it ends
+                    await self.unsubscribe(sub)
+                    if sub.on_queue_gone is not None:
+                        try:
+                            await sub.on_queue_gone()
+                        except Exception as exc:  # a caller's: it must not stop the bus
+                            log.error("a hook of a consumer of %r failed: %s", name, exc)
+            return
 
     def statistics(self) -> BusStatistics:
         """A snapshot of this Bus's counters (its queue consumers' included)."""
@@ -2683,6 +2735,10 @@ def _inode(path: str) -> int | None:
     except OSError:
         return None
 
+
+_QUEUE_WATCH = 1.0
+"""Seconds between two looks, while a queue has consumers in this process, at whether
+it was deleted under them (a stat of its bus directory)."""
 
 _QUEUE_BUS_LINGER = 1.0
 """Seconds a queue's bus stays open after its last consumer in the process left."""

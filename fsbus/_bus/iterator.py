@@ -24,6 +24,7 @@ class MessageIterator:
         self._verdict: dict[str, bool] = {}
         self._unseen: set[str] = set()  # still buffered when it closed: never read
         self._last: Message | None = None
+        self.subscription: object | None = None  # the bus's, once subscribed
 
     async def _handle(self, msg: Message) -> None:
         done = anyio.Event() if msg.single else None

@@ -799,6 +799,7 @@ class Channel:
             if isinstance(exc, QueueNotFound):
                 raise _not_found_queue(name) from None
             raise
+        consumer.sub.on_queue_gone = functools.partial(self._queue_gone, name, tag)
         self.gateway.track(name, consumer.sub)
         self.gateway.consumers.setdefault(name, set()).add((self, tag))
         if not m.nowait:
@@ -845,6 +846,19 @@ class Channel:
             self.conn.tasks.start_soon(functools.partial(self._leave, consumer, unused=False))
         if not m.nowait:
             await self.reply(spec.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    async def _queue_gone(self, name: str, tag: str) -> None:
+        """The bus ended consumer ``tag``: queue ``name`` was deleted elsewhere (through
+        another gateway, or by an fsbus process). RabbitMQ cancels the consumers of a
+        deleted queue: so does the gateway (this one only: one of a queue declared again
+        since goes on)."""
+        mine = self.gateway.consumers.get(name)
+        if mine is not None:
+            mine.discard((self, tag))
+            if not mine:
+                del self.gateway.consumers[name]
+        with contextlib.suppress(Exception):  # (the channel may be closing meanwhile)
+            await self.server_cancel(tag)
 
     async def server_cancel(self, tag: str) -> None:
         """The queue went away: cancel the consumer and tell the client if it listens."""

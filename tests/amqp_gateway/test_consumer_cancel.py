@@ -12,12 +12,15 @@ while the consumer is cancelled.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pika
 import pika.exceptions
 import pytest
 
 from fsbus import BlockingBus
+from fsbus.amqp import running
 from fsbus.amqp._routing import bus_queue_name
 
 from .conftest import Broker, Names
@@ -131,6 +134,74 @@ def test_an_auto_delete_queue_goes_at_its_last_consumers_cancel(
         assert body == b"three"
         ch.basic_ack(method.delivery_tag)
         assert ch.queue_declare(q, passive=True).method.message_count == 0
+        ch.queue_delete(q)
+    finally:
+        conn.close()
+
+
+@contextmanager
+def _another_connection(broker: Broker) -> Iterator[pika.BlockingConnection]:
+    """A connection of another client: on fsbus, to a second gateway on the same bus
+    (which deletes through the bus: the first gateway hears of it from the bus alone)."""
+    if broker.kind == "rabbitmq":
+        url = broker.url
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    assert broker.root is not None
+    with running(broker.root) as second:
+        conn = pika.BlockingConnection(pika.URLParameters(second.url))
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+
+def _cancelled_within(conn: pika.BlockingConnection, cancelled: list[str]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not cancelled:
+        assert time.monotonic() < deadline, f"no basic.cancel within {WAIT} s"
+        conn.process_data_events(time_limit=0.05)
+
+
+@pytest.mark.parametrize("deleted_through", ["another connection", "the Python API"])
+def test_a_consumer_of_a_queue_deleted_elsewhere_is_cancelled(
+    broker: Broker, names: Names, deleted_through: str
+) -> None:
+    """RabbitMQ cancels the consumers of a queue deleted by another client (basic.cancel,
+    to a client that says it understands it, as pika does); so does the gateway, for a
+    queue deleted through another gateway of its bus or by an fsbus process. The channel
+    goes on; a queue of that name declared again is a new queue, with no consumer."""
+    if deleted_through == "the Python API" and broker.kind == "rabbitmq":
+        pytest.skip("RabbitMQ has no Python API on its queues")
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        ch = conn.channel()
+        q = names("doomed")
+        ch.queue_declare(q)
+        cancelled: list[str] = []
+        ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+        tag = ch.basic_consume(q, lambda _c, _m, _p, _b: None)
+        if deleted_through == "another connection":
+            with _another_connection(broker) as other:
+                other.channel().queue_delete(q)
+        else:
+            assert broker.root is not None
+            with BlockingBus(broker.root) as bus:
+                bus.delete_queue(bus_queue_name(q))
+        _cancelled_within(conn, cancelled)
+        assert cancelled == [tag]
+        ch.queue_declare(q)
+        ch.basic_publish("", q, b"to the new queue")
+        deadline = time.monotonic() + WAIT
+        while (ok := ch.queue_declare(q, passive=True).method).message_count < 1:
+            assert time.monotonic() < deadline
+        assert ok.consumer_count == 0
+        _method, _props, body = ch.basic_get(q, auto_ack=True)
+        assert body == b"to the new queue"
         ch.queue_delete(q)
     finally:
         conn.close()

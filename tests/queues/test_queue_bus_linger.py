@@ -15,7 +15,7 @@ import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig
 
-from .conftest import Inbox, wait_until
+from .conftest import WAIT, Inbox, wait_until
 
 
 def hosted(bus: Bus, queue: str) -> Bus | None:
@@ -101,3 +101,65 @@ async def test_an_auto_deleted_queue_does_not_keep_its_bus(root: Path, fast: Bus
         assert await consume_one(bus, "q") == b"only"
         assert hosted(bus, "q") is None  # closed as its consumer left, not a moment later
         assert [i.name for i in await bus.queues()] == []
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("declared_again", [False, True])
+async def test_consumers_of_a_queue_deleted_elsewhere_end(
+    root: Path, fast: BusConfig, declared_again: bool
+) -> None:
+    """A queue deleted by another process (here another bus, in a thread), perhaps
+    declared again, ends the consumers this bus had of it, as RabbitMQ cancels the
+    consumers of a deleted queue: a handler's subscription closes and says why
+    (``queue_gone``, ``on_queue_gone`` called once), an iterator's ``async for`` ends.
+    They never take what the new queue holds; a new subscription does."""
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        inbox = Inbox()
+        sub = await bus.subscribe(None, inbox, queue="q")
+        told: list[str] = []
+
+        async def hook() -> None:
+            told.append("gone")
+
+        sub.on_queue_gone = hook
+        iterated: list[bytes] = []
+        iterator_ended = anyio.Event()
+
+        async def iterate() -> None:
+            async with bus.messages(queue="q") as it:
+                async for msg in it:
+                    iterated.append(msg.payload)
+                    await it.ack(msg)
+            iterator_ended.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(iterate)
+            with anyio.fail_after(WAIT):  # both consumers attached (a count: polled)
+                while (await bus.queue_info("q")).consumers < 2:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            await bus.publish("t.x", b"old")
+            await wait_until(lambda: len(inbox.messages) + len(iterated) == 1)
+
+            def elsewhere() -> None:
+                with BlockingBus(root) as other:
+                    other.delete_queue("q")
+                    if declared_again:
+                        other.declare_queue("q", ["t.#"])
+                        other.publish("t.x", b"new")
+
+            await anyio.to_thread.run_sync(elsewhere)
+            with anyio.fail_after(WAIT):
+                await iterator_ended.wait()
+            await wait_until(lambda: sub.closed)
+            assert sub.queue_gone
+            await wait_until(lambda: told == ["gone"])
+        assert sorted(inbox.payloads + iterated) == [b"old"]
+        if declared_again:
+            info = await bus.queue_info("q")
+            assert (info.depth, info.consumers) == (1, 0)
+            again = Inbox()
+            await bus.subscribe(None, again, queue="q")
+            assert [m.payload for m in await again.wait_for(1)] == [b"new"]
+        else:
+            assert [q.name for q in await bus.queues()] == []
