@@ -2659,7 +2659,8 @@ class Bus(Configured):
             await anyio.sleep(_QUEUE_WATCH)
             if not hosted.users or hosted.close_now:
                 continue
-            if await anyio.to_thread.run_sync(_inode, root) == hosted.ino:
+            now = await anyio.to_thread.run_sync(_inode_or_gone, root)
+            if now is None or now == hosted.ino:  # (None: it could not be told this time)
                 continue
             subs = [
                 s
@@ -2732,6 +2733,17 @@ class _Hosted:
 def _inode(path: str) -> int | None:
     try:
         return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _inode_or_gone(path: str) -> int | str | None:
+    """The inode of ``path``; ``"gone"`` when it is not there; None when the stat failed
+    otherwise (a network mount's passing error says nothing of a deletion)."""
+    try:
+        return os.stat(path).st_ino
+    except (FileNotFoundError, NotADirectoryError):
+        return "gone"
     except OSError:
         return None
 

@@ -163,3 +163,19 @@ async def test_consumers_of_a_queue_deleted_elsewhere_end(
             assert [m.payload for m in await again.wait_for(1)] == [b"new"]
         else:
             assert [q.name for q in await bus.queues()] == []
+
+
+def test_only_a_missing_directory_says_a_queue_was_deleted(tmp_path: Path) -> None:
+    """What the consumers' watch reads from a stat of a queue's bus directory: its inode,
+    "gone" (not there: the queue was deleted), or None for any other failure (a network
+    mount's passing error), which ends no consumer."""
+    from fsbus._bus.engine import _inode_or_gone
+
+    there = tmp_path / "bus"
+    there.mkdir()
+    assert _inode_or_gone(str(there)) == there.stat().st_ino
+    assert _inode_or_gone(str(tmp_path / "deleted")) == "gone"
+    (tmp_path / "file").write_bytes(b"")
+    assert _inode_or_gone(str(tmp_path / "file" / "bus")) == "gone"
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert _inode_or_gone(str(tmp_path / "loop")) is None  # ELOOP: says nothing
