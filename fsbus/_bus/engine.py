@@ -28,7 +28,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, NamedTuple, Self, TypeVar
+from typing import Any, Literal, NamedTuple, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -41,7 +41,7 @@ from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import Definition, QueueInfo, QueueOptions
 from .._queues.routed import RouteMark
-from .._queues.store import QueueStore
+from .._queues.store import QueueId, QueueStore
 from .._settings import Settings, settings, was_set
 from .browse import browse_messages
 from .configured import Configured
@@ -2259,7 +2259,7 @@ class Bus(Configured):
             return self._queues.get(name), _inode(root)
 
         d, ino = await anyio.to_thread.run_sync(definition)
-        inner = await self._queue_bus(name, ino)
+        inner = await self._queue_bus(name, None if ino is None else (d.uid, ino))
         # Counted as a user of the queue's bus at once (no await since it was handed
         # out), so a consumer leaving meanwhile does not close it under this one.
         entry = self._queue_buses[name]
@@ -2397,7 +2397,7 @@ class Bus(Configured):
 
         d, ino, consumers = await self._offload.call(definition)
         consumers += self._own_live(queue, skip)
-        inner = await self._queue_bus(queue, ino)
+        inner = await self._queue_bus(queue, None if ino is None else (d.uid, ino))
         entry = self._queue_buses[queue]
         token = object()
         entry.users.append(token)  # no await since it was handed out: see _subscribe_queue
@@ -2579,16 +2579,16 @@ class Bus(Configured):
             del self._queue_buses[name]
         entry.idle.set()
 
-    async def _queue_bus(self, name: str, ino: int | None) -> Bus:
-        """The bus of queue ``name`` in this process, hosted by the runner; ``ino``: the
-        inode of the queue's bus directory now (a bus left open over one that was
-        deleted, and perhaps declared again, is not used)."""
+    async def _queue_bus(self, name: str, ident: QueueId | None) -> Bus:
+        """The bus of queue ``name`` in this process, hosted by the runner; ``ident``:
+        which queue it is now (see :meth:`QueueStore.identity`: a bus left open over one
+        that was deleted, and perhaps declared again, is not used)."""
         # One bus per queue, however many consumers subscribe at once: the first starts
         # it and the others wait for it. (Two would compete through flock like two
         # processes, and the one not recorded here would run on, unseen, until close.)
         while True:
             entry = self._queue_buses.get(name)
-            if entry is not None and entry.ino != ino and not entry.users:
+            if entry is not None and entry.ident != ident and not entry.users:
                 self._retire(name, entry)  # lingering over a queue deleted since
                 entry = None
             if entry is not None:
@@ -2624,11 +2624,11 @@ class Bus(Configured):
                     self._share_looker, name, len(inner.layout.buckets)
                 )
             hosted.bus = inner
-            # the directory it opened (created, if it was not there yet)
-            hosted.ino = await anyio.to_thread.run_sync(_inode, root)
+            # the queue it opened (its folder created, if it was not there yet)
+            hosted.ident = await anyio.to_thread.run_sync(self._queues.identity, name)
             task_status.started()
             async with anyio.create_task_group() as watching:
-                watching.start_soon(self._watch_queue, name, hosted, root)
+                watching.start_soon(self._watch_queue, name, hosted)
                 while True:
                     await hosted.idle.wait()
                     if not hosted.users and not hosted.close_now:
@@ -2636,7 +2636,8 @@ class Bus(Configured):
                             # (and not over a queue another process deleted meanwhile)
                             while not hosted.users and not hosted.close_now:
                                 await anyio.sleep(_QUEUE_BUS_LINGER / 8)
-                                if await anyio.to_thread.run_sync(_inode, root) != hosted.ino:
+                                now = await anyio.to_thread.run_sync(self._queues.identity, name)
+                                if now != hosted.ident:
                                     break
                     if hosted.users and not hosted.close_now:  # came back: they use it
                         hosted.idle = anyio.Event()
@@ -2648,9 +2649,9 @@ class Bus(Configured):
         for key in _CONSUMER_COUNTS:  # this bus's statistics keep what its queues did
             self._counts[key] += inner._counts[key]
 
-    async def _watch_queue(self, name: str, hosted: _Hosted, root: str) -> None:
+    async def _watch_queue(self, name: str, hosted: _Hosted) -> None:
         """While queue ``name``'s bus has consumers here, look every
-        :data:`_QUEUE_WATCH` seconds whether its directory is still the one it opened.
+        :data:`_QUEUE_WATCH` seconds whether it is still the queue it opened.
         A queue deleted under them (by another process, or a bus of this one), and
         perhaps declared again, ends them, as RabbitMQ cancels the consumers of a queue
         that is deleted: their subscriptions close, iterators end, and
@@ -2659,8 +2660,13 @@ class Bus(Configured):
             await anyio.sleep(_QUEUE_WATCH)
             if not hosted.users or hosted.close_now:
                 continue
-            now = await anyio.to_thread.run_sync(_inode_or_gone, root)
-            if now is None or now == hosted.ino:  # (None: it could not be told this time)
+            now = await anyio.to_thread.run_sync(self._queues.identity, name)
+            if now is None:  # it could not be told this time
+                continue
+            if hosted.ident is None and now != "gone":
+                hosted.ident = now  # (it could not be told when the bus opened)
+                continue
+            if now == hosted.ident:
                 continue
             subs = [
                 s
@@ -2716,11 +2722,11 @@ class Bus(Configured):
 class _Hosted:
     """A queue's bus that a Bus runs for its consumers of that queue in this process."""
 
-    __slots__ = ("bus", "close_now", "idle", "ino", "users")
+    __slots__ = ("bus", "close_now", "ident", "idle", "users")
 
     def __init__(self) -> None:
-        self.ino: int | None = None
-        """The inode of the queue's bus directory when it was opened."""
+        self.ident: QueueId | Literal["gone"] | None = None
+        """Which queue it opened (see :meth:`QueueStore.identity`)."""
         self.bus: Bus = None  # type: ignore[assignment]  # set by its host task at once
         self.users: list[object] = []
         """A token per consumer using it."""
@@ -2733,17 +2739,6 @@ class _Hosted:
 def _inode(path: str) -> int | None:
     try:
         return os.stat(path).st_ino
-    except OSError:
-        return None
-
-
-def _inode_or_gone(path: str) -> int | str | None:
-    """The inode of ``path``; ``"gone"`` when it is not there; None when the stat failed
-    otherwise (a network mount's passing error says nothing of a deletion)."""
-    try:
-        return os.stat(path).st_ino
-    except (FileNotFoundError, NotADirectoryError):
-        return "gone"
     except OSError:
         return None
 

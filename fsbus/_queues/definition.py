@@ -94,9 +94,14 @@ class Definition:
     name: str
     options: QueueOptions = field(default_factory=QueueOptions)
     bindings: tuple[str, ...] = ()
+    uid: str = field(default="", compare=False)
+    """Random, given when the queue is created and kept by every change of its definition:
+    a queue deleted and declared again under its name is another queue, though the
+    filesystem may give its folders the inodes of the old ones ("": a definition
+    written before fsbus kept one)."""
 
     def with_bindings(self, bindings: tuple[str, ...]) -> Definition:
-        return Definition(self.name, self.options, bindings)
+        return Definition(self.name, self.options, bindings, self.uid)
 
     def encode(self) -> bytes:
         doc = {
@@ -105,6 +110,8 @@ class Definition:
             "options": asdict(self.options),
             "bindings": list(self.bindings),
         }
+        if self.uid:
+            doc["uid"] = self.uid
         return json.dumps(doc, sort_keys=True, indent=1).encode()
 
     @staticmethod
@@ -123,7 +130,10 @@ class Definition:
             bindings = tuple(validate_pattern(p) for p in doc["bindings"])
         except (KeyError, TypeError, UsageError) as exc:
             raise ValueError(f"bad options or bindings: {exc}") from exc
-        return Definition(name, options, bindings)
+        uid = doc.get("uid", "")
+        if not isinstance(uid, str):
+            raise ValueError(f"bad uid {uid!r}: not a string")
+        return Definition(name, options, bindings, uid)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Protocol
+from typing import Literal, Protocol
 
 from .._core.trie import TopicTrie
 from .._errors import (
@@ -123,9 +123,9 @@ class QueueStore:
         self._trie: TopicTrie[str] = TopicTrie()
         self._routes: dict[str, tuple[Definition, ...]] = {}
         self._publishers: dict[str, QueueBus] = {}
-        # the (device, inode) of each one's bus/ directory when it was opened: a queue
-        # another process deleted, and perhaps declared again, is another directory
-        self._publisher_dirs: dict[str, tuple[int, int] | None] = {}
+        # which queue each one was opened on (see identity): a queue another process
+        # deleted, and perhaps declared again, is another one
+        self._publisher_dirs: dict[str, QueueId | Literal["gone"] | None] = {}
         # those found stale, closed once no publish that took one can still use it
         self._retired: list[tuple[float, QueueBus]] = []
         self._bad: set[str] = set()
@@ -149,6 +149,25 @@ class QueueStore:
 
     def bus_root(self, name: str) -> str:
         return f"{self.base}/{name}/bus"
+
+    def identity(self, name: str) -> QueueId | Literal["gone"] | None:
+        """Which queue ``name`` is now: its definition's uid and its ``bus/`` folder's
+        inode (a queue deleted and declared again differs in its uid, though the
+        filesystem may reuse the inode); ``"gone"`` when it is not there; None when
+        that cannot be told now (a read failed otherwise: a network mount's passing
+        error, a definition being replaced)."""
+        try:
+            ino = os.stat(self.bus_root(name)).st_ino
+            with open(f"{self.dir(name)}/{_DEF}", "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return "gone"
+        except OSError:
+            return None
+        try:
+            return (Definition.decode(data, name).uid, ino)
+        except ValueError:
+            return None  # (a corrupt definition: quarantined by the next read)
 
     # ------------------------------------------------------------------ routing
     def targets(self, topic: str) -> tuple[Definition, ...]:
@@ -216,7 +235,8 @@ class QueueStore:
                 # be those of the queues of their names (a delete, then a declare, in
                 # another process or by a bus of this one, makes a new directory)
                 for name, ident in list(self._publisher_dirs.items()):
-                    if _dir_id(self.bus_root(name)) != ident:
+                    now_is = self.identity(name)
+                    if now_is is not None and (now_is == "gone" or now_is != ident):
                         self._retired.append((now, self._publishers.pop(name)))
                         del self._publisher_dirs[name]
             self._next_check = now + REFRESH
@@ -370,7 +390,7 @@ class QueueStore:
                 return None
             pub = self._opener(self.bus_root(name), self.sub_config)
             self._publishers[name] = pub
-            self._publisher_dirs[name] = _dir_id(self.bus_root(name))
+            self._publisher_dirs[name] = self.identity(name)
             return pub
 
     def _drop_head(self, name: str, max_length: int) -> None:
@@ -545,7 +565,7 @@ class QueueStore:
                 merged = d.bindings + tuple(p for p in wanted if p not in d.bindings)
                 d = d.with_bindings(merged)
             else:
-                d = Definition(name, options, wanted)
+                d = Definition(name, options, wanted, uuid.uuid4().hex)
                 os.makedirs(f"{self.dir(name)}/consumers", exist_ok=True)
                 os.makedirs(self.bus_root(name), exist_ok=True)
                 # the new folders survive a power cut once declare returns
@@ -723,14 +743,9 @@ class QueueStore:
         self.drop_router()
 
 
-def _dir_id(path: str) -> tuple[int, int] | None:
-    """The (device, inode) of directory ``path``; None if it is not there."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
+QueueId = tuple[str, int]
+"""A queue's identity: its definition's uid, its bus folder's inode (see
+:meth:`QueueStore.identity`)."""
 
 RETIRE = 10.0
 """Seconds a queue's bus found stale, or of a queue this process deleted, stays open

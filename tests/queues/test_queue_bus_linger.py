@@ -165,17 +165,40 @@ async def test_consumers_of_a_queue_deleted_elsewhere_end(
             assert [q.name for q in await bus.queues()] == []
 
 
-def test_only_a_missing_directory_says_a_queue_was_deleted(tmp_path: Path) -> None:
-    """What the consumers' watch reads from a stat of a queue's bus directory: its inode,
-    "gone" (not there: the queue was deleted), or None for any other failure (a network
-    mount's passing error), which ends no consumer."""
-    from fsbus._bus.engine import _inode_or_gone
+def test_a_queue_declared_again_is_another_queue_whatever_its_inodes(root: Path) -> None:
+    """What says which queue a name is (QueueStore.identity, read by the consumers' watch
+    and by the buses kept for publishing): a uid its definition keeps from its creation,
+    with its bus folder's inode. On ext4 a folder made just after one was removed often
+    gets the same inode: the uid still tells the queues apart. "gone" when there is no
+    queue; None when it cannot be told (a failed read), which ends no consumer."""
+    with BlockingBus(root) as bus:
+        store = bus._engine()[1]._queues
+        bus.declare_queue("q", ["t.#"])
+        first = store.identity("q")
+        assert isinstance(first, tuple)
+        assert first[0]
+        bus.declare_queue("q", ["t.#", "u.#"])  # the same queue, changed
+        assert store.identity("q") == first
+        bus.delete_queue("q")
+        assert store.identity("q") == "gone"
+        bus.declare_queue("q", ["t.#"])
+        second = store.identity("q")
+        assert isinstance(second, tuple)
+        assert second[0] != first[0]
+        bus_dir = root / "fsbus" / "queues" / "q" / "bus"
+        bus_dir.rename(bus_dir.with_name("moved"))
+        bus_dir.symlink_to(bus_dir)  # a stat of it fails with ELOOP: says nothing
+        assert store.identity("q") is None
 
-    there = tmp_path / "bus"
-    there.mkdir()
-    assert _inode_or_gone(str(there)) == there.stat().st_ino
-    assert _inode_or_gone(str(tmp_path / "deleted")) == "gone"
-    (tmp_path / "file").write_bytes(b"")
-    assert _inode_or_gone(str(tmp_path / "file" / "bus")) == "gone"
-    (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    assert _inode_or_gone(str(tmp_path / "loop")) is None  # ELOOP: says nothing
+
+def test_a_definition_without_a_uid_is_read_as_before() -> None:
+    """Definitions written before fsbus kept a uid still read (uid ""), and the uid is
+    written and read back."""
+    from fsbus._queues.definition import Definition
+
+    old = Definition("q", bindings=("t.#",)).encode()
+    assert b"uid" not in old
+    assert Definition.decode(old, "q").uid == ""
+    new = Definition("q", bindings=("t.#",), uid="abc").encode()
+    assert Definition.decode(new, "q").uid == "abc"
+    assert Definition.decode(new, "q") == Definition("q", bindings=("t.#",))
