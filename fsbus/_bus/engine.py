@@ -2745,7 +2745,8 @@ def _inode(path: str) -> int | None:
 
 _QUEUE_WATCH = 1.0
 """Seconds between two looks, while a queue has consumers in this process, at whether
-it was deleted under them (a stat of its bus directory)."""
+it was deleted under them (:meth:`QueueStore.identity`: a stat and a read of its
+definition)."""
 
 _QUEUE_BUS_LINGER = 1.0
 """Seconds a queue's bus stays open after its last consumer in the process left."""
