@@ -41,7 +41,7 @@ from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import Definition, QueueInfo, QueueOptions
 from .._queues.routed import RouteMark
-from .._queues.store import QueueId, QueueStore
+from .._queues.store import QueueId, QueueStore, queue_id
 from .._settings import Settings, settings, was_set
 from .browse import browse_messages
 from .configured import Configured
@@ -2259,7 +2259,7 @@ class Bus(Configured):
             return self._queues.get(name), _inode(root)
 
         d, ino = await anyio.to_thread.run_sync(definition)
-        inner = await self._queue_bus(name, None if ino is None else (d.uid, ino))
+        inner = await self._queue_bus(name, None if ino is None else queue_id(d, ino))
         # Counted as a user of the queue's bus at once (no await since it was handed
         # out), so a consumer leaving meanwhile does not close it under this one.
         entry = self._queue_buses[name]
@@ -2397,7 +2397,7 @@ class Bus(Configured):
 
         d, ino, consumers = await self._offload.call(definition)
         consumers += self._own_live(queue, skip)
-        inner = await self._queue_bus(queue, None if ino is None else (d.uid, ino))
+        inner = await self._queue_bus(queue, None if ino is None else queue_id(d, ino))
         entry = self._queue_buses[queue]
         token = object()
         entry.users.append(token)  # no await since it was handed out: see _subscribe_queue

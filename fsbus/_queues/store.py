@@ -125,7 +125,7 @@ class QueueStore:
         self._publishers: dict[str, QueueBus] = {}
         # which queue each one was opened on (see identity): a queue another process
         # deleted, and perhaps declared again, is another one
-        self._publisher_dirs: dict[str, QueueId | Literal["gone"] | None] = {}
+        self._publisher_ids: dict[str, QueueId | Literal["gone"] | None] = {}
         # those found stale, closed once no publish that took one can still use it
         self._retired: list[tuple[float, QueueBus]] = []
         self._bad: set[str] = set()
@@ -165,7 +165,7 @@ class QueueStore:
         except OSError:
             return None
         try:
-            return (Definition.decode(data, name).uid, ino)
+            return queue_id(Definition.decode(data, name), ino)
         except ValueError:
             return None  # (a corrupt definition: quarantined by the next read)
 
@@ -234,11 +234,14 @@ class QueueStore:
                 # a definition changed: the buses this process writes into must still
                 # be those of the queues of their names (a delete, then a declare, in
                 # another process or by a bus of this one, makes a new directory)
-                for name, ident in list(self._publisher_dirs.items()):
+                for name, ident in list(self._publisher_ids.items()):
+                    uid = defs[name].uid if name in defs else ""
+                    if uid and isinstance(ident, tuple) and uid == ident[0]:
+                        continue  # the same queue (its uid says so, with no more I/O)
                     now_is = self.identity(name)
                     if now_is is not None and (now_is == "gone" or now_is != ident):
                         self._retired.append((now, self._publishers.pop(name)))
-                        del self._publisher_dirs[name]
+                        del self._publisher_ids[name]
             self._next_check = now + REFRESH
 
     def _load_all(self) -> dict[str, Definition]:
@@ -390,7 +393,7 @@ class QueueStore:
                 return None
             pub = self._opener(self.bus_root(name), self.sub_config)
             self._publishers[name] = pub
-            self._publisher_dirs[name] = self.identity(name)
+            self._publisher_ids[name] = self.identity(name)
             return pub
 
     def _drop_head(self, name: str, max_length: int) -> None:
@@ -728,14 +731,14 @@ class QueueStore:
         """This process deletes queue ``name``: its bus here is retired, as a stale one."""
         with self._lock:
             pub = self._publishers.pop(name, None)
-            self._publisher_dirs.pop(name, None)
+            self._publisher_ids.pop(name, None)
             if pub is not None:
                 self._retired.append((time.monotonic(), pub))
 
     def close(self) -> None:
         with self._lock:
             pubs, self._publishers = list(self._publishers.values()), {}
-            self._publisher_dirs = {}
+            self._publisher_ids = {}
             pubs += [p for _t, p in self._retired]
             self._retired = []
         for p in pubs:
@@ -746,6 +749,12 @@ class QueueStore:
 QueueId = tuple[str, int]
 """A queue's identity: its definition's uid, its bus folder's inode (see
 :meth:`QueueStore.identity`)."""
+
+
+def queue_id(d: Definition, bus_inode: int) -> QueueId:
+    """The identity of the queue defined by ``d`` whose bus folder has ``bus_inode``."""
+    return (d.uid, bus_inode)
+
 
 RETIRE = 10.0
 """Seconds a queue's bus found stale, or of a queue this process deleted, stays open

@@ -799,7 +799,7 @@ class Channel:
             if isinstance(exc, QueueNotFound):
                 raise _not_found_queue(name) from None
             raise
-        consumer.sub.on_queue_gone = functools.partial(self._queue_gone, name, tag)
+        consumer.sub.on_queue_gone = functools.partial(self._queue_gone, name, tag, consumer)
         self.gateway.track(name, consumer.sub)
         self.gateway.consumers.setdefault(name, set()).add((self, tag))
         if not m.nowait:
@@ -847,11 +847,13 @@ class Channel:
         if not m.nowait:
             await self.reply(spec.Basic.CancelOk(consumer_tag=m.consumer_tag))
 
-    async def _queue_gone(self, name: str, tag: str) -> None:
-        """The bus ended consumer ``tag``: queue ``name`` was deleted elsewhere (through
-        another gateway, or by an fsbus process). RabbitMQ cancels the consumers of a
-        deleted queue: so does the gateway (this one only: one of a queue declared again
-        since goes on)."""
+    async def _queue_gone(self, name: str, tag: str, consumer: Consumer) -> None:
+        """The bus ended ``consumer`` (tag ``tag``): queue ``name`` was deleted elsewhere
+        (through another gateway, or by an fsbus process). RabbitMQ cancels the
+        consumers of a deleted queue: so does the gateway (this one only: one of a queue
+        declared again since goes on)."""
+        if self.consumers.get(tag) is not consumer:
+            return  # cancelled meanwhile (its tag perhaps taken again by another)
         mine = self.gateway.consumers.get(name)
         if mine is not None:
             mine.discard((self, tag))
