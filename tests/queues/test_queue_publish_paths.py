@@ -415,7 +415,10 @@ def test_the_buses_of_deleted_queues_are_closed_once_retired(
             deleter.declare_queue("q", ["t.#"])
         writer.publish("t.x", b"last")
         assert writer.queue_info("q").depth == 1
-    assert max(counts[10:]) <= counts[5], counts
+    # No growth: a bus left open per queue would add its descriptors at every turn. (A
+    # retired bus is closed a moment after it is set aside, so a count may catch one
+    # still open: the early turns' highest count is the bound, not one early turn's.)
+    assert max(counts[20:]) <= max(counts[:10]), counts
 
 
 @pytest.mark.parametrize("durable", [True, False])
