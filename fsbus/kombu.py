@@ -373,6 +373,8 @@ class _Sub:
             return None
         except StopAsyncIteration:
             raise ClosedError("the queue subscription ended") from None
+        except QueueNotFound as exc:  # its queue was deleted: the connection starts over
+            raise ClosedError(f"the queue subscription ended: {exc}") from None
 
     def ack(self, msg: Message) -> None:
         self.portal.call(self.it.ack, msg)

@@ -551,7 +551,9 @@ class BlockingMessages:
         return self._it
 
     def get(self, timeout: float | None = None) -> Message:
-        """The next message; raises TimeoutError after ``timeout`` seconds."""
+        """The next message; raises TimeoutError after ``timeout`` seconds, ClosedError
+        once the subscription has ended, and :class:`~fsbus.QueueNotFound` if it ended
+        because its durable queue was deleted."""
         it = self._iter()
         try:
             return self._portal.call(it.receive, timeout)

@@ -7,6 +7,7 @@ from typing import Self
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .._errors import QueueNotFound
 from .message import Message
 
 __all__ = ["Decline", "GiveBack", "MessageIterator", "Released"]
@@ -71,12 +72,29 @@ class MessageIterator:
     async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
         """The next message; raises TimeoutError after ``timeout`` seconds.
 
-        ``timeout=0`` polls: a message already waiting, or TimeoutError at once.
+        ``timeout=0`` polls: a message already waiting, or TimeoutError at once. Once the
+        subscription has ended it raises StopAsyncIteration, or
+        :class:`~fsbus.QueueNotFound` if it ended because its durable queue was deleted.
         """
-        if timeout is not None and timeout <= 0:
-            return await self._next(wait=False)  # fail_after(0) would refuse even those
-        with anyio.fail_after(timeout):
-            return await self._next(wait=True)
+        try:
+            if timeout is not None and timeout <= 0:
+                return await self._next(wait=False)  # fail_after(0) would refuse even those
+            with anyio.fail_after(timeout):
+                return await self._next(wait=True)
+        except StopAsyncIteration:
+            self.raise_if_queue_gone()
+            raise
+
+    def raise_if_queue_gone(self) -> None:
+        """Raise :class:`~fsbus.QueueNotFound` if the bus ended this iterator because its
+        durable queue was deleted (by another process, or another bus of this one)."""
+        sub = self.subscription
+        if getattr(sub, "queue_gone", False):
+            queue = getattr(sub, "queue", None)
+            raise QueueNotFound(
+                f"queue {queue!r} was deleted while this subscription consumed it; "
+                "declare it again and subscribe anew"
+            )
 
     async def ack(self, msg: Message) -> None:
         """Consume a work-queue message (no-op for multi messages).

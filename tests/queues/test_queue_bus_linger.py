@@ -8,12 +8,13 @@ Which bus a consumer got is read from the process's table of its queues' buses
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig
+from fsbus import BlockingBus, Bus, BusConfig, QueueNotFound
 
 from .conftest import WAIT, Inbox, wait_until
 
@@ -163,6 +164,46 @@ async def test_consumers_of_a_queue_deleted_elsewhere_end(
             assert [m.payload for m in await again.wait_for(1)] == [b"new"]
         else:
             assert [q.name for q in await bus.queues()] == []
+
+
+@pytest.mark.anyio
+async def test_receive_on_a_queue_deleted_elsewhere_says_so(root: Path, fast: BusConfig) -> None:
+    """``receive()`` waiting on a queue that another process deletes raises QueueNotFound
+    saying what happened and what to do, not a bare end of iteration; so does every
+    later call."""
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        async with bus.messages(queue="q") as it:
+
+            def elsewhere() -> None:
+                with BlockingBus(root) as other:
+                    other.delete_queue("q")
+
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.to_thread.run_sync, elsewhere)
+                    with pytest.raises(QueueNotFound, match=r"'q' was deleted.*declare it again"):
+                        await it.receive(timeout=WAIT)
+            with pytest.raises(QueueNotFound, match="'q' was deleted"):
+                await it.receive(timeout=0)
+
+
+def test_a_blocking_get_on_a_queue_deleted_elsewhere_says_so(root: Path, fast: BusConfig) -> None:
+    """The blocking face the same: ``get(timeout)`` on a subscription whose queue another
+    bus deletes raises QueueNotFound with the reason, within the watch's period."""
+    with BlockingBus(root, config=fast) as bus, BlockingBus(root) as other:
+        bus.declare_queue("q", ["t.#"])
+        with bus.messages(queue="q") as it:
+            deleted = threading.Event()
+
+            def delete() -> None:
+                other.delete_queue("q")
+                deleted.set()
+
+            threading.Thread(target=delete).start()
+            with pytest.raises(QueueNotFound, match=r"'q' was deleted.*subscribe anew"):
+                it.get(timeout=WAIT)
+            assert deleted.is_set()
 
 
 def test_a_queue_declared_again_is_another_queue_whatever_its_inodes(root: Path) -> None:
