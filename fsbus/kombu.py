@@ -505,7 +505,7 @@ class Channel(virtual.Channel):
                 ) from None
         else:
             info = self._declare(queue, kwargs)
-        return queue_declare_ok_t(queue, info.depth, info.consumers)
+        return queue_declare_ok_t(queue, self._ready(queue, info), info.consumers)
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
         self._declare(queue, kwargs)
@@ -516,6 +516,17 @@ class Channel(virtual.Channel):
         except QueueNotFound:
             return False
         return True
+
+    def _ready(self, queue: str, info: QueueInfo) -> int:
+        """Messages ready in the queue, as a broker counts them for ``queue_declare``
+        (``qsize()``): those no consumer holds. A message delivered and not yet acked,
+        or claimed ahead by a consumer's prefetch, is left out (one lock probe each)."""
+        if not info.depth:
+            return 0
+        try:
+            return sum(1 for m in self.bus.browse(queue=queue_name(queue)) if not m.locked)
+        except QueueNotFound:
+            return 0
 
     def _size(self, queue: str) -> int:
         """Messages in the queue: waiting, or held by a consumer and not yet acked."""

@@ -169,7 +169,9 @@ def test_simple_queue_put_get_qsize(url: str) -> None:
         assert q.qsize() == 3
         first = q.get_nowait()
         assert first.payload == {"i": 0}
+        assert q.qsize() == 2  # as a broker counts: a message held, not acked, is not ready
         first.ack()
+        assert q.qsize() == 2
         rest = [q.get(timeout=WAIT) for _ in range(2)]
         assert [m.payload for m in rest] == [{"i": 1}, {"i": 2}]
         for m in rest:
