@@ -35,6 +35,7 @@ from ._frames import (
     decode_properties,
     deliver_frame,
     read_header,
+    unchecked,
 )
 from ._routing import (
     ACCESS_REFUSED,
@@ -480,7 +481,12 @@ class Channel:
         ready, consumers = await self.gateway.ready_count(name, self._last_info, self._last_held)
         if not m.nowait:
             await self.reply(
-                spec.Queue.DeclareOk(queue=name, message_count=ready, consumer_count=consumers)
+                unchecked(
+                    spec.Queue.DeclareOk,
+                    queue=name,
+                    message_count=ready,
+                    consumer_count=consumers,
+                )
             )
 
     def _named(self, name: str) -> str:
@@ -707,7 +713,8 @@ class Channel:
         out = b""
         if not routed and pub.mandatory:
             out += pframe.marshal(
-                spec.Basic.Return(
+                unchecked(
+                    spec.Basic.Return,
                     reply_code=312,
                     reply_text="NO_ROUTE",
                     exchange=job.exchange,
@@ -948,7 +955,8 @@ class Channel:
             self.unacked[tag] = pending
         await self.conn.send_raw(
             pframe.marshal(
-                spec.Basic.GetOk(
+                unchecked(
+                    spec.Basic.GetOk,
                     delivery_tag=tag,
                     redelivered=msg.delivery_count > 1,
                     exchange=exchange,

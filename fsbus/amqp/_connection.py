@@ -18,6 +18,7 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp.base import Frame
 
+from .._errors import FsBusError
 from ._frames import (
     FRAME_BODY,
     FRAME_HEADER,
@@ -34,6 +35,7 @@ from ._routing import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
     FRAME_ERROR,
+    INTERNAL_ERROR,
     NOT_ALLOWED,
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
@@ -56,6 +58,16 @@ OUT_HIGH_WATER = 1 << 20
 
 class _Closed(Exception):
     """The connection is over (closed cleanly, or by the peer)."""
+
+
+def _short(text: str) -> str:
+    """``text`` cut to what a short string holds (255 bytes of UTF-8, whole characters)."""
+    raw = text.encode("utf-8", "replace")
+    return text if len(raw) <= 255 else raw[:255].decode("utf-8", "ignore")
+
+
+def _named(method: object) -> str:
+    return getattr(method, "name", None) or type(method).__name__
 
 
 _ENDINGS = (
@@ -241,6 +253,15 @@ class Connection:
                         await self.close_connection(exc, _method_id(raw, method))
                         return
                     await self._channel_error(raw.channel, exc, _method_id(raw, method))
+                except (FsBusError, OSError) as exc:
+                    # The bus directory failed under a method (a full disk, a lost
+                    # permission...): RabbitMQ's answer to an error of its own, 541, with
+                    # what failed, not a dropped socket. (The socket's own errors come
+                    # as anyio's, never as a bare OSError.)
+                    log.error("connection %s: %s failed: %s", self.id, _named(method), exc)
+                    error = AmqpError(INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}", connection=True)
+                    await self.close_connection(error, _method_id(raw, method))
+                    return
                 if self._closing:
                     return
             await self.route_publishes()
@@ -437,7 +458,7 @@ class Connection:
             number,
             spec.Channel.Close(
                 reply_code=exc.code,
-                reply_text=exc.text[:255],
+                reply_text=_short(exc.text),
                 class_id=method[0],
                 method_id=method[1],
             ),
@@ -450,7 +471,7 @@ class Connection:
                 0,
                 spec.Connection.Close(
                     reply_code=exc.code,
-                    reply_text=exc.text[:255],
+                    reply_text=_short(exc.text),
                     class_id=method[0],
                     method_id=method[1],
                 ),

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
+from pamqp import base as pbase
 from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp import header as pheader
@@ -25,6 +26,7 @@ PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
 FRAME_END = 0xCE
 _HEAD = struct.Struct(">BHI")
+_F = TypeVar("_F", bound=pbase.Frame)
 CACHE_SIZE = 1024
 """Entries each cache of pamqp's outputs holds before it starts afresh."""
 
@@ -107,6 +109,30 @@ def decode_method(raw: RawFrame) -> Any:
     if isinstance(method, spec.Basic.Publish):
         _bounded(_PUBLISHES)[raw.payload] = method
     return method
+
+
+_UNCHECKED: dict[type, type] = {}
+
+
+def unchecked(cls: type[_F], **fields: Any) -> _F:
+    """pamqp's method ``cls`` with ``fields``, without its checks of names against the
+    spec's domains (marshalled as pamqp marshals it). For the methods a server sends that
+    name a queue or an exchange (queue.declare-ok, basic.get-ok, basic.return): RabbitMQ
+    takes any name a short string holds (255 bytes of UTF-8, any characters), where
+    pamqp's domains allow 127 bytes of ``[A-Za-z0-9-_.:]`` for an exchange and a few more
+    characters for a queue, and raise ``ValueError`` for the others."""
+    sub = _UNCHECKED.get(cls)
+    if sub is None:
+        sub = _UNCHECKED[cls] = type(
+            cls.__name__,
+            (cls,),
+            {"__slots__": cls.__slots__, "validate": _no_checks, "__module__": __name__},
+        )
+    return sub(**fields)  # type: ignore[no-any-return]
+
+
+def _no_checks(self: Any) -> None:
+    pass
 
 
 class _Deliver(spec.Basic.Deliver):

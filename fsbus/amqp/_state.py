@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import uuid
@@ -26,6 +27,27 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._routing import PREDECLARED, word
+
+_LONGEST = 237
+"""Bytes of the longest escaped name a record file is named after: with ``.json`` and a
+write's temporary suffix (13 bytes) it is a file name of 255 bytes, the longest most
+filesystems take."""
+
+
+def file_word(name: str) -> str:
+    """The name of ``name``'s record file (``.json`` left out): :func:`~._routing.word`
+    with ``/`` and NUL escaped too (``%2F``, ``%00``; no escaped name holds them, since
+    every ``%`` of a name is escaped). One longer than :data:`_LONGEST` bytes keeps its
+    first 150 bytes (whole characters), then ``%%`` (which no escaped name holds) and 40
+    hex digits of the SHA-256 of ``name``. A name that fitted before keeps its file: its
+    record is found after an upgrade."""
+    text = word(name).replace("/", "%2F").replace("\x00", "%00")
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) <= _LONGEST:
+        return text
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:40]
+    head = raw[:150].decode("utf-8", "ignore")  # (a character cut in two is left out)
+    return f"{head}%%{digest}"
 
 
 def jsonable(value: Any) -> Any:
@@ -71,7 +93,7 @@ class AmqpState:
 
     # ------------------------------------------------------------------ files
     def _path(self, kind: str, name: str) -> str:
-        return os.path.join(self.base, kind, word(name) + ".json")
+        return os.path.join(self.base, kind, file_word(name) + ".json")
 
     def read(self, kind: str, name: str) -> dict[str, Any] | None:
         try:

@@ -716,3 +716,85 @@ def test_timestamp_roundtrip_type(conn: pika.BlockingConnection, names: Names) -
     ((_m, props, _b),) = get_all(ch, q, 1)
     assert props.timestamp == now
     ch.queue_delete(q)
+
+
+# Names a short string holds that pamqp's domains refuse (other characters, or over 127
+# bytes for an exchange), and names that are no file name ("/", over 255 bytes escaped):
+# RabbitMQ takes every one, and so must every method that carries them back.
+ODD_QUEUE_NAMES = ["caf\u00e9", "a!b*%", "w@host/1 x", "q" * 240]
+ODD_EXCHANGE_NAMES = ["logs/app", "orders!*()$=%&|~;'\u00e9", "x" * 240, "%2F%%"]
+
+
+@pytest.mark.parametrize("queue", ODD_QUEUE_NAMES, ids=["utf8", "marks", "slash", "long"])
+def test_any_queue_name_is_declared_published_to_and_taken(
+    conn: pika.BlockingConnection, names: Names, queue: str
+) -> None:
+    """A queue of any name: declare-ok names it as declared, a publish through the
+    default exchange reaches it, a get and a consumer take from it."""
+    ch = conn.channel()
+    name = names(queue)
+    assert ch.queue_declare(name, exclusive=True).method.queue == name
+    for body in (b"got", b"consumed"):
+        ch.basic_publish("", name, body)
+    [(method, _, body)] = get_all(ch, name, 1)
+    assert (body, method.exchange, method.routing_key) == (b"got", "", name)
+    got: list[bytes] = []
+    ch.basic_consume(name, lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    deadline = time.monotonic() + WAIT
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    assert got == [b"consumed"]
+    assert ch.queue_declare(name, passive=True).method.message_count == 0
+
+
+@pytest.mark.parametrize("exchange", ODD_EXCHANGE_NAMES, ids=["slash", "marks", "long", "escapes"])
+def test_any_exchange_name_is_declared_routed_got_from_and_returned_from(
+    conn: pika.BlockingConnection, names: Names, exchange: str
+) -> None:
+    """An exchange of any name: declared (a file name on the gateway whatever it holds),
+    routed through, named back by basic.get-ok and by basic.return."""
+    ch = conn.channel()
+    name = names(exchange)
+    ch.exchange_declare(name, "direct", auto_delete=True)
+    q = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(q, name, "k")
+    ch.exchange_declare(name, "direct", passive=True)
+    ch.basic_publish(name, "k", b"routed")
+    [(method, _, body)] = get_all(ch, q, 1)
+    assert (body, method.exchange, method.routing_key) == (b"routed", name, "k")
+    returned: list[tuple[str, str, bytes]] = []
+    ch.add_on_return_callback(lambda c, m, p, b: returned.append((m.exchange, m.routing_key, b)))
+    ch.basic_publish(name, "nowhere", b"back", mandatory=True)
+    deadline = time.monotonic() + WAIT
+    while not returned and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    assert returned == [(name, "nowhere", b"back")]
+    ch.exchange_delete(name)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        conn.channel().exchange_declare(name, "direct", passive=True)
+    assert caught.value.reply_code == 404
+
+
+def test_a_storage_failure_under_a_method_closes_the_connection_with_541(
+    gateway: Broker, names: Names
+) -> None:
+    """The bus directory failing under a method (here the gateway's exchanges folder
+    replaced by a file, so that no record can be written there) closes the connection
+    with RabbitMQ's 541 INTERNAL_ERROR naming what failed, not a dropped socket; the
+    gateway keeps serving, and what does not need that folder works."""
+    assert gateway.root is not None
+    folder = gateway.root / "fsbus" / "amqp" / "exchanges"
+    folder.rmdir()
+    folder.write_text("not a folder")
+    c = pika.BlockingConnection(pika.URLParameters(gateway.url))
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as caught:
+        c.channel().exchange_declare(names("x"), "fanout")
+    assert caught.value.reply_code == 541
+    assert "INTERNAL_ERROR" in caught.value.reply_text
+    assert "exchanges" in caught.value.reply_text
+    with pika.BlockingConnection(pika.URLParameters(gateway.url)) as other:
+        ch = other.channel()
+        q = ch.queue_declare(names("q")).method.queue
+        ch.basic_publish("", q, b"still served")
+        [(_, _, body)] = get_all(ch, q, 1)
+        assert body == b"still served"
