@@ -431,11 +431,14 @@ class Gateway:
         """(messages ready, consumers) of ``queue``, as RabbitMQ counts them: the
         messages held by a consumer, not yet acknowledged, are left out.
 
-        Those this gateway holds are counted by its subscriptions; when another process
-        consumes the queue too, the messages it holds are told by their locks. ``held``
-        must be counted before ``info`` was listed: a message acked in between is then
-        left out of both, never counted as ready (RabbitMQ answers a passive declare
-        after an ack on the channel without that message).
+        While nothing of the queue is held here (``held``, counted before ``info`` was
+        listed) and no other process consumes it, every message listed is ready.
+        Otherwise the ready ones are told by their locks (one browse): a held message
+        stays locked until it is removed, so one whose ack is being written is counted
+        neither as held nor as ready. (Subtracting what this gateway holds from the
+        listing's count, as before, left out a message whose file an ack had removed
+        before the listing but whose hold was counted as settled only after it: a count
+        too low, and ``queue.delete(if_empty)`` deleting a queue with a ready message.)
         """
         name = bus_queue_name(queue)
         if info is None or held is None:
@@ -443,8 +446,10 @@ class Gateway:
             info = await self.bus.queue_info(name)
         subs = self._subs.get(queue, ())
         consumers = self.counted_consumers(queue, info.consumers)
-        if info.consumers <= len(subs):
-            return max(0, info.depth - held), consumers
+        if not info.depth:
+            return 0, consumers
+        if not held and info.consumers <= len(subs):
+            return info.depth, consumers
         ready = 0
         async for m in self.bus.browse(queue=name):
             ready += not m.locked
