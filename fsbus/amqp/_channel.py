@@ -128,11 +128,21 @@ class _Publish:
     priority: int | None = None
     expiration: str | None = None
     reply_to: str | None = None
+    user_id: str | None = None
     body: bytearray = field(default_factory=bytearray)
 
 
 def _not_found_queue(name: str) -> AmqpError:
     return AmqpError(NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '/'")
+
+
+def _locked(name: str) -> AmqpError:
+    return AmqpError(
+        RESOURCE_LOCKED,
+        f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in "
+        "vhost '/'. It could be originally declared on another connection or the "
+        "exclusive property value does not match that of the original declaration.",
+    )
 
 
 def _not_found_exchange(name: str) -> AmqpError:
@@ -263,19 +273,23 @@ class Channel:
             if existing is None:
                 raise _not_found_exchange(name)
         else:
-            if name.startswith("amq.") or name == "":
-                if existing is None or existing["type"] != m.exchange_type:
-                    raise AmqpError(
-                        ACCESS_REFUSED,
-                        f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'",
-                    )
-            elif m.exchange_type not in EXCHANGE_TYPES:
+            if name == "":
+                raise AmqpError(
+                    ACCESS_REFUSED,
+                    "ACCESS_REFUSED - operation not permitted on the default exchange",
+                )
+            if name.startswith("amq.") and existing is None:
+                raise AmqpError(
+                    ACCESS_REFUSED,
+                    f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'",
+                )
+            if m.exchange_type not in EXCHANGE_TYPES:
                 raise AmqpError(
                     COMMAND_INVALID,
                     f"COMMAND_INVALID - unknown exchange type '{m.exchange_type}'",
                     connection=True,
                 )
-            elif existing is not None:
+            if existing is not None:  # (a predeclared amq.* one is durable, as RabbitMQ's)
                 for key, got in (
                     ("type", m.exchange_type),
                     ("durable", bool(m.durable)),
@@ -389,12 +403,7 @@ class Channel:
     def _check_exclusive(self, name: str, meta: dict[str, Any]) -> None:
         owner = meta.get("owner")
         if owner and owner != self.conn.id and self.state.owner_alive(str(owner)):
-            raise AmqpError(
-                RESOURCE_LOCKED,
-                f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{name}' in "
-                "vhost '/'. It could be originally declared on another connection or the "
-                "exclusive property value does not match that of the original declaration.",
-            )
+            raise _locked(name)
 
     async def _queue_declare(self, m: spec.Queue.Declare, *, internal: bool = False) -> None:
         name = m.queue or ""
@@ -425,7 +434,9 @@ class Channel:
             }
             if meta is not None:
                 self._check_exclusive(name, meta)
-                for key in ("durable", "exclusive", "auto_delete"):
+                if bool(meta.get("exclusive")) != wanted["exclusive"]:
+                    raise _locked(name)  # (as RabbitMQ: not an inequivalent arg)
+                for key in ("durable", "auto_delete"):
                     if meta.get(key) != wanted[key]:
                         raise AmqpError(
                             PRECONDITION_FAILED,
@@ -509,8 +520,20 @@ class Channel:
         return name
 
     async def _queue_bind(self, m: spec.Queue.Bind, *, bind: bool = True) -> None:
-        name = await self._queue_name(m.queue)
-        ex = await self._exchange_of(m.exchange)
+        if not m.exchange:
+            raise AmqpError(
+                ACCESS_REFUSED, "ACCESS_REFUSED - operation not permitted on the default exchange"
+            )
+        try:
+            name = await self._queue_name(m.queue)
+            ex = await self._exchange_of(m.exchange)
+        except AmqpError as exc:
+            if bind or exc.code != NOT_FOUND:
+                raise
+            # unbinding from a queue or an exchange that is not there: done, as on
+            # RabbitMQ (no binding is left behind)
+            await self.reply(spec.Queue.UnbindOk())
+            return
         if ex["type"] == "headers":
             args = jsonable(m.arguments or {})
 
@@ -535,6 +558,9 @@ class Channel:
                     await self.bus.unbind_queue(bus_queue_name(name), pattern)
             except UsageError as exc:
                 raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
+            except QueueNotFound:  # deleted meanwhile by another process
+                if bind:
+                    raise _not_found_queue(name) from None
         if bind and not m.nowait:
             await self.reply(spec.Queue.BindOk())
         elif not bind:
@@ -623,6 +649,7 @@ class Channel:
             pub.priority = props.priority
             pub.expiration = props.expiration
             pub.reply_to = props.reply_to
+            pub.user_id = props.user_id
             if pub.reply_to == DIRECT_REPLY_TO:
                 pub.props = self._direct_reply_props(raw)
         else:
@@ -697,6 +724,13 @@ class Channel:
             job.ttl = expiration_seconds(pub.expiration)
         except AmqpError as exc:
             job.error = exc
+        if pub.user_id is not None and pub.user_id != self.conn.user:
+            # as RabbitMQ: a message may only name its publisher's own login
+            job.error = AmqpError(
+                PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - user_id property set to '{pub.user_id}' but "
+                f"authenticated user was '{self.conn.user}'",
+            )
         return job
 
     def routed(self, seq: int, pub: _Publish, job: RouteJob, outcome: int | BaseException) -> bytes:
@@ -970,13 +1004,15 @@ class Channel:
         return pending
 
     def _settle(self, tag: int, multiple: bool, outcome: str) -> None:
+        # As RabbitMQ: a tag that is not outstanding is an error, with ``multiple`` too
+        # (then nothing is settled), but for 0 with ``multiple``: everything outstanding.
+        if not (multiple and tag == 0) and tag not in self.unacked:
+            raise AmqpError(
+                PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+            )
         if multiple:
             tags = [t for t in self.unacked if tag == 0 or t <= tag]
         else:
-            if tag not in self.unacked:
-                raise AmqpError(
-                    PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
-                )
             tags = [tag]
         for t in tags:
             p = self.unacked.pop(t)

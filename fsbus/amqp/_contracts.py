@@ -59,6 +59,8 @@ class ConnectionPort(Protocol):
 
     gateway: GatewayPort
     id: str
+    user: str
+    """The login it authenticated as."""
     channels: dict[int, Any]
     frame_max: int
     capabilities: dict[str, Any]
