@@ -460,9 +460,11 @@ class BlockingBus(Configured):
         return read_browsed(self._fs, info, self._queues)
 
     def gc(self, *, debris_age: float = 600.0) -> int:
-        """Remove expired messages, quarantine foreign files, sweep crash debris."""
+        """Remove expired messages, quarantine foreign files, sweep crash debris, and
+        delete the durable queues whose time is up (see :meth:`Bus.gc`)."""
         self._check_open()
         n, q, debris = collect_garbage(self._fs, set(), debris_age)
+        self._queues.expire_unused()
         return n + q + debris
 
     def purge(self, pattern: str, *, kind: PurgeKind = "single") -> PurgeReport:

@@ -1993,7 +1993,6 @@ class Bus(Configured):
             await anyio.sleep(self._cfg.gc_interval)
             try:
                 await self.gc()
-                await anyio.to_thread.run_sync(self._queues.expire_unused)
                 await self._finish_peer_routes()
             except ClosedError:
                 return  # the bus is closing under us: not a failure worth a warning
@@ -2001,7 +2000,9 @@ class Bus(Configured):
                 log.warning("garbage collection failed: %s", exc)
 
     async def gc(self, *, debris_age: float = 600.0) -> int:
-        """Remove expired messages, quarantine foreign files, sweep crash debris.
+        """Remove expired messages, quarantine foreign files, sweep crash debris, and
+        delete the durable queues whose time is up (``expires`` with no use for that
+        long, ``auto_delete`` with its last consumer dead).
 
         Debris (staging files of dead publishers, sidecars without a message) is removed
         once older than ``debris_age`` seconds. Returns the number of files removed or
@@ -2012,6 +2013,7 @@ class Bus(Configured):
         n, q, debris = await anyio.to_thread.run_sync(
             lambda: collect_garbage(self._fs, in_flight, debris_age)
         )
+        await anyio.to_thread.run_sync(self._queues.expire_unused)
         self._counts["expired"] += n
         self._counts["quarantined"] += q
         if q:

@@ -6,6 +6,7 @@ Layout, under the bus directory::
     fsbus/queues/LOCK                 flock held while a definition changes
     fsbus/queues/<name>/queue.json    the definition (written whole, then renamed)
     fsbus/queues/<name>/used          its mtime: the last declare or consumer change
+    fsbus/queues/<name>/orphaned      a consumer died (see QueueStore._reaped)
     fsbus/queues/<name>/consumers/*   one file per consumer, flocked while it lives
     fsbus/queues/<name>/bus/          the queue's messages: a bus of its own holding one
                                       work-queue (single) message per queued copy
@@ -663,6 +664,8 @@ class QueueStore:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         fcntl.flock(fd, fcntl.LOCK_EX)
         self.touch(name)
+        with contextlib.suppress(OSError):
+            os.unlink(f"{self.dir(name)}/{_ORPHANED}")  # it has a consumer again
         return fd
 
     def detach(self, name: str, fd: int) -> bool:
@@ -694,14 +697,35 @@ class QueueStore:
     def consumers(self, name: str, skip: Collection[str] = ()) -> int:
         """The live consumers of ``name``: consumer files held by a flock, but for the
         paths in ``skip`` (a process's own consumers, which it counts itself). A file no
-        one holds is removed: its consumer died."""
+        one holds is removed: its consumer died (see :meth:`_reaped`)."""
         folder = f"{self.dir(name)}/consumers"
-        paths = (f"{folder}/{f}" for f in _names_in(folder))
-        return sum(1 for p in paths if p not in skip and _held(p, remove_dead=True))
+        live = reaped = 0
+        for f in _names_in(folder):
+            p = f"{folder}/{f}"
+            if p in skip:
+                continue
+            state = _consumer_state(p)
+            live += state is True
+            reaped += state is False
+        if reaped:
+            self._reaped(name)
+        return live
+
+    def _reaped(self, name: str) -> None:
+        """A consumer of ``name`` died (killed: it never detached) and its file was
+        removed. Its end is a use of the queue, as a detach is (``expires`` counts from
+        it, not from when it attached), and it leaves a mark for :meth:`expire_unused`:
+        an ``auto_delete`` queue whose last consumer died is deleted, as one whose last
+        consumer left is (RabbitMQ deletes it when its consumer's connection dies)."""
+        self.touch(name)
+        with contextlib.suppress(OSError):
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(f"{self.dir(name)}/{_ORPHANED}", flags, 0o666))
 
     def expire_unused(self) -> list[str]:
         """Remove expired messages from every queue, and delete the queues with
-        ``expires`` set and no use for that long; their names."""
+        ``expires`` set and no use for that long, and the ``auto_delete`` ones whose last
+        consumer died (see :meth:`_reaped`); their names."""
         gone = []
         now = time.time()
         if self._messages is not None:
@@ -714,16 +738,24 @@ class QueueStore:
             if pub is not None:
                 with contextlib.suppress(OSError):
                     pub.expire()
-            if d.options.expires is None:
+            if d.options.expires is None and not d.options.auto_delete:
                 continue
-            try:
-                used = os.stat(f"{self.dir(name)}/used").st_mtime
-            except OSError:
+            # counted first: a consumer that died is found (and its end noted) here
+            if self.consumers(name):
                 continue
-            if now - used >= d.options.expires and self.consumers(name) == 0:
-                with contextlib.suppress(FsBusError, OSError):
-                    self.delete(name)
-                    gone.append(name)
+            orphaned = d.options.auto_delete and os.path.lexists(f"{self.dir(name)}/{_ORPHANED}")
+            if not orphaned:
+                if d.options.expires is None:
+                    continue
+                try:
+                    used = os.stat(f"{self.dir(name)}/used").st_mtime
+                except OSError:
+                    continue
+                if now - used < d.options.expires:
+                    continue
+            with contextlib.suppress(FsBusError, OSError):
+                self.delete(name)
+                gone.append(name)
         return gone
 
     # ------------------------------------------------------------------ lifecycle
@@ -775,24 +807,38 @@ def _names_in(folder: str) -> list[str]:
         return []
 
 
-def _held(path: str, *, remove_dead: bool = False) -> bool:
-    """Whether a consumer file is held by a flock (its consumer lives). ``remove_dead``:
-    remove it when no one holds it (under the lock just taken)."""
+_ORPHANED = "orphaned"
+"""A file a queue's folder holds once a consumer of it died (see QueueStore._reaped)."""
+
+
+def _consumer_state(path: str, *, remove: bool = True) -> bool | None:
+    """A consumer file: True while its consumer lives (it holds the file's flock); False
+    when no one held it, and (``remove``) it was removed: its consumer died; None when
+    it could not be opened (gone meanwhile)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) or None
     else:
-        if remove_dead:
-            with contextlib.suppress(OSError):
-                os.unlink(path)  # its consumer died: no one holds it
+        if not remove:
+            return False
+        try:
+            os.unlink(path)  # its consumer died: no one holds it
+        except OSError:
+            return None  # (another process removed it first: its death is noted there)
         return False
     finally:
         os.close(fd)
+
+
+def _held(path: str) -> bool:
+    """Whether a consumer file is held by a flock (its consumer lives); nothing is
+    removed (see :func:`_consumer_state`)."""
+    return _consumer_state(path, remove=False) is True
 
 
 def copy_ttl(d: Definition, ttl: float | None) -> float:

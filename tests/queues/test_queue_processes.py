@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from fsbus import BlockingBus
+from fsbus import BlockingBus, BusConfig
 from tests.peer_process import JsonLinesPeer
 
 Spawn = Callable[..., JsonLinesPeer]
@@ -316,3 +316,65 @@ def test_gets_beside_a_consumer_and_a_getter_killed_holding_one(root: Path, spaw
     publisher.stop()
     for p in others:
         p.stop()
+
+
+def test_an_auto_delete_queue_whose_last_consumer_is_killed_is_deleted(
+    root: Path, spawn: Spawn
+) -> None:
+    """A consumer killed with SIGKILL never detaches: the gc of a process still on the
+    bus finds its file no longer locked, and deletes the auto-delete queue it leaves
+    with no consumer, as RabbitMQ does when a consumer's connection dies. A queue that
+    never had a consumer, or still has one, is kept."""
+    with BlockingBus(root, config=BusConfig(**FAST)) as bus:
+        bus.declare_queue("temp", ["t.#"], auto_delete=True)
+        bus.declare_queue("kept", ["t.#"], auto_delete=True)  # never consumed
+        bus.declare_queue("shared", ["t.#"], auto_delete=True)
+        victims = [spawn("consumer", queue=q, config=FAST) for q in ("temp", "shared")]
+        survivor = spawn("consumer", queue="shared", config=FAST)
+        for c in (*victims, survivor):
+            c.wait_count("ready", 1)
+        bus.publish("t.x", b"waits")
+        for c in victims:
+            c.proc.kill()
+            c.wait_exit()
+        deadline = time.monotonic() + 30
+        while "temp" in {q.name for q in bus.queues()}:
+            assert time.monotonic() < deadline, "the auto-delete queue was never deleted"
+            time.sleep(0.05)
+        for _ in range(10):  # ten gc passes more: the others stay
+            time.sleep(FAST["gc_interval"])
+            assert {q.name for q in bus.queues()} == {"kept", "shared"}
+        assert bus.queue_info("shared").consumers == 1
+        assert bus.queue_info("kept").depth == 1
+
+
+def test_expires_counts_from_a_killed_consumers_end_not_from_its_start(
+    root: Path, spawn: Spawn
+) -> None:
+    """A consumer attached for longer than its queue's ``expires`` and then killed: the
+    queue is kept for ``expires`` after its death is found, messages included, as after
+    a clean leave (it was deleted at once, the time counted from the attach)."""
+    expires = 2.0
+    with BlockingBus(root, config=BusConfig(**FAST)) as bus:
+        bus.declare_queue("e", ["e.#"], expires=expires)
+        victim = spawn("consumer", queue="e", config=FAST)
+        victim.wait_count("ready", 1)
+        time.sleep(expires + 0.5)  # attached longer than expires: the point of the test
+        assert bus.queue_info("e").consumers == 1
+        victim.proc.kill()
+        victim.wait_exit()
+        bus.publish("e.x", b"kept for a while")
+        found = time.monotonic()
+        deadline = found + 30
+        while bus.queue_info("e").consumers:  # counting finds the death
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for _ in range(int(expires / FAST["gc_interval"] / 2)):  # half of expires: still there
+            time.sleep(FAST["gc_interval"])
+            bus.gc()
+            assert bus.queue_info("e").depth == 1
+        while "e" in {q.name for q in bus.queues()}:  # (a BlockingBus has no gc of its own)
+            assert time.monotonic() < deadline, "the queue never expired"
+            bus.gc()
+            time.sleep(0.05)
+        assert time.monotonic() - found >= expires
