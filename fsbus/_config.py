@@ -84,7 +84,10 @@ class BusConfig(BaseModel):
     retry_interval: float = Field(
         D.retry_interval,
         gt=0,
-        description="Seconds before a locked or released single is tried again.",
+        description=(
+            "Seconds before a locked, failed or released single is tried again (one "
+            "claimed ahead and given back unread, or an AMQP requeue, at once)."
+        ),
     )
     force_polling: bool = Field(
         default_factory=env_force_polling,

@@ -46,7 +46,7 @@ from .._settings import Settings, settings, was_set
 from .browse import browse_messages
 from .configured import Configured
 from .fs import BusFS, Claim, NameClash, ReadResult, decode_meta
-from .iterator import Decline, GiveBack, MessageIterator
+from .iterator import Decline, GiveBack, MessageIterator, Requeue
 from .jobs import Batcher, JobQueue
 from .layout import Layout, changed_buckets
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
@@ -93,6 +93,16 @@ multi messages until they expire, and a scan lists the buckets that changed only
 _DEFAULT_BUFFER = 64
 _PURGE_BATCH = 256
 """Messages removed per worker-thread hop of a purge (cancellation waits for one)."""
+
+
+_REQUEUE = "requeue"
+"""The outcome of a handler that raised :class:`~.iterator.Requeue`: a failed delivery,
+tried again at once."""
+_AT_ONCE = frozenset({_REQUEUE, "unseen"})
+"""Outcomes given back to be taken again at once, in their place in the queue, not after
+``retry_interval``: a requeue, and a message a subscription claimed ahead and never
+handed over (an iterator closed with it buffered), which the next subscription of the
+process must find first, not skip."""
 
 
 class Subscription:
@@ -1727,12 +1737,11 @@ class Bus(Configured):
             self._free -= 1  # capacity was checked above: no wait here
             self._counts["delivered"] += 1
             sub.in_flight += 1
-            self._jobs.put((self._run_single, (sub, msg, claim, e.key)))
+            self._jobs.put((self._run_single, (sub, msg, claim, e)))
         return timed_out and self._free > 0 and not self._closed
 
-    async def _run_single(
-        self, sub: Subscription, msg: Message, claim: Claim, key: tuple[int, str]
-    ) -> None:
+    async def _run_single(self, sub: Subscription, msg: Message, claim: Claim, e: Entry) -> None:
+        key = e.key
         outcome = "release"
         try:
             try:
@@ -1749,6 +1758,8 @@ class Bus(Configured):
                     and not self._is_dead_letter(msg.topic)  # no dead-letter cycles
                 ):
                     outcome = "dead:" + f"{type(exc).__name__}: {exc}"[:500]
+                elif isinstance(exc, Requeue):
+                    outcome = _REQUEUE
                 else:
                     outcome = "fail"
                     log.info(
@@ -1787,6 +1798,10 @@ class Bus(Configured):
                     # look at it again after retry_interval, not only at the next full
                     # listing (settling failed, e.g. its dead letter met a full disk)
                     self._retries.add(key, time.monotonic() + self._cfg.retry_interval)
+                elif outcome in _AT_ONCE and not self._closed:
+                    # back in this process's queue at once, in its place (ahead of what
+                    # came after it), before its slot frees a claim
+                    self._push_ready(e)
                 self._settled(sub, key)
 
     def _acked(self, sub: Subscription, key: tuple[int, str], result: object) -> None:
@@ -1844,9 +1859,11 @@ class Bus(Configured):
                 self._counts["dead_lettered"] += 1
         else:
             self._counts["released"] += 1
+            # tried again after retry_interval; a requeue or an unseen one at once (and
+            # its bucket listed again at the next scan, which the settling wakes)
+            wait = 0.0 if outcome in _AT_ONCE else self._cfg.retry_interval
             self._retries.add(
-                (self.layout.buckets.index(claim.bucket), claim.name),
-                time.monotonic() + self._cfg.retry_interval,
+                (self.layout.buckets.index(claim.bucket), claim.name), time.monotonic() + wait
             )
 
     async def _run_finishing(
@@ -1887,7 +1904,10 @@ class Bus(Configured):
                 if outcome == "ack":
                     self._fs.ack(claim)
                 else:
-                    self._fs.release(claim, failed=outcome == "fail", uncount=outcome == "unseen")
+                    failed = outcome in ("fail", _REQUEUE)
+                    self._fs.release(claim, failed=failed, uncount=outcome == "unseen")
+                    if outcome in _AT_ONCE:  # the other processes look at its bucket now
+                        self._fs.stamp(self.layout.buckets.index(claim.bucket))
                 out.append(None)
             except Exception as exc:  # one message's failure never stops the batch
                 log.error(
@@ -2418,7 +2438,10 @@ class Bus(Configured):
                 outcome = "unseen"
                 raise
             except Exception as exc:
-                outcome = "ack" if await self._give_up(queue, d.options, msg, exc) else "fail"
+                if await self._give_up(queue, d.options, msg, exc):
+                    outcome = "ack"
+                else:
+                    outcome = _REQUEUE if isinstance(exc, Requeue) else "fail"
                 raise
             finally:
                 with anyio.CancelScope(shield=True):
@@ -2454,8 +2477,9 @@ class Bus(Configured):
     async def _settle_taken(
         self, claim: Claim, msg: Message, key: tuple[int, str], outcome: str
     ) -> None:
-        """Ack (``"ack"``) or give back (``"fail"``: a failed delivery; ``"release"``: not
-        one; ``"unseen"``: not even a delivery) a message :meth:`_take` took."""
+        """Ack (``"ack"``) or give back (``"fail"``: a failed delivery; a requeue: one,
+        at once; ``"release"``: not one; ``"unseen"``: not even a delivery) a message
+        :meth:`_take` took."""
         try:
             if outcome == "release":
 

@@ -10,7 +10,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .._errors import QueueNotFound
 from .message import Message
 
-__all__ = ["Decline", "GiveBack", "MessageIterator", "Released"]
+__all__ = ["Decline", "GiveBack", "MessageIterator", "Released", "Requeue"]
 
 
 class MessageIterator:
@@ -129,6 +129,14 @@ class MessageIterator:
                 self._unseen.add(_msg.name)
                 done.set()
         self._recv.close()
+
+
+class Requeue(Exception):
+    """Raised by a handler to give a work-queue message back *at once*: a failed delivery
+    as any other exception is (its delivery counted, ``max_deliveries`` applies), but
+    retried now, ahead of the messages behind it, not after ``retry_interval``, and the
+    other processes of the bus told at once. What an AMQP ``nack``/``reject`` with
+    requeue, a ``basic.recover`` or a closed channel does to a message on RabbitMQ."""
 
 
 class Released(Exception):

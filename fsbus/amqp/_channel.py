@@ -26,6 +26,7 @@ from .. import (
     Subscription,
     UsageError,
 )
+from .._bus.iterator import Requeue
 from ._frames import (
     EMPTY_PROPERTIES,
     FRAME_HEADER,
@@ -48,6 +49,7 @@ from ._routing import (
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
     UNEXPECTED_FRAME,
+    X_MATCH,
     AmqpError,
     RouteJob,
     amqp_priority_to_bus,
@@ -88,8 +90,13 @@ def message_view(
     return spec.Basic.Properties(headers=table or None), "amq.topic", topic
 
 
-class _Requeue(Exception):
-    """The client gave a message back (nack/reject with requeue, recover, close)."""
+SETTLE_WAIT = 5.0
+"""Seconds a method waits at most for the channel's earlier settles (see Channel._settles)."""
+
+
+class _Requeue(Requeue):
+    """The client gave a message back (nack/reject with requeue, recover, close): a
+    redelivery, at once and ahead of what follows it, as on RabbitMQ."""
 
 
 @dataclass
@@ -101,6 +108,8 @@ class Pending:
     """The AMQP name of its queue."""
     done: anyio.Event = field(default_factory=anyio.Event)
     outcome: str = "requeue"
+    settled: anyio.Event | None = None
+    """A basic.get's: set once its outcome is settled on disk (see Channel._settles)."""
 
 
 @dataclass
@@ -171,6 +180,9 @@ class Channel:
         self._pub: _Publish | None = None
         self._last_info: QueueInfo | None = None
         self._last_held = 0
+        self._settling: set[anyio.Event] = set()
+        self._dead_letters = anyio.Lock()
+        """basic.gets' messages acked, nacked or rejected, not yet settled on disk."""
         self.reply_queue: str | None = None
         """The queue of this channel's direct reply-to consumer, if it has one."""
 
@@ -406,6 +418,7 @@ class Channel:
             raise _locked(name)
 
     async def _queue_declare(self, m: spec.Queue.Declare, *, internal: bool = False) -> None:
+        await self._settles()
         name = m.queue or ""
         generated = name == ""
         if generated:
@@ -536,6 +549,13 @@ class Channel:
             return
         if ex["type"] == "headers":
             args = jsonable(m.arguments or {})
+            mode = args.get("x-match", "all")
+            if bind and mode not in X_MATCH:
+                raise AmqpError(
+                    PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - Invalid x-match field value {mode!r}; expected "
+                    "all, any, all-with-x, or any-with-x",
+                )
 
             def change() -> None:
                 with self.state.locked():
@@ -570,12 +590,14 @@ class Channel:
         await self._queue_bind(m, bind=False)  # type: ignore[arg-type]
 
     async def _queue_purge(self, m: spec.Queue.Purge) -> None:
+        await self._settles()
         name = await self._queue_name(m.queue)
         n = await self.bus.purge_queue(bus_queue_name(name))
         if not m.nowait:
             await self.reply(spec.Queue.PurgeOk(message_count=n))
 
     async def _queue_delete(self, m: spec.Queue.Delete) -> None:
+        await self._settles()
         name = m.queue or self.last_queue
         meta = await self._queue_meta(name)
         if meta is None:
@@ -867,7 +889,11 @@ class Channel:
         if pending.outcome == "ack":
             return
         if pending.outcome == "drop":
-            await self.gateway.dead_letter(pending.queue, pending.msg)
+            # one at a time, in the order the client settled them (the waiters are woken
+            # in that order, and the lock is fair): dead-lettered in that order, as on
+            # RabbitMQ, not in whichever order their publishes happened to finish
+            async with self._dead_letters:
+                await self.gateway.dead_letter(pending.queue, pending.msg)
             return
         raise _Requeue
 
@@ -922,6 +948,16 @@ class Channel:
         if self.conn.capabilities.get("consumer_cancel_notify"):
             await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
 
+    async def _settles(self) -> None:
+        """Wait until what this channel acked, nacked or rejected of its basic.gets is
+        settled on disk: RabbitMQ has done a settle before the channel's next method, so
+        a get after a requeue takes the message given back, and a count after an ack or
+        a requeue counts what it left (at most :data:`SETTLE_WAIT`, for a slow disk)."""
+        for event in list(self._settling):
+            with anyio.move_on_after(SETTLE_WAIT):
+                await event.wait()
+            self._settling.discard(event)
+
     async def _get(self, m: spec.Basic.Get) -> None:
         # Not counted first: the take lists the queue, and says what else is ready. The
         # exclusivity check (405) runs inside the take's own look-up of the queue, before
@@ -940,6 +976,7 @@ class Channel:
             # The bus holds the message while this block runs: acked when it ends, given
             # back (a failed delivery, as RabbitMQ counts a requeue) when _Requeue ends it.
             counted = sent = False
+            pending: Pending | None = None
             try:
                 async with self.bus._taking(bus_queue_name(name), check) as taken:
                     if taken is None:
@@ -971,8 +1008,12 @@ class Channel:
                     # Held until settled on disk (the block's end, which acks it or gives
                     # it back): a count meanwhile leaves it out, as RabbitMQ's would.
                     self.gateway.taken(name, -1)
+                if pending is not None and pending.settled is not None:
+                    pending.settled.set()
+                    self._settling.discard(pending.settled)
                 answered.set()
 
+        await self._settles()
         self.conn.tasks.start_soon(take)
         await answered.wait()
         if failed:
@@ -984,7 +1025,7 @@ class Channel:
         props, exchange, rk = message_view(msg.headers, msg.topic)
         tag = self.next_tag
         self.next_tag += 1
-        pending = None if m.no_ack else Pending(msg, queue)
+        pending = None if m.no_ack else Pending(msg, queue, settled=anyio.Event())
         if pending is not None:
             self.unacked[tag] = pending
         await self.conn.send_raw(
@@ -1018,6 +1059,8 @@ class Channel:
             p = self.unacked.pop(t)
             p.outcome = outcome
             p.done.set()
+            if p.settled is not None:
+                self._settling.add(p.settled)
 
     async def _ack(self, m: spec.Basic.Ack) -> None:
         self._settle(m.delivery_tag or 0, bool(m.multiple), "ack")

@@ -166,16 +166,36 @@ def amqp_queue_name(bus_name: str) -> str | None:
     return name if bus_queue_name(name) == bus_name else None
 
 
+X_MATCH = ("all", "any", "all-with-x", "any-with-x")
+"""The values RabbitMQ takes for a headers binding's ``x-match``."""
+
+
 def headers_match(arguments: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bool:
     """RabbitMQ's headers exchange rule: ``x-match`` all (default) or any, over the
-    binding arguments not starting with ``x-``; a binding value None tests presence."""
+    binding arguments not starting with ``x-`` (``all-with-x``, ``any-with-x``: those
+    too, but ``x-match``); a binding value None tests presence. Values match as
+    RabbitMQ's typed values do: a boolean only a boolean (``True`` is not ``1``), and a
+    string and a byte array of the same bytes alike."""
     mode = str(arguments.get("x-match", "all"))
-    wanted = {k: v for k, v in arguments.items() if not k.startswith("x-")}
+    with_x = mode.endswith("-with-x")
+    wanted = {
+        k: v for k, v in arguments.items() if k != "x-match" and (with_x or not k.startswith("x-"))
+    }
     have = headers or {}
     if not wanted:
-        return mode in ("all", "all-with-x")
-    tests = [(k in have and (v is None or have[k] == v)) for k, v in wanted.items()]
+        return not mode.startswith("any")
+    tests = [(k in have and (v is None or _same(v, have[k]))) for k, v in wanted.items()]
     return any(tests) if mode.startswith("any") else all(tests)
+
+
+def _same(want: Any, have: Any) -> bool:
+    if isinstance(want, bool) or isinstance(have, bool):
+        return type(want) is type(have) and want == have
+    if isinstance(have, bytes | bytearray):  # (a binding's bytes are kept as latin-1 text)
+        have = have.decode("latin-1")
+    if isinstance(want, bytes | bytearray):
+        want = want.decode("latin-1")
+    return bool(want == have)
 
 
 @dataclass

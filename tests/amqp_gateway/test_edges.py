@@ -3,6 +3,7 @@ results on the gateway and on RabbitMQ (pika)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pika
@@ -10,7 +11,7 @@ import pika.exceptions
 import pytest
 
 from .conftest import Broker, Names
-from .test_features import get_all
+from .test_features import WAIT, get_all
 
 
 @pytest.fixture
@@ -145,3 +146,156 @@ def test_declaring_a_queue_again_with_the_other_exclusive_flag_is_405(
     q = ch.queue_declare(names("own"), exclusive=True).method.queue
     code, text = closed_with(conn, ch.queue_declare, q, exclusive=False)
     assert (code, text) == (405, locked.format(q))
+
+
+def test_a_message_requeued_by_a_consumer_comes_back_next(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """A consumer (prefetch 1) nacks a message with requeue: it is delivered again at
+    once, redelivered, before the messages behind it (it came back half a second later,
+    after every other message of the queue)."""
+    ch = conn.channel()
+    q = ch.queue_declare(names("requeued"), exclusive=True).method.queue
+    for i in range(30):
+        ch.basic_publish("", q, str(i).encode())
+    ch.basic_qos(prefetch_count=1)
+    got: list[str] = []
+
+    def on_message(c: object, m: pika.spec.Basic.Deliver, p: object, body: bytes) -> None:
+        got.append(body.decode() + ("R" if m.redelivered else ""))
+        if body == b"1" and not m.redelivered:
+            ch.basic_nack(m.delivery_tag, requeue=True)
+        else:
+            ch.basic_ack(m.delivery_tag)
+
+    ch.basic_consume(q, on_message)
+    deadline = time.monotonic() + WAIT
+    while len(got) < 31:
+        assert time.monotonic() < deadline, got
+        conn.process_data_events(time_limit=0.05)
+    assert got[:5] == ["0", "1", "1R", "2", "3"]
+    assert sorted(got) == sorted([str(i) for i in range(30)] + ["1R"])
+
+
+@pytest.mark.parametrize("settle", ["nack", "reject"])
+def test_a_get_after_a_requeue_takes_the_message_given_back(
+    conn: pika.BlockingConnection, names: Names, settle: str
+) -> None:
+    """basic.get, nack (or reject) with requeue, basic.get: the second get takes the
+    message given back, redelivered (it took the next one while the first was still
+    being given back)."""
+    ch = conn.channel()
+    for turn in range(5):
+        q = ch.queue_declare(names(f"getback-{turn}"), exclusive=True).method.queue
+        for i in range(3):
+            ch.basic_publish("", q, str(i).encode())
+        [first] = wait_get(ch, q, 1)
+        if settle == "nack":
+            ch.basic_nack(first.delivery_tag, requeue=True)
+        else:
+            ch.basic_reject(first.delivery_tag, requeue=True)
+        out = []
+        for _ in range(3):
+            method, _props, body = ch.basic_get(q)
+            out.append(body.decode() + ("R" if method.redelivered else ""))
+            ch.basic_ack(method.delivery_tag)
+        assert out == ["0R", "1", "2"]
+
+
+def wait_get(ch: object, queue: str, n: int) -> list:
+    """``n`` basic.get methods of ``queue``, not acked (polled: RabbitMQ's queue can lag
+    the channel's publishes)."""
+    out = []
+    deadline = time.monotonic() + WAIT
+    while len(out) < n:
+        method, _props, _body = ch.basic_get(queue)  # type: ignore[attr-defined]
+        if method is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+            continue
+        out.append(method)
+    return out
+
+
+@pytest.mark.parametrize("how", ["nack multiple", "rejects", "consumer"])
+def test_rejected_messages_are_dead_lettered_in_the_order_rejected(
+    conn: pika.BlockingConnection, names: Names, how: str
+) -> None:
+    """Eight messages rejected without requeue at once (one nack with ``multiple``,
+    eight rejects in a row, or a consumer rejecting each as it comes): the dead-letter
+    queue gets them in that order (they came in a different order each run)."""
+    ch = conn.channel()
+    dq = ch.queue_declare(names("dead"), exclusive=True).method.queue
+    q = ch.queue_declare(
+        names("work"),
+        exclusive=True,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dq},
+    ).method.queue
+    for i in range(8):
+        ch.basic_publish("", q, str(i).encode())
+    if how == "consumer":
+        ch.basic_qos(prefetch_count=10)
+        seen: list[bytes] = []
+
+        def on_message(c: object, m: pika.spec.Basic.Deliver, p: object, body: bytes) -> None:
+            seen.append(body)
+            ch.basic_reject(m.delivery_tag, requeue=False)
+
+        ch.basic_consume(q, on_message)
+        deadline = time.monotonic() + WAIT
+        while len(seen) < 8:
+            assert time.monotonic() < deadline
+            conn.process_data_events(time_limit=0.05)
+    else:
+        methods = wait_get(ch, q, 8)
+        if how == "nack multiple":
+            ch.basic_nack(methods[-1].delivery_tag, multiple=True, requeue=False)
+        else:
+            for m in methods:
+                ch.basic_reject(m.delivery_tag, requeue=False)
+    got = [body for _, _, body in get_all(ch, dq, 8)]
+    assert got == [str(i).encode() for i in range(8)]
+
+
+HEADER_CASES = [
+    # (binding arguments, message headers, routed?)
+    ({"flag": True}, {"flag": True}, True),
+    ({"flag": True}, {"flag": 1}, False),  # a boolean is not a number
+    ({"n": 1}, {"n": True}, False),
+    ({"s": "raw"}, {"s": b"raw"}, True),  # a string and a byte array of its bytes
+    ({"by": b"raw"}, {"by": "raw"}, True),
+    ({"by": b"raw"}, {"by": b"raw"}, True),
+    ({"x-match": "all-with-x", "x-foo": "bar"}, {"x-foo": "bar"}, True),
+    ({"x-match": "all-with-x", "x-foo": "bar"}, {"other": "bar"}, False),
+    ({"x-match": "any-with-x", "x-foo": "bar", "k": "v"}, {"x-foo": "bar"}, True),
+    ({"x-match": "any", "x-foo": "bar", "k": "v"}, {"x-foo": "bar"}, False),
+    ({"x-match": "all", "x-foo": "bar"}, {"anything": 1}, True),  # x- keys left out
+]
+
+
+@pytest.mark.parametrize(("binding", "headers", "routed"), HEADER_CASES)
+def test_headers_exchange_values_match_as_rabbitmqs_typed_values(
+    conn: pika.BlockingConnection,
+    names: Names,
+    binding: dict[str, object],
+    headers: dict[str, object],
+    routed: bool,
+) -> None:
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare(names("hdr"), exclusive=True).method.queue
+    ch.queue_bind(q, "amq.headers", arguments=binding)
+    ch.basic_publish("amq.headers", "", b"m", pika.BasicProperties(headers=headers))
+    ch.basic_publish("", q, b"end")  # after it in the queue, if it was routed
+    bodies = [body for _, _, body in get_all(ch, q, 2 if routed else 1)]
+    assert bodies == ([b"m", b"end"] if routed else [b"end"])
+
+
+def test_an_unknown_x_match_is_refused_at_bind(conn: pika.BlockingConnection, names: Names) -> None:
+    ch = conn.channel()
+    q = ch.queue_declare(names("hdr"), exclusive=True).method.queue
+    code, text = closed_with(
+        conn, ch.queue_bind, q, "amq.headers", arguments={"x-match": "bogus", "k": "v"}
+    )
+    assert code == 406
+    assert "x-match" in text

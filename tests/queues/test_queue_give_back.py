@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import Bus, BusConfig
+from fsbus import BlockingBus, Bus, BusConfig
 
 from .conftest import WAIT
 
@@ -47,3 +47,25 @@ async def test_buffered_messages_go_back_uncounted(root: Path, fast: BusConfig) 
     assert taken.delivery_count == 1
     assert counts.pop(second.payload) == 2  # it was read: a redelivery
     assert set(counts.values()) == {1}, counts
+
+
+@pytest.mark.parametrize("prefetch", [1, 4])
+def test_the_next_subscription_takes_what_the_last_one_gave_back_first(
+    root: Path, prefetch: int
+) -> None:
+    """Subscriptions one after the other in a process, each taking one message: each
+    gets the next message of the queue. What one claimed ahead and gave back unread is
+    taken first by the next, not passed over for ``retry_interval`` (which gave 0 2 4
+    with prefetch 1, 0 4 8 with prefetch 4)."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["t"])
+        for i in range(10):
+            bus.publish("t", str(i).encode())
+        got = []
+        for _ in range(3):
+            with bus.messages(queue="q", prefetch=prefetch) as it:
+                msg = it.get(timeout=WAIT)
+                got.append((msg.payload, msg.delivery_count))
+                it.ack(msg)
+        assert got == [(b"0", 1), (b"1", 1), (b"2", 1)]
+        assert bus.queue_info("q").depth == 7
