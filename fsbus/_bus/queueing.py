@@ -74,8 +74,9 @@ class QueueWriter:
         with self._lock:
             return self._namer.plan(topic, True, ttl, durable, headers, priority)
 
-    def publish_planned(self, plan: PublishPlan, payload: bytes) -> None:
-        """Write a copy named by :meth:`plan` (synced as the plan says)."""
+    def publish_planned(self, plan: PublishPlan, payload: bytes) -> PublishPlan:
+        """Write a copy named by :meth:`plan` (synced as the plan says); returns the plan
+        it was written under (another if the name clashed)."""
         data = with_head(plan, payload)
         try:
             if plan.spill is None and plan.meta is None and not plan.durable:
@@ -83,7 +84,20 @@ class QueueWriter:
             else:
                 self._fs.publish(plan, data)
         except NameClash:  # astronomically rare: name it again
-            self._fs.publish(self._replan(plan), data)
+            plan = self._replan(plan)
+            self._fs.publish(plan, data)
+        return plan
+
+    def take_back(self, plan: PublishPlan) -> None:
+        """Remove a copy written under ``plan``, with its sidecars, if it is still there
+        (a publish that failed after it: see :func:`route`)."""
+        lay = self._fs.layout
+        for path in (
+            lay.message_path(plan.bucket, plan.name),
+            lay.topic_path(plan.bucket, plan.name),
+            lay.meta_path(plan.bucket, plan.name),
+        ):
+            self._fs._unlink_quiet(path)
 
     def _replan(self, plan: PublishPlan) -> PublishPlan:
         """The same message under a new name: the name's unique digits and its bucket
@@ -292,22 +306,30 @@ def route(
 
     writers = [(d, w) for d, w in opened if isinstance(w, QueueWriter)]
     if not durable or not isinstance(first, QueueWriter) or len(writers) < len(opened):
-        out = publish(None, None)
-        for d, w in opened:
-            if isinstance(w, QueueWriter):
-                w.publish_planned(plan_for(d, w), payload)
-            else:
-                w.publish(
-                    topic,
-                    payload,
-                    ttl=copy_ttl(d, ttl),
-                    durable=durable,
-                    headers=headers,
-                    priority=priority,
-                )
-            if d.options.max_length is not None:
-                store.trim(d)
-        return out
+        # The copies first, the message last: a copy that cannot be written (a full
+        # disk...) takes back the copies written before it, so that a publish that
+        # raises leaves nothing behind (retried, it would be there twice).
+        written: list[tuple[QueueWriter, PublishPlan]] = []
+        try:
+            for d, w in opened:
+                if isinstance(w, QueueWriter):
+                    written.append((w, w.publish_planned(plan_for(d, w), payload)))
+                else:
+                    w.publish(
+                        topic,
+                        payload,
+                        ttl=copy_ttl(d, ttl),
+                        durable=durable,
+                        headers=headers,
+                        priority=priority,
+                    )
+                if d.options.max_length is not None:
+                    store.trim(d)
+            return publish(None, None)
+        except BaseException:
+            for w, plan in written:
+                w.take_back(plan)
+            raise
     with contextlib.ExitStack() as stamps:
         for fs in (main, *(w._fs for _, w in writers)):
             stamps.enter_context(fs.stamps_held())

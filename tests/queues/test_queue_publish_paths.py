@@ -473,3 +473,31 @@ def test_async_enqueue_into_several_queues(root: Path) -> None:
             assert [(await bus.queue_info(q)).depth for q in ("a", "capped")] == [3, 1]
 
     anyio.run(main)
+
+
+def test_a_publish_that_fails_on_a_copy_leaves_nothing_behind(root: Path) -> None:
+    """A publish (not durable) whose copy into one queue cannot be written raises, and
+    neither the message nor the copies written before that one are left: retried, it
+    would otherwise be there twice (the message and queue a's copy stayed)."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue("a", ["t"])
+        bus.declare_queue("b", ["t"])
+        bus.publish("t", b"first")  # both queues' buses laid out
+        staging = root / "fsbus" / "queues" / "b" / "bus" / "staging"
+        staging.rmdir()
+        staging.write_text("not a folder")  # b's copies cannot be staged any more
+        with pytest.raises(StorageError):
+            bus.publish("t", b"failed", durable=False)
+        assert _payloads(bus, "a") == [b"first"]
+        assert [i.topic for i in bus.browse("#")] == ["t"]  # the first publish's only
+        staging.unlink()
+        staging.mkdir()
+        bus.publish("t", b"again")
+        for q in ("a", "b"):
+            assert _payloads(bus, q) == [b"first", b"again"]
+
+
+def _payloads(bus: BlockingBus, queue: str) -> list[bytes | None]:
+    """The payloads of ``queue``'s messages, in the order they were published."""
+    infos = sorted(bus.browse("#", queue=queue), key=lambda i: (i.published_at or 0, i.name))
+    return [bus.read_payload(i) for i in infos]
