@@ -1980,14 +1980,26 @@ class BusFS:
         return out
 
     def register_host(self, hid: str, hostname: str) -> None:
-        """Record which host name a host id stands for (once per host)."""
+        """Record which host name a host id stands for (once per host).
+
+        Only what ``browse``, ``ls`` and ``top`` show depends on it, so a record that
+        cannot be written (a full disk, no write permission) is said once and left out:
+        a consumer must still start, and on a full disk consuming is what frees space.
+        What publishing meets there, it says itself."""
         path = f"{self.layout.hosts}/{hid}"
         if self._read_small(path) is not None:
             return
         try:
             self._write_file(path, hostname.encode("utf-8"), durable=False)
         except OSError as exc:
-            raise storage_error("registering this host", exc, path) from exc
+            log.warning(
+                "cannot record this host's name at %s (%s): its messages show host id %s "
+                "instead of %r; the bus is usable all the same",
+                path,
+                exc.strerror or exc,
+                hid,
+                hostname,
+            )
 
 
 def locks_stay_local(path: str) -> bool:

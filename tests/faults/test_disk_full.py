@@ -15,7 +15,7 @@ import pytest
 from fsbus import Bus, BusConfig, DiskFull
 from fsbus._bus.ops import Ops
 
-from .conftest import Inbox, until
+from .conftest import WAIT, Inbox, until
 
 SMALL = BusConfig(bucket_num_chars=1, poll_interval=0.05, retry_interval=0.05)
 """16 buckets: the layout fits in a 200-inode filesystem."""
@@ -188,3 +188,43 @@ def test_work_queue_under_load_on_a_full_disk_loses_nothing(
     assert s.ok, s.line() + "\n" + "\n".join(s.violations)
     assert s.delivered == s.sent == 300
     assert s.notes.get("disk_full", 0) > 0  # the disk really was full, often
+
+
+@pytest.mark.root
+def test_a_queues_first_consumer_starts_on_a_full_disk_and_frees_space(small_fs: Path) -> None:
+    """A durable queue filled until the disk is full, then its first consumer from this
+    host starts (it records the host's name in the queue's bus, which a full disk
+    refused, and the consumer could not start: the very thing that frees space), takes
+    every message once, and publishing works again."""
+    from fsbus import BlockingBus, DiskFull, StorageError
+
+    root = small_fs / "bus"
+    published = []
+    with BlockingBus(root, config=SMALL) as bus:
+        bus.declare_queue("q", ["t.#"])
+        queue_hosts = root / "fsbus" / "queues" / "q" / "bus" / "fsbus" / "hosts"
+        for size in (200_000, 20_000, 1_000, 0):  # every page: no file fits any more
+            for _ in range(1000):
+                tag = f"{len(published):04d}".encode()
+                try:
+                    bus.publish("t.x", tag + b"z" * size, ttl=3600)
+                except (DiskFull, StorageError):
+                    break
+                published.append(tag)
+            else:
+                raise AssertionError("the disk never filled")
+        assert published
+        with contextlib.suppress(OSError), open(small_fs / "filler", "wb") as f:
+            while True:  # the last pages too (a failed publish gave its own back)
+                f.write(b"f" * 4096)
+                f.flush()
+        assert not any(queue_hosts.iterdir())  # no consumer from here yet
+        got = []
+        with bus.messages(queue="q") as it:
+            for _ in published:
+                msg = it.get(timeout=WAIT)
+                got.append(msg.payload[:4])
+                it.ack(msg)
+        assert got == published
+        bus.publish("t.x", b"after")  # space again
+        assert bus.queue_info("q").depth == 1
