@@ -1745,8 +1745,24 @@ class Bus(Configured):
         outcome = "release"
         try:
             try:
-                await sub.handler(msg)
-                outcome = "ack"
+                if self._over_limit(msg):
+                    # Delivered as many times as max_deliveries allows, and never settled:
+                    # its consumers ended with it in hand (killed, crashed: a message that
+                    # kills its consumer). Not handed over again: dead-lettered.
+                    self._counts["failed"] += 1
+                    outcome = "dead:" + (
+                        f"delivered {msg.delivery_count - 1} times and never settled "
+                        "(its consumers ended with it in hand)"
+                    )
+                    log.warning(
+                        "work-queue message %s was delivered %d times and never settled "
+                        "(its consumers ended holding it); dead-lettered, not delivered again",
+                        msg.name,
+                        msg.delivery_count - 1,
+                    )
+                else:
+                    await sub.handler(msg)
+                    outcome = "ack"
             except GiveBack as back:
                 outcome = "giveback" if back.seen else "unseen"
             except Exception as exc:
@@ -1803,6 +1819,17 @@ class Bus(Configured):
                     # came after it), before its slot frees a claim
                     self._push_ready(e)
                 self._settled(sub, key)
+
+    def _over_limit(self, msg: Message) -> bool:
+        """Whether ``msg`` has had every delivery ``max_deliveries`` allows already (each
+        is counted when it is claimed, so a consumer that died holding it counted one)."""
+        limit = self._cfg.max_deliveries
+        return (
+            limit is not None
+            and self._cfg.count_deliveries
+            and msg.delivery_count > limit
+            and not self._is_dead_letter(msg.topic)  # no dead-letter cycles
+        )
 
     def _acked(self, sub: Subscription, key: tuple[int, str], result: object) -> None:
         if isinstance(result, BaseException):
@@ -2299,6 +2326,14 @@ class Bus(Configured):
         self._start_routing()
 
         async def consume(msg: Message) -> None:
+            limit = d.options.max_deliveries
+            if limit is not None and msg.delivery_count > limit:
+                # Every delivery max_deliveries allows was had and never settled: its
+                # consumers ended with it in hand (a message that kills its consumer).
+                # Dead-lettered (or dropped), not handed over again.
+                never = RuntimeError("delivered that many times and never settled")
+                await self._give_up(name, d.options, msg, never)
+                return
             try:
                 await handler(msg)
             except GiveBack:
@@ -2425,11 +2460,21 @@ class Bus(Configured):
         entry.users.append(token)  # no await since it was handed out: see _subscribe_queue
         try:
             self._start_routing()  # peers' messages reach it meanwhile
-            taken = await inner._take()
-            if taken is None:
-                yield None
-                return
-            msg, claim, key, waiting = taken
+            while True:
+                taken = await inner._take()
+                if taken is None:
+                    yield None
+                    return
+                msg, claim, key, waiting = taken
+                limit = d.options.max_deliveries
+                if limit is None or msg.delivery_count <= limit:
+                    break
+                # Every delivery max_deliveries allows was had, and never settled: the
+                # getters ended with it in hand (killed). Dead-lettered, not handed over.
+                never = RuntimeError("delivered that many times and never settled")
+                with anyio.CancelScope(shield=True):
+                    await self._give_up(queue, d.options, msg, never)
+                    await inner._settle_taken(claim, msg, key, "ack")
             outcome = "release"  # cancelled, or the bus closing: no failure counted
             try:
                 yield msg, waiting, consumers

@@ -488,3 +488,33 @@ def test_a_publisher_killed_mid_publish_leaves_no_partial_message(
     with BlockingBus(bus_root) as bus:
         assert bus.gc(debris_age=0) >= 1
     assert os.listdir(bus_root / "staging") == []
+
+
+def test_a_job_that_kills_its_workers_is_dead_lettered_with_counted_deliveries(
+    spawn: Spawn, bus_root: Path
+) -> None:
+    """With ``count_deliveries`` a work-queue message counts each delivery when it is
+    claimed, so a worker killed holding it counts one. Once it has had every delivery
+    ``max_deliveries`` allows it goes to ``dead-letter.<topic>`` instead of to the next
+    worker (it was redelivered for ever: only a handler that raised counted)."""
+    config = {"count_deliveries": True, "max_deliveries": 2, "retry_interval": 0.05}
+    publish(spawn, [("jobs.poison", "poison")], single=True)
+    for delivery in (1, 2):
+        victim = spawn(
+            "worker", name=f"victim {delivery}", pattern="jobs.#", hold=True, config=config
+        )
+        [start] = victim.wait_count("start", 1)
+        assert start["delivery_count"] == delivery
+        victim.proc.send_signal(signal.SIGKILL)
+        assert victim.wait_exit() == -signal.SIGKILL
+    third = spawn("worker", name="third", pattern="jobs.#", config=config)
+    third.wait_count("ready", 1)
+    with BlockingBus(bus_root) as bus:
+
+        def topics() -> list[str]:
+            return sorted(i.topic for i in bus.browse("#"))
+
+        # (the dead letter is a work-queue message too: it waits for its own consumer)
+        wait_until(lambda: topics() == ["dead-letter.jobs.poison"], what="the job dead-lettered")
+    assert third.stop() == 0, third.describe()
+    assert third.count("start") == 0

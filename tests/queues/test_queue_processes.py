@@ -378,3 +378,33 @@ def test_expires_counts_from_a_killed_consumers_end_not_from_its_start(
             bus.gc()
             time.sleep(0.05)
         assert time.monotonic() - found >= expires
+
+
+def test_a_message_that_kills_its_consumers_is_dead_lettered_after_max_deliveries(
+    root: Path, spawn: Spawn
+) -> None:
+    """A message whose every consumer dies holding it (killed here with SIGKILL in the
+    handler) has each delivery counted when claimed; once it has had the
+    ``max_deliveries`` the queue allows it is dead-lettered, not handed to a third
+    consumer (it was redelivered for ever: only a handler that raised counted)."""
+    with BlockingBus(root, config=BusConfig(**FAST)) as bus:
+        bus.declare_queue("pq", ["p.#"], max_deliveries=2, dead_letter="dead.p")
+        bus.declare_queue("dq", ["dead.#"])
+        bus.publish("p.x", b"poison")
+        for delivery in (1, 2):
+            victim = spawn("consumer", queue="pq", hang_after=0, config=FAST)
+            [start] = victim.wait_count("start", 1)
+            assert start["delivery_count"] == delivery
+            victim.proc.kill()
+            victim.wait_exit()
+        third = spawn("consumer", queue="pq", config=FAST)
+        third.wait_count("ready", 1)
+        deadline = time.monotonic() + 30
+        while bus.queue_info("dq").depth != 1:
+            assert time.monotonic() < deadline, "never dead-lettered"
+            time.sleep(0.05)
+        assert bus.queue_info("pq").depth == 0
+        assert third.of("start") == []
+        with bus.get("dq") as dead:
+            assert dead is not None
+            assert (dead.payload, dead.headers["x-fsbus-queue"]) == (b"poison", "pq")
