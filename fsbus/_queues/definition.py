@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -36,12 +37,25 @@ def validate_queue_name(name: object) -> str:
 
 
 def _positive(value: object, what: str, *, integer: bool = False) -> None:
+    """Raise :class:`UsageError` unless ``value`` is None or, for ``integer``, an int of
+    1 or more (not a bool), else a finite number of seconds more than 0 (not NaN, not
+    infinity: a queue option is stored and applied to every message routed into it)."""
     if value is None:
         return
-    ok = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok or value <= 0:  # type: ignore[operator]
-        kind = "a positive int" if integer else "a positive number"
-        raise UsageError(f"{what} must be {kind} or None, not {value!r}")
+    if integer:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return
+        raise UsageError(f"{what} must be a positive int (1 or more) or None, not {value!r}")
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    ):
+        return
+    raise UsageError(
+        f"{what} must be a positive number of seconds (finite, more than 0) or None, not {value!r}"
+    )
 
 
 @dataclass(frozen=True)
