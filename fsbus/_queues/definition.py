@@ -139,10 +139,16 @@ class Definition:
             raise ValueError(f"not a format-{FORMAT} queue definition")
         if doc.get("name") != name:
             raise ValueError(f"names queue {doc.get('name')!r}, but lies in folder {name!r}")
+        options_doc, bindings_doc = doc.get("options"), doc.get("bindings")
+        if not isinstance(options_doc, dict):
+            raise ValueError(f"bad options {options_doc!r}: not an object")
+        # a string is iterable too: "e.#" must not be read as the bindings e, . and #
+        if not isinstance(bindings_doc, list) or not all(isinstance(p, str) for p in bindings_doc):
+            raise ValueError(f"bad bindings {bindings_doc!r}: not a list of strings")
         try:
-            options = QueueOptions(**doc["options"])
-            bindings = tuple(validate_pattern(p) for p in doc["bindings"])
-        except (KeyError, TypeError, UsageError) as exc:
+            options = QueueOptions(**options_doc)
+            bindings = tuple(validate_pattern(p) for p in bindings_doc)
+        except (TypeError, UsageError) as exc:
             raise ValueError(f"bad options or bindings: {exc}") from exc
         uid = doc.get("uid", "")
         if not isinstance(uid, str):
