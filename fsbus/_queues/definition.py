@@ -96,9 +96,10 @@ class QueueOptions:
             raise UsageError(f"auto_delete must be True or False, not {self.auto_delete!r}")
 
     def differences(self, other: QueueOptions) -> list[str]:
-        """The options that differ, as ``name: ours != theirs``."""
+        """The options that differ, ``self`` being those asked and ``other`` those of the
+        queue, as ``name: asked X, the queue has Y``."""
         a, b = asdict(self), asdict(other)
-        return [f"{k}: {a[k]!r} != {b[k]!r}" for k in a if a[k] != b[k]]
+        return [f"{k}: asked {a[k]!r}, the queue has {b[k]!r}" for k in a if a[k] != b[k]]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fsbus import BlockingBus, QueueNotFound, UsageError
+from fsbus import BlockingBus, QueueMismatch, QueueNotFound, UsageError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -69,3 +69,11 @@ def test_a_nan_ttl_written_in_a_definition_is_quarantined(
         bus.publish("e.1", b"publishes go on")
         assert bus.queues() == []
     assert "message_ttl" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_the_api_mismatch_says_which_side_was_asked(root: Path) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["a"], max_length=10)
+        with pytest.raises(QueueMismatch) as err:
+            bus.declare_queue("q", ["a"], max_length=5)
+    assert "max_length: asked 5, the queue has 10" in str(err.value)
