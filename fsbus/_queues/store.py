@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import shutil
+import stat
 import struct
 import threading
 import time
@@ -130,6 +131,7 @@ class QueueStore:
         # those found stale, closed once no publish that took one can still use it
         self._retired: list[tuple[float, QueueBus]] = []
         self._bad: set[str] = set()
+        self._links: set[str] = set()  # queue folders found to be symbolic links (warned)
         self._router_fd: int | None = None
         self._router_warned = False
         self._progress_at = 0.0  # when note_progress last wrote (time.monotonic)
@@ -158,13 +160,23 @@ class QueueStore:
         that cannot be told now (a read failed otherwise: a network mount's passing
         error, a definition being replaced)."""
         try:
-            ino = os.stat(self.bus_root(name)).st_ino
-            with open(f"{self.dir(name)}/{_DEF}", "rb") as f:
-                data = f.read()
+            dfd = _open_folder(self.dir(name))
+        except (FileNotFoundError, NotADirectoryError, StorageError):
+            return "gone"  # (a folder that is a symbolic link is no queue)
+        except OSError:
+            return None
+        try:
+            st = os.stat("bus", dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                return None  # (not followed, and says nothing: a link, say)
+            ino = st.st_ino
+            data = _read_in(dfd, _DEF)
         except (FileNotFoundError, NotADirectoryError):
             return "gone"
         except OSError:
             return None
+        finally:
+            os.close(dfd)
         try:
             return queue_id(Definition.decode(data, name), ino)
         except ValueError:
@@ -254,6 +266,17 @@ class QueueStore:
         for name in names:
             if name in ("VERSION", "LOCK") or name.startswith("."):
                 continue
+            try:
+                mode = os.lstat(self.dir(name)).st_mode
+            except OSError:
+                continue  # gone meanwhile
+            if stat.S_ISLNK(mode):
+                if name not in self._links:
+                    self._links.add(name)
+                    log.warning("%s", _planted(self.dir(name)))
+                continue
+            if not stat.S_ISDIR(mode):
+                continue  # a stray file: no queue, as a folder without queue.json
             d = self._read(name)
             if d is not None:
                 out[name] = d
@@ -262,13 +285,21 @@ class QueueStore:
     def _read(self, name: str) -> Definition | None:
         path = f"{self.dir(name)}/{_DEF}"
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            dfd = _open_folder(self.dir(name))
+        except (FileNotFoundError, NotADirectoryError, StorageError):
+            return None  # none, not a folder, or a symbolic link (see get and declare)
+        except OSError as exc:
+            log.warning("cannot read queue definition %s: %s", path, exc)
+            return None
+        try:
+            data = _read_in(dfd, _DEF)
         except FileNotFoundError:
             return None  # being created or deleted
         except OSError as exc:
             log.warning("cannot read queue definition %s: %s", path, exc)
             return None
+        finally:
+            os.close(dfd)
         try:
             return Definition.decode(data, name)
         except ValueError as exc:
@@ -382,6 +413,19 @@ class QueueStore:
             self._counted(name, depth, since)
         return depth
 
+    def _defined(self, name: str) -> bool:
+        """Whether queue ``name``'s folder (not a symbolic link) holds its definition."""
+        try:
+            dfd = _open_folder(self.dir(name))
+        except (OSError, StorageError):
+            return False
+        try:
+            return stat.S_ISREG(os.stat(_DEF, dir_fd=dfd, follow_symlinks=False).st_mode)
+        except OSError:
+            return False
+        finally:
+            os.close(dfd)
+
     def _publisher(self, name: str) -> QueueBus | None:
         now = time.monotonic()
         if now >= self._next_check:
@@ -390,7 +434,7 @@ class QueueStore:
             pub = self._publishers.get(name)
             if pub is not None:
                 return pub
-            if not os.path.exists(f"{self.dir(name)}/{_DEF}"):
+            if not self._defined(name):
                 return None
             pub = self._opener(self.bus_root(name), self.sub_config)
             self._publishers[name] = pub
@@ -524,6 +568,8 @@ class QueueStore:
         validate_queue_name(name)
         d = self._read(name)
         if d is None:
+            if os.path.islink(self.dir(name)):
+                raise _planted(self.dir(name))
             raise QueueNotFound(
                 f"no queue named {name!r} on this bus; declare it first "
                 f"(bus.declare_queue({name!r}, bindings=[...]) or `fsbus queue declare {name}`)"
@@ -557,6 +603,7 @@ class QueueStore:
 
         validate_queue_name(name)
         wanted = tuple(dict.fromkeys(validate_pattern(p) for p in bindings))
+        folder = self.dir(name)
         with self._changing():
             d = self._read(name)
             if d is not None:
@@ -570,11 +617,20 @@ class QueueStore:
                 d = d.with_bindings(merged)
             else:
                 d = Definition(name, options, wanted, uuid.uuid4().hex)
-                os.makedirs(f"{self.dir(name)}/consumers", exist_ok=True)
-                os.makedirs(self.bus_root(name), exist_ok=True)
+                # (a symbolic link there is not followed: EEXIST; a folder left without
+                # queue.json is taken over)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(folder)
+                dfd = _open_folder(folder)  # a symbolic link: StorageError
+                try:
+                    for sub in ("consumers", "bus"):
+                        with contextlib.suppress(FileExistsError):
+                            os.mkdir(sub, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
                 # the new folders survive a power cut once declare returns
-                _sync_dirs([self.dir(name), self.base, os.path.dirname(self.base)])
-            _write_atomic(self.dir(name), _DEF, d.encode())
+                _sync_dirs([folder, self.base, os.path.dirname(self.base)])
+            _write_atomic(folder, _DEF, d.encode())
             self.touch(name)
         return d
 
@@ -647,10 +703,7 @@ class QueueStore:
 
     # ------------------------------------------------------------------ consumers
     def touch(self, name: str) -> None:
-        path = f"{self.dir(name)}/used"
-        with contextlib.suppress(OSError):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
-            os.utime(path, follow_symlinks=False)
+        _stamp(self.dir(name), "used")
 
     def consumer_path(self, name: str) -> str:
         """A new consumer file's path for queue ``name`` (see :meth:`attach`)."""
@@ -659,6 +712,7 @@ class QueueStore:
     def attach(self, name: str, path: str | None = None) -> int:
         """Register a consumer of ``name``: a flocked file (at ``path``, from
         :meth:`consumer_path`, or a new one); returns its descriptor."""
+        os.close(_open_folder(self.dir(name)))  # never through a symbolic link
         os.makedirs(f"{self.dir(name)}/consumers", exist_ok=True)
         path = path or self.consumer_path(name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
@@ -718,9 +772,7 @@ class QueueStore:
         an ``auto_delete`` queue whose last consumer died is deleted, as one whose last
         consumer left is (RabbitMQ deletes it when its consumer's connection dies)."""
         self.touch(name)
-        with contextlib.suppress(OSError):
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(f"{self.dir(name)}/{_ORPHANED}", flags, 0o666))
+        _stamp(self.dir(name), _ORPHANED, utime=False)
 
     def expire_unused(self) -> list[str]:
         """Remove expired messages from every queue, and delete the queues with
@@ -868,17 +920,80 @@ def _open_own(path: str) -> int:
         ) from exc
 
 
-def _write_atomic(folder: str, name: str, data: bytes) -> None:
-    tmp = f"{folder}/.{name}.{uuid.uuid4().hex[:8]}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+def _planted(path: str) -> StorageError:
+    """The error for a symbolic link standing where a queue's folder should be."""
+    return StorageError(
+        f"{path} is a symbolic link, which fsbus never makes: someone planted it in the "
+        f"bus directory; remove it (`rm {path}` removes the link only); fsbus does not "
+        "follow it or write through it, and no queue of that name is used until it is gone",
+        path,
+    )
+
+
+def _open_folder(path: str) -> int:
+    """Open a folder of the store, never through a symbolic link (see :func:`_planted`):
+    a link planted there would have fsbus write the queue's files, and route messages,
+    into a folder elsewhere. Raises StorageError for a link, NotADirectoryError for
+    another file, FileNotFoundError when there is nothing."""
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except NotADirectoryError as exc:  # (what Linux says of a link with O_DIRECTORY)
+        if os.path.islink(path):
+            raise _planted(path) from exc
+        raise
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise _planted(path) from exc
+
+
+def _read_in(dfd: int, name: str) -> bytes:
+    """The bytes of file ``name`` in the folder open as ``dfd`` (never through a link)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _stamp(folder: str, name: str, *, utime: bool = True) -> None:
+    """Create file ``name`` in ``folder`` (both never through a symbolic link) and, with
+    ``utime``, set its mtime to now; a failure is ignored (a stamp is a hint)."""
+    try:
+        dfd = _open_folder(folder)
+    except (OSError, StorageError):
+        return
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(name, flags, 0o666, dir_fd=dfd))
+        if utime:
+            os.utime(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        pass
     finally:
-        os.close(fd)
-    os.rename(tmp, f"{folder}/{name}")
-    dfd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+        os.close(dfd)
+
+
+def _write_atomic(folder: str, name: str, data: bytes) -> None:
+    """Write file ``name`` of ``folder`` whole (a temporary file, synced, renamed over
+    it), never through a symbolic link."""
+    dfd = _open_folder(folder)
+    tmp = f".{name}.{uuid.uuid4().hex[:8]}"
     try:
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o666,
+            dir_fd=dfd,
+        )
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         os.fsync(dfd)
     finally:
         os.close(dfd)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fsbus import BlockingBus, QueueMismatch, QueueNotFound, UsageError
+from fsbus import BlockingBus, QueueMismatch, QueueNotFound, StorageError, UsageError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -69,6 +70,86 @@ def test_a_nan_ttl_written_in_a_definition_is_quarantined(
         bus.publish("e.1", b"publishes go on")
         assert bus.queues() == []
     assert "message_ttl" in " ".join(r.getMessage() for r in caplog.records)
+
+
+def test_a_stray_file_in_the_queues_folder_is_skipped_silently(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["x"])
+    queues = root / "fsbus" / "queues"
+    (queues / "notes.txt").write_text("not a queue")
+    caplog.set_level(logging.DEBUG, logger="fsbus")
+    with BlockingBus(root) as bus:
+        assert [q.name for q in bus.queues()] == ["q"]
+        bus.publish("x", b"routed")
+        assert bus.queue_info("q").depth == 1
+        with pytest.raises(QueueNotFound):
+            bus.queue_info("notes.txt")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert (queues / "notes.txt").read_text() == "not a queue"
+
+
+@pytest.fixture
+def planted(root: Path, tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """fsbus/queues/evil: a symbolic link to an empty folder outside the bus."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["e.#"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = root / "fsbus" / "queues" / "evil"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    yield link, elsewhere
+    assert list(elsewhere.iterdir()) == [], "something was written through the link"
+
+
+def test_declaring_over_a_planted_link_fails_and_writes_nothing_through_it(
+    root: Path, planted: tuple[Path, Path]
+) -> None:
+    link, _elsewhere = planted
+    with BlockingBus(root) as bus:
+        with pytest.raises(StorageError, match="symbolic link") as err:
+            bus.declare_queue("evil", ["e.#"])
+        assert err.value.path == str(link)
+        assert str(link) in str(err.value)
+        assert "remove it" in str(err.value)
+        bus.publish("e.1", b"into q only")
+        assert [q.name for q in bus.queues()] == ["q"]
+        for call in (
+            lambda: bus.queue_info("evil"),
+            lambda: bus.delete_queue("evil"),
+            lambda: bus.bind_queue("evil", "x"),
+            lambda: bus.purge_queue("evil"),
+        ):
+            with pytest.raises(StorageError, match="remove it"):
+                call()
+    assert link.is_symlink()
+
+
+def test_a_planted_link_with_a_definition_behind_it_is_not_followed(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A link to a real queue's folder (say one moved away) is still no queue: listing
+    skips it with one warning, and no copy is routed through it."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue("evil", ["e.#"])
+    queues = root / "fsbus" / "queues"
+    elsewhere = tmp_path / "elsewhere"
+    (queues / "evil").rename(elsewhere)
+    (queues / "evil").symlink_to(elsewhere, target_is_directory=True)
+    before = sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*"))
+    caplog.set_level(logging.WARNING, logger="fsbus")
+    with BlockingBus(root) as bus:
+        assert bus.queues() == []
+        assert bus.queues() == []
+        assert bus.queues() == []
+        bus.publish("e.1", b"not through the link")
+        with pytest.raises(StorageError, match="symbolic link"):
+            bus.declare_queue("evil", ["e.#"])
+    assert sorted(p.relative_to(elsewhere) for p in elsewhere.rglob("*")) == before
+    warned = [r.getMessage() for r in caplog.records if "symbolic link" in r.getMessage()]
+    assert len(warned) == 1
+    assert str(queues / "evil") in warned[0]
 
 
 def test_the_api_mismatch_says_which_side_was_asked(root: Path) -> None:
