@@ -46,6 +46,7 @@ from .._errors import (
     QueueNotFound,
     StorageError,
     UsageError,
+    storage_error,
 )
 from .._settings import Settings, with_changes
 from . import routed
@@ -604,49 +605,64 @@ class QueueStore:
         validate_queue_name(name)
         wanted = tuple(dict.fromkeys(validate_pattern(p) for p in bindings))
         folder = self.dir(name)
-        with self._changing():
-            d = self._read(name)
-            if d is not None:
-                diff = options.differences(d.options)
-                if diff:
-                    raise QueueMismatch(
-                        f"queue {name!r} exists with other options ({'; '.join(diff)}); "
-                        "declare it with the same options, or delete it first"
-                    )
-                merged = d.bindings + tuple(p for p in wanted if p not in d.bindings)
-                d = d.with_bindings(merged)
-            else:
-                d = Definition(name, options, wanted, uuid.uuid4().hex)
-                # (a symbolic link there is not followed: EEXIST; a folder left without
-                # queue.json is taken over)
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(folder)
-                dfd = _open_folder(folder)  # a symbolic link: StorageError
-                try:
-                    for sub in ("consumers", "bus"):
-                        with contextlib.suppress(FileExistsError):
-                            os.mkdir(sub, dir_fd=dfd)
-                finally:
-                    os.close(dfd)
-                # the new folders survive a power cut once declare returns
-                _sync_dirs([folder, self.base, os.path.dirname(self.base)])
-            _write_atomic(folder, _DEF, d.encode())
-            self.touch(name)
+        made = False
+        try:
+            with self._changing():
+                d = self._read(name)
+                if d is not None:
+                    diff = options.differences(d.options)
+                    if diff:
+                        raise QueueMismatch(
+                            f"queue {name!r} exists with other options ({'; '.join(diff)}); "
+                            "declare it with the same options, or delete it first"
+                        )
+                    merged = d.bindings + tuple(p for p in wanted if p not in d.bindings)
+                    d = d.with_bindings(merged)
+                else:
+                    d = Definition(name, options, wanted, uuid.uuid4().hex)
+                    try:
+                        os.mkdir(folder)  # (a symbolic link there is not followed: EEXIST)
+                        made = True
+                    except FileExistsError:
+                        pass  # a folder left without queue.json: taken over
+                    dfd = _open_folder(folder)  # a symbolic link: StorageError
+                    try:
+                        for sub in ("consumers", "bus"):
+                            with contextlib.suppress(FileExistsError):
+                                os.mkdir(sub, dir_fd=dfd)
+                    finally:
+                        os.close(dfd)
+                    # the new folders survive a power cut once declare returns
+                    _sync_dirs([folder, self.base, os.path.dirname(self.base)])
+                _write_atomic(folder, _DEF, d.encode())
+                self.touch(name)
+        except OSError as exc:
+            if made:  # nothing half made is left (it would be a folder without queue.json)
+                shutil.rmtree(folder, ignore_errors=True)
+            raise storage_error(f"declaring queue {name!r}", exc) from exc
+        except StorageError:
+            if made:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
         return d
 
     def bind(self, name: str, pattern: str, *, bind: bool = True) -> Definition:
         from .._core.topics import validate_pattern
 
         pattern = validate_pattern(pattern)
-        with self._changing():
-            d = self.get(name)
-            if bind and pattern not in d.bindings:
-                d = d.with_bindings((*d.bindings, pattern))
-            elif not bind and pattern in d.bindings:
-                d = d.with_bindings(tuple(p for p in d.bindings if p != pattern))
-            else:
-                return d
-            _write_atomic(self.dir(name), _DEF, d.encode())
+        try:
+            with self._changing():
+                d = self.get(name)
+                if bind and pattern not in d.bindings:
+                    d = d.with_bindings((*d.bindings, pattern))
+                elif not bind and pattern in d.bindings:
+                    d = d.with_bindings(tuple(p for p in d.bindings if p != pattern))
+                else:
+                    return d
+                _write_atomic(self.dir(name), _DEF, d.encode())
+        except OSError as exc:
+            what = "binding" if bind else "unbinding"
+            raise storage_error(f"{what} {pattern!r} of queue {name!r}", exc) from exc
         return d
 
     def delete(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
@@ -974,7 +990,7 @@ def _stamp(folder: str, name: str, *, utime: bool = True) -> None:
 
 def _write_atomic(folder: str, name: str, data: bytes) -> None:
     """Write file ``name`` of ``folder`` whole (a temporary file, synced, renamed over
-    it), never through a symbolic link."""
+    it), never through a symbolic link; an OSError is raised with the file's path."""
     dfd = _open_folder(folder)
     tmp = f".{name}.{uuid.uuid4().hex[:8]}"
     try:
@@ -995,6 +1011,9 @@ def _write_atomic(folder: str, name: str, data: bytes) -> None:
         os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         os.fsync(dfd)
+    except OSError as exc:
+        exc.filename = f"{folder}/{name}"
+        raise
     finally:
         os.close(dfd)
 

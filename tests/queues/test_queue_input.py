@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fsbus import BlockingBus, QueueMismatch, QueueNotFound, StorageError, UsageError
+from fsbus import BlockingBus, Bus, DiskFull, QueueMismatch, QueueNotFound, StorageError, UsageError
 
 NAN, INF = float("nan"), float("inf")
 
@@ -158,3 +160,89 @@ def test_the_api_mismatch_says_which_side_was_asked(root: Path) -> None:
         with pytest.raises(QueueMismatch) as err:
             bus.declare_queue("q", ["a"], max_length=5)
     assert "max_length: asked 5, the queue has 10" in str(err.value)
+
+
+# -- a full disk ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 600 KiB tmpfs (root only), unmounted afterwards."""
+    from tests.faults.conftest import mount_tmpfs, unmount
+
+    mnt = tmp_path / "small"
+    mount_tmpfs(mnt, "size=600k,nr_inodes=20000,mode=0755")
+    try:
+        yield mnt
+    finally:
+        unmount(mnt)
+
+
+def _fill(fs: Path) -> Path:
+    """Take every free byte of the filesystem with one file; returns it."""
+    filler = fs / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError, match="No space left"):  # noqa: PT012
+            while True:
+                os.write(fd, b"\0" * 4096)
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_declare_bind_and_unbind_on_a_full_disk_raise_disk_full(full_fs: Path) -> None:
+    root = full_fs / "bus"
+    with BlockingBus(root) as bus:
+        bus.declare_queue("q", ["a"])
+        filler = _fill(full_fs)
+        with pytest.raises(DiskFull) as err:
+            bus.declare_queue("q3", ["z"])
+        message = str(err.value)
+        assert "declaring queue 'q3' failed at" in message
+        assert "free space" in message
+        assert str(err.value.path).startswith(str(root))
+        assert isinstance(err.value.__cause__, OSError)
+        assert [q.name for q in bus.queues()] == ["q"]
+        assert not (root / "fsbus" / "queues" / "q3").exists()  # nothing half made
+        with pytest.raises(DiskFull, match=r"binding 'b' of queue 'q' failed at .*free space"):
+            bus.bind_queue("q", "b")
+        with pytest.raises(DiskFull, match=r"unbinding 'a' of queue 'q' failed at"):
+            bus.unbind_queue("q", "a")
+        assert bus.queue_info("q").bindings == ("a",)
+        filler.unlink()
+        bus.declare_queue("q3", ["z"])
+        bus.bind_queue("q", "b")
+        assert bus.queue_info("q").bindings == ("a", "b")
+        bus.publish("z", b"in q3")
+        assert bus.queue_info("q3").depth == 1
+
+
+@pytest.mark.anyio
+async def test_a_full_disk_declare_is_disk_full_in_the_async_face(full_fs: Path) -> None:
+    async with Bus(full_fs / "bus") as bus:
+        _fill(full_fs)
+        with pytest.raises(DiskFull, match="declaring queue 'q3'"):
+            await bus.declare_queue("q3", ["z"])
+
+
+def test_cli_declare_on_a_full_disk_names_the_path(full_fs: Path) -> None:
+    import sys
+
+    root = full_fs / "bus"
+    with BlockingBus(root):
+        pass
+    _fill(full_fs)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsbus", "--root", str(root), "queue", "declare", "q3", "z"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith("fsbus: error: declaring queue 'q3' failed at " + str(root)), line
+    assert "free space" in line
