@@ -34,7 +34,8 @@ def add_subscribe_command(
         "NAME instead (see `fsbus queue`): every message it holds, each acknowledged once "
         "printed, so it goes to one of the queue's consumers only; a PATTERN given too is "
         "bound to the queue first. Exit status: 0 when --count messages arrived or "
-        "--timeout ran out (with whatever arrived printed), 130 on Ctrl-C (after a clean "
+        "--timeout ran out (with whatever arrived printed), 1 when the --queue was deleted "
+        "before (with what arrived printed), 130 on Ctrl-C (after a clean "
         "shutdown: work-queue messages being handled are released, no lock is left).",
     )
     p.add_argument(
@@ -67,7 +68,7 @@ def add_subscribe_command(
         "--count",
         metavar="N",
         type=_positive_int,
-        help="exit (status 0) after N messages",
+        help="exit (status 0) after N messages (status 1 if the --queue is deleted first)",
     )
     p.add_argument(
         "--timeout",
@@ -150,6 +151,7 @@ def run_subscribe(args: argparse.Namespace) -> int:
 
     async def command() -> int:
         received = 0
+        gone: QueueNotFound | None = None
         async with Bus(root, config=config) as bus:
             try:
                 async with bus.messages(
@@ -169,8 +171,22 @@ def run_subscribe(args: argparse.Namespace) -> int:
                             received += 1
                             if args.count is not None and received >= args.count:
                                 break
+                        else:
+                            # it ended, with no --count reached, no --timeout, no signal:
+                            # its queue was deleted (QueueNotFound), or the bus closed
+                            try:
+                                it.raise_if_queue_gone()
+                            except QueueNotFound as exc:
+                                gone = exc
             except QueueNotFound as exc:
                 raise missing_queue(args.queue, root) from exc
+        if gone is not None:
+            wanted = f" of {args.count}" if args.count is not None else ""
+            raise QueueNotFound(
+                f"queue {args.queue!r} on {root} was deleted while this command consumed it, "
+                f"after {received}{wanted} message(s); nothing more comes from it: declare it "
+                f"again (fsbus queue declare {args.queue} PATTERN...) and subscribe anew"
+            ) from gone
         return 0
 
     return run_async(command)

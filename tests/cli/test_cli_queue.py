@@ -193,6 +193,25 @@ def test_subscribe_with_a_pattern_binds_it_first(cli: Cli, spawn: Spawn) -> None
     assert queues(cli)["live"]["bindings"] == ["x.*"]
 
 
+def test_subscribe_count_exits_1_when_its_queue_is_deleted(cli: Cli, spawn: Spawn) -> None:
+    """A queue deleted before --count messages arrived is not a success: exit status 1,
+    what arrived printed, and stderr says the queue was deleted."""
+    ok(cli("queue", "declare", "doomed", "d.#"))
+    sub = spawn("subscribe", "--queue", "doomed", "--count", "5")
+    sub.wait_stderr("subscribed to queue 'doomed'")
+    ok(cli("publish", "d.1", "one"))
+    [line] = sub.lines(1)
+    assert json.loads(line)["payload"] == "one"
+    ok(cli("queue", "delete", "doomed"))
+    code, rest = sub.finish()
+    assert code == 1, sub.err_lines
+    assert rest == []
+    [error] = [e for e in sub.err_lines if e.startswith("fsbus: error:")]
+    assert "queue 'doomed'" in error
+    assert "was deleted while this command consumed it, after 1 of 5 message(s)" in error
+    assert "fsbus queue declare doomed" in error
+
+
 class _Tagged(queue.Queue[str | None]):
     """A process's stdout lines, forwarded to a shared queue as (tag, line)."""
 
