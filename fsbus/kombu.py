@@ -70,6 +70,7 @@ from fsbus import (
     Message,
     MessageIterator,
     QueueError,
+    QueueFull,
     QueueInfo,
     QueueMismatch,
     QueueNotFound,
@@ -80,6 +81,7 @@ from fsbus import (
 
 __all__ = [
     "Channel",
+    "PublishRefused",
     "QoS",
     "Transport",
     "binding_pattern",
@@ -112,6 +114,18 @@ _GET_AGAIN = 0.01  # seconds between gets while every message of a queue is held
 _MAX_META = 60_000  # bytes of the x-kombu header; the bus takes 64 KiB of headers in all
 _MAX_QUEUE_NAME = 200
 _TOPIC_PREFIX = "kombu"
+
+
+class PublishRefused(ChannelError, QueueFull):  # type: ignore[misc]
+    """A publish refused by a full queue declared with ``x-overflow: reject-publish``
+    (``max_length`` reached): the queue did not get the message; the other queues it was
+    routed to did. It is kombu's :class:`~kombu.exceptions.ChannelError` (one of
+    ``Connection.channel_errors``: a publish with ``retry=True`` retries it, as it retries
+    RabbitMQ's nack of a confirmed publish) and :class:`fsbus.QueueFull`; ``__cause__`` is
+    the bus's QueueFull."""
+
+    def __init__(self, message: str) -> None:
+        ChannelError.__init__(self, message)
 
 
 # ---------------------------------------------------------------------------- names
@@ -597,17 +611,17 @@ class Channel(virtual.Channel):
         if not targets:
             return  # unroutable: dropped, as by a broker (no mandatory returns here)
         payload, headers = _encode(message, _raw_body(message, self.decode_body))
-        for target in targets:
-            try:
-                self._enqueue(target, topic, payload, headers, props)
-            except QueueNotFound:
-                continue  # deleted since routes() looked
+        # one call for every queue: a full reject-publish queue refuses its own copy only,
+        # and one deleted since routes() looked is left out
+        self._enqueue(list(targets), topic, payload, headers, props, exchange, routing_key)
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         payload, headers = _encode(message, _raw_body(message, self.decode_body))
         topic = publish_topic("", queue)
         try:
-            self._enqueue(queue_name(queue), topic, payload, headers, message["properties"])
+            self._enqueue(
+                queue_name(queue), topic, payload, headers, message["properties"], "", queue
+            )
         except QueueNotFound:
             log.debug("publish to missing queue %r dropped", queue)
 
@@ -618,26 +632,36 @@ class Channel(virtual.Channel):
 
     def _enqueue(
         self,
-        name: str,
+        name: str | list[str],
         topic: str,
         payload: bytes,
         headers: dict[str, str],
         props: Mapping[str, Any],
+        exchange: str,
+        routing_key: str,
     ) -> None:
+        """Put the message into queue ``name`` (or each of several); a full reject-publish
+        queue raises :class:`PublishRefused`, after the others got their copies."""
         expiration = props.get("expiration")
         ttl = FOREVER if expiration in (None, "") else _ms_to_s(expiration, "expiration")
         durable = self.transport.durable_messages
         if durable is None:
             durable = props.get("delivery_mode") == 2
-        self.bus.enqueue(
-            name,
-            topic,
-            payload,
-            ttl=ttl,
-            durable=bool(durable),
-            headers=headers,
-            priority=_priority(props),
-        )
+        try:
+            self.bus.enqueue(
+                name,
+                topic,
+                payload,
+                ttl=ttl,
+                durable=bool(durable),
+                headers=headers,
+                priority=_priority(props),
+            )
+        except QueueFull as exc:
+            where = f"exchange {exchange!r}" if exchange else "the default exchange"
+            raise PublishRefused(
+                f"publish to {where} with routing key {routing_key!r} refused: {exc}"
+            ) from exc
 
     # -- consuming ----------------------------------------------------------------------
     def basic_consume(

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
-from kombu.exceptions import ChannelError
+from kombu.exceptions import ChannelError, OperationalError
 from kombu.messaging import Consumer, Producer
 
-from fsbus import BlockingBus, QueueNotFound, UsageError
+from fsbus import BlockingBus, QueueFull, QueueNotFound, UsageError
 from fsbus.kombu import (
     FOREVER,
+    PublishRefused,
     binding_pattern,
     publish_topic,
     queue_name,
@@ -353,6 +354,47 @@ def test_queue_arguments_become_queue_options(url: str, bus: BlockingBus) -> Non
     assert options.message_ttl == 30
     assert options.max_length == 5
     assert options.overflow == "reject-publish"
+
+
+def test_a_full_reject_publish_queue_refuses_with_a_channel_error(
+    url: str, bus: BlockingBus
+) -> None:
+    """A publish a full reject-publish queue refuses raises PublishRefused, a kombu
+    ChannelError (and fsbus.QueueFull), not the bus's bare QueueFull; the other queue the
+    exchange routes it to still gets its copy, as RabbitMQ delivers it there."""
+    ex = Exchange("jobs", type="topic")
+    capped = Queue(
+        "capped",
+        ex,
+        routing_key="job.#",
+        max_length=2,
+        queue_arguments={"x-overflow": "reject-publish"},
+    )
+    roomy = Queue("roomy", ex, routing_key="job.#")
+    with Connection(url) as conn:
+        for q in (capped, roomy):
+            q(conn.default_channel).declare()
+        producer = Producer(conn.channel(), exchange=ex)
+        for i in range(2):
+            producer.publish({"n": i}, routing_key="job.new", serializer="json")
+        with pytest.raises(PublishRefused) as err:
+            producer.publish({"n": 2}, routing_key="job.new", serializer="json")
+        assert isinstance(err.value, ChannelError)
+        assert isinstance(err.value, conn.channel_errors)
+        assert isinstance(err.value, QueueFull)
+        assert isinstance(err.value.__cause__, QueueFull)
+        assert "exchange 'jobs' with routing key 'job.new' refused" in str(err.value)
+        assert "'capped' is full" in str(err.value)
+        # the default exchange: the queue named by the routing key
+        with pytest.raises(PublishRefused, match=r"the default exchange.*'capped'"):
+            Producer(conn.channel()).publish({"n": 3}, routing_key="capped", serializer="json")
+        # retry=True (Celery's default): kombu retries once on a new connection, then
+        # raises its OperationalError with the refusal as the cause
+        with pytest.raises(OperationalError) as retried:
+            Producer(conn.channel()).publish({"n": 4}, routing_key="capped", retry=True)
+        assert isinstance(retried.value.__cause__, PublishRefused)
+    assert bus.queue_info("capped").depth == 2
+    assert bus.queue_info("roomy").depth == 3
 
 
 def test_redeclaring_with_other_arguments_fails(url: str) -> None:
