@@ -1779,9 +1779,9 @@ class Bus(Configured):
                 else:
                     outcome = "fail"
                     log.info(
-                        "handler for %r failed on work-queue message %s (delivery %d): %s; "
+                        "handler for %s failed on work-queue message %s (delivery %d): %s; "
                         "it will be redelivered",
-                        sub.pattern,
+                        f"queue {sub.queue!r}" if sub.queue else repr(sub.pattern),
                         msg.name,
                         msg.delivery_count,
                         exc,
@@ -2450,6 +2450,8 @@ class Bus(Configured):
             d, ino = self._queues.current(queue), _inode(root)
             if ino is None:  # deleted since the table was read: says so (QueueNotFound)
                 d = self._queues.get(queue)
+            if d.options.expires is not None:
+                self._queues.touch(queue)  # a get is a use, as on RabbitMQ (x-expires)
             return d, ino, self._queues.consumers(queue, skip)
 
         d, ino, consumers = await self._offload.call(definition)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -624,3 +625,20 @@ def test_a_copy_without_a_ttl_waits_for_good(root: Path) -> None:
         assert kept[0] < 31
         assert kept[1] > 50 * year
         assert all(m.expires - time.time() <= 61 for m in bus.browse(queue="short"))
+
+
+@pytest.mark.anyio
+async def test_gets_keep_an_expires_queue_in_use(root: Path, fast: BusConfig) -> None:
+    """A queue polled with ``get`` (and no consumer) is in use, as RabbitMQ counts a
+    basic.get for ``x-expires``: it is kept for as long as the gets come, then expires
+    (it was deleted ``expires`` after its declare, under the poller)."""
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("polled", ["p.#"], expires=1.0)
+        started = time.monotonic()
+        while time.monotonic() - started < 3.0:  # three times expires, a get each 0.2 s
+            async with bus.get("polled") as msg:
+                assert msg is None
+            await anyio.sleep(0.2)
+        with anyio.fail_after(20):
+            while "polled" in [q.name for q in await bus.queues()]:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
