@@ -788,6 +788,15 @@ class Bus(Configured):
         (safe to repeat). ``pattern`` may be None then.
         """
         if queue is not None:
+            if existing or kind not in ("any", "single"):
+                # a queue's messages are work-queue copies, each taken once, and the
+                # queue holds what was published before its consumer: neither applies
+                raise UsageError(
+                    f"existing= and kind= do not apply to a queue's consumer (queue={queue!r}"
+                    f" with existing={existing!r}, kind={kind!r}): a queue holds every "
+                    "message routed to it since it was declared, each taken once; leave "
+                    "them out"
+                )
             return await self._subscribe_queue(queue, pattern, handler, prefetch)
         if pattern is None:
             raise UsageError("give a pattern, or queue= to consume a durable queue")

@@ -138,10 +138,18 @@ def run_subscribe(args: argparse.Namespace) -> int:
         raise CliError(
             "--existing does not apply to --queue: a queue delivers every message it holds"
         )
+    if args.queue is not None and args.single:
+        raise CliError(
+            "--single does not apply to --queue: a queue's messages are each taken once, "
+            "by one of its consumers"
+        )
     root = resolve_root(args)
     config = bus_config(args)
-    # Without --single this is an observer: it never takes work-queue messages.
-    kind: Literal["single", "multi"] = "single" if args.single else "multi"
+    # Without --single this is an observer: it never takes work-queue messages. (A
+    # queue's consumer takes its work-queue copies: kind does not apply.)
+    kind: Literal["single", "multi", "any"] = (
+        "any" if args.queue is not None else "single" if args.single else "multi"
+    )
     if args.queue is None:
         what = repr(args.pattern)
     else:

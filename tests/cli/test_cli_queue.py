@@ -361,6 +361,7 @@ def test_invalid_pattern_is_a_usage_error(cli: Cli, args: list[str]) -> None:
         (["queue"], "SUBCOMMAND"),
         (["subscribe"], "give a PATTERN, or --queue NAME"),
         (["subscribe", "--queue", "q", "--existing"], "--existing does not apply to --queue"),
+        (["subscribe", "--queue", "q", "--single"], "--single does not apply to --queue"),
     ],
 )
 def test_bad_options_exit_2(cli: Cli, args: list[str], needle: str) -> None:

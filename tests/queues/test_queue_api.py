@@ -642,3 +642,22 @@ async def test_gets_keep_an_expires_queue_in_use(root: Path, fast: BusConfig) ->
         with anyio.fail_after(20):
             while "polled" in [q.name for q in await bus.queues()]:  # noqa: ASYNC110
                 await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "extra", [{"existing": True}, {"kind": "multi"}, {"kind": "bogus"}], ids=str
+)
+async def test_options_of_plain_subscriptions_are_refused_with_a_queue(
+    root: Path, extra: dict[str, object]
+) -> None:
+    """``existing=`` and ``kind=`` say nothing to a queue's consumer: given with
+    ``queue=``, they are a UsageError naming them (they were accepted and ignored)."""
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        with pytest.raises(UsageError, match="existing= and kind= do not apply"):
+            await bus.subscribe(None, Inbox(), queue="q", **extra)  # type: ignore[arg-type]
+        assert (await bus.queue_info("q")).consumers == 0
+        sub = await bus.subscribe(None, Inbox(), queue="q", kind="single")  # what it is
+        assert (await bus.queue_info("q")).consumers == 1
+        await sub.aclose()
