@@ -741,6 +741,7 @@ class Channel:
                 ROUTING_KEY: rk,
             },
             priority=amqp_priority_to_bus(pub.priority),
+            amqp_priority=pub.priority,
         )
         try:
             job.ttl = expiration_seconds(pub.expiration)

@@ -218,6 +218,8 @@ class RouteJob:
     """The bus headers it is stored with."""
     priority: int | None = None
     """Its bus priority."""
+    amqp_priority: int | None = None
+    """Its AMQP priority (higher first), capped per queue by ``x-max-priority``."""
     error: AmqpError | None = None
     """Why it cannot be routed (a bad property): a channel error in its turn."""
     internal_ok: bool = False

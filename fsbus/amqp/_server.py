@@ -19,6 +19,7 @@ from .. import (
     Bus,
     FsBusError,
     Message,
+    QueueFull,
     QueueInfo,
     QueueNotFound,
     Subscription,
@@ -308,15 +309,32 @@ class Gateway:
             return 0
         # one call for every queue: the copies are named and their headers encoded once;
         # a queue deleted meanwhile is left out, a full one refuses only its own copy
-        return bus.enqueue(
-            targets,
-            topic,
-            job.body,
-            ttl=job.ttl,
-            durable=job.durable,
-            headers=job.headers,
-            priority=job.priority,
-        )
+        groups = {job.priority: list(targets)}
+        p = job.amqp_priority
+        if p:  # a queue's x-max-priority caps it: a group per priority the copies get
+            groups = {}
+            for t in targets:
+                cap = self.state.max_priority_of(t)
+                bus_p = amqp_priority_to_bus(p, cap)
+                groups.setdefault(bus_p, []).append(t)
+        made = 0
+        full: QueueFull | None = None
+        for priority, group in groups.items():
+            try:
+                made += bus.enqueue(
+                    group,
+                    topic,
+                    job.body,
+                    ttl=job.ttl,
+                    durable=job.durable,
+                    headers=job.headers,
+                    priority=priority,
+                )
+            except QueueFull as exc:  # the other groups still get theirs
+                full = full or exc
+        if full is not None:
+            raise full
+        return made
 
     async def dead_letter(self, queue: str, msg: Message, reason: str = "rejected") -> None:
         """A message of ``queue`` dead-lettered (rejected without requeue): to the queue's
@@ -381,6 +399,7 @@ class Gateway:
             durable=props.delivery_mode == 2,
             headers=headers,
             priority=amqp_priority_to_bus(props.priority),
+            amqp_priority=props.priority,
             internal_ok=True,
         )
         await self.route_many([job])

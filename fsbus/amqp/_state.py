@@ -76,6 +76,7 @@ class AmqpState:
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         # path -> (the file's identity, its "owner"); see owner_of
         self._owners: dict[str, tuple[tuple[int, int, int, int], str | None]] = {}
+        self._caps: dict[str, tuple[tuple[int, int, int, int], int | None]] = {}
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -104,6 +105,28 @@ class AmqpState:
         except (OSError, ValueError):
             return None  # unreadable or corrupt: as if absent (declaring again rewrites it)
         return doc if isinstance(doc, dict) else None
+
+    def max_priority_of(self, queue: str) -> int | None:
+        """The ``x-max-priority`` of bus queue ``queue`` (None: none, or no record), read
+        again only when its record changed (as :meth:`owner_of`): asked for each queue a
+        message with a priority is routed to."""
+        path = self._path("queues", queue)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        cached = self._caps.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        doc = self.read("queues", queue)
+        args = doc.get("arguments") if doc is not None else None
+        cap = args.get("x-max-priority") if isinstance(args, dict) else None
+        value = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
+        if len(self._caps) >= 4096:
+            self._caps.clear()
+        self._caps[path] = (key, value)
+        return value
 
     def owner_of(self, kind: str, name: str) -> str | None:
         """The ``owner`` a record names (None if none, or no record), read again only

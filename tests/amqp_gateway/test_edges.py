@@ -96,6 +96,26 @@ def test_a_user_id_other_than_the_login_is_refused(
     assert ch.queue_declare(q, passive=True).method.message_count == 0
 
 
+@pytest.mark.parametrize("exchange", ["", "amq.direct"])
+def test_priorities_over_the_queues_maximum_count_as_the_maximum(
+    conn: pika.BlockingConnection, names: Names, exchange: str
+) -> None:
+    """In a queue with ``x-max-priority`` 5, priorities 7 and 9 are taken as 5: served
+    with the 5s, first in first out, ahead of the lower ones (through the default
+    exchange, or another one)."""
+    ch = conn.channel()
+    q = ch.queue_declare(
+        names("capped"), exclusive=True, arguments={"x-max-priority": 5}
+    ).method.queue
+    if exchange:
+        ch.queue_bind(q, exchange, q)
+    sent = [None, 1, 9, 5, 0, 3, 7]
+    for i, priority in enumerate(sent):
+        ch.basic_publish(exchange, q, str(i).encode(), pika.BasicProperties(priority=priority))
+    got = [int(body) for _, _, body in get_all(ch, q, len(sent))]
+    assert [sent[i] for i in got] == [9, 5, 7, 3, 1, None, 0]
+
+
 def test_the_default_exchange_cannot_be_declared_bound_or_unbound(
     conn: pika.BlockingConnection, names: Names
 ) -> None:
