@@ -95,6 +95,12 @@ _PURGE_BATCH = 256
 """Messages removed per worker-thread hop of a purge (cancellation waits for one)."""
 
 
+_EXPIRY_TICK = 1.0
+"""Seconds between looks at when the next queue with ``expires`` is due (a stat of each
+such queue's ``used``), beside the gc every gc_interval."""
+_EXPIRY_LOOK = 0.25
+"""Seconds between looks at a queue whose ``expires`` time is up but that is still in
+use (a consumer attached): when it is left, it goes within that."""
 _REQUEUE = "requeue"
 """The outcome of a handler that raised :class:`~.iterator.Requeue`: a failed delivery,
 tried again at once."""
@@ -2045,11 +2051,26 @@ class Bus(Configured):
                 )
 
     async def _gc_loop(self) -> None:
+        next_gc = time.monotonic() + self._cfg.gc_interval
         while True:
-            await anyio.sleep(self._cfg.gc_interval)
+            # A queue with ``expires`` is deleted when its time is up, not at the next gc
+            # (every gc_interval): its lifetime is looked at then, alone.
+            # (and at least each _EXPIRY_TICK: a queue declared meanwhile, anywhere)
+            wait = min(next_gc - time.monotonic(), _EXPIRY_TICK)
             try:
-                await self.gc()
-                await self._finish_peer_routes()
+                due = await anyio.to_thread.run_sync(self._queues.expiry_due)
+            except Exception:  # a failing look: the gc below says what is wrong
+                due = None
+            if due is not None:
+                wait = min(wait, max(_EXPIRY_LOOK, due - time.time()))
+            await anyio.sleep(max(0.0, wait))
+            try:
+                if time.monotonic() >= next_gc:
+                    next_gc = time.monotonic() + self._cfg.gc_interval
+                    await self.gc()
+                    await self._finish_peer_routes()
+                elif due is not None and due <= time.time():
+                    await anyio.to_thread.run_sync(self._queues.expire_queues)
             except ClosedError:
                 return  # the bus is closing under us: not a failure worth a warning
             except Exception as exc:  # keep the bus running; say what went wrong

@@ -794,19 +794,26 @@ class QueueStore:
         """Remove expired messages from every queue, and delete the queues with
         ``expires`` set and no use for that long, and the ``auto_delete`` ones whose last
         consumer died (see :meth:`_reaped`); their names."""
-        gone = []
-        now = time.time()
         if self._messages is not None:
             self.sweep_routed(self._messages)
         for name in self.names():
-            d = self._defs.get(name)
-            if d is None:
+            if self._defs.get(name) is None:
                 continue
             pub = self._publisher(name)
             if pub is not None:
                 with contextlib.suppress(OSError):
                     pub.expire()
-            if d.options.expires is None and not d.options.auto_delete:
+        return self.expire_queues()
+
+    def expire_queues(self) -> list[str]:
+        """Delete the queues with ``expires`` set and no use for that long, and the
+        ``auto_delete`` ones whose last consumer died; their names. (The part of
+        :meth:`expire_unused` that :meth:`expiry_due` times: no message is read.)"""
+        gone = []
+        now = time.time()
+        for name in self.names():
+            d = self._defs.get(name)
+            if d is None or (d.options.expires is None and not d.options.auto_delete):
                 continue
             # counted first: a consumer that died is found (and its end noted) here
             if self.consumers(name):
@@ -825,6 +832,24 @@ class QueueStore:
                 self.delete(name)
                 gone.append(name)
         return gone
+
+    def expiry_due(self) -> float | None:
+        """The soonest time (``time.time()``) a queue with ``expires`` is due to expire
+        if it stays unused (its last use, plus ``expires``; perhaps past, for one still
+        in use), or None when no queue has ``expires``: when to run
+        :meth:`expire_queues` next, beside the periodic gc."""
+        due: float | None = None
+        for name in self.names():
+            d = self._defs.get(name)
+            if d is None or d.options.expires is None:
+                continue
+            try:
+                used = os.stat(f"{self.dir(name)}/used").st_mtime
+            except OSError:
+                continue
+            at = used + d.options.expires
+            due = at if due is None else min(due, at)
+        return due
 
     # ------------------------------------------------------------------ lifecycle
     def _close_publisher(self, name: str) -> None:

@@ -319,3 +319,27 @@ def test_an_unknown_x_match_is_refused_at_bind(conn: pika.BlockingConnection, na
     )
     assert code == 406
     assert "x-match" in text
+
+
+def test_an_unused_queue_with_x_expires_goes_when_its_time_is_up(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """A queue declared with ``x-expires`` 500 ms and then left unused (its connection
+    open and idle) is gone within a couple of seconds, as on RabbitMQ: it went at the
+    gateway's next gc, up to 10 s later. Watched with mandatory publishes (a publish is
+    no use of a queue; a passive declare would be one), returned once it is gone."""
+    ch = conn.channel()
+    q = ch.queue_declare(names("brief"), arguments={"x-expires": 500}).method.queue
+    ch.confirm_delivery()
+    declared = time.monotonic()
+    while True:
+        try:
+            ch.basic_publish("", q, b"still there?", mandatory=True)
+        except pika.exceptions.UnroutableError:
+            break
+        assert time.monotonic() - declared < 4.0, "still there 4 s after its 500 ms"
+        time.sleep(0.05)
+    assert time.monotonic() - declared >= 0.5
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        ch.queue_declare(q, passive=True)
+    assert caught.value.reply_code == 404
