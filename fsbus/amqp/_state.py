@@ -23,10 +23,12 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from ._routing import PREDECLARED, word
+
+_T = TypeVar("_T")
 
 _LONGEST = 237
 """Bytes of the longest escaped name a record file is named after: with ``.json`` and a
@@ -108,46 +110,50 @@ class AmqpState:
 
     def max_priority_of(self, queue: str) -> int | None:
         """The ``x-max-priority`` of bus queue ``queue`` (None: none, or no record), read
-        again only when its record changed (as :meth:`owner_of`): asked for each queue a
+        again only when its record changed (see :meth:`_cached`): asked for each queue a
         message with a priority is routed to."""
-        path = self._path("queues", queue)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        cached = self._caps.get(path)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        doc = self.read("queues", queue)
-        args = doc.get("arguments") if doc is not None else None
-        cap = args.get("x-max-priority") if isinstance(args, dict) else None
-        value = cap if isinstance(cap, int) and not isinstance(cap, bool) else None
-        if len(self._caps) >= 4096:
-            self._caps.clear()
-        self._caps[path] = (key, value)
-        return value
+
+        def cap(doc: dict[str, Any] | None) -> int | None:
+            args = doc.get("arguments") if doc is not None else None
+            value = args.get("x-max-priority") if isinstance(args, dict) else None
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        return self._cached(self._caps, "queues", queue, cap)
 
     def owner_of(self, kind: str, name: str) -> str | None:
         """The ``owner`` a record names (None if none, or no record), read again only
-        when the file changed. Every write renames a new file in, so a file with the
-        same inode, size and times holds the same record: one ``stat`` instead of an
-        open, a read and a parse (each AMQP ``basic.get`` asks)."""
+        when the file changed (see :meth:`_cached`: each AMQP ``basic.get`` asks)."""
+
+        def owner(doc: dict[str, Any] | None) -> str | None:
+            value = doc.get("owner") if doc is not None else None
+            return str(value) if value else None
+
+        return self._cached(self._owners, kind, name, owner)
+
+    def _cached(
+        self,
+        cache: dict[str, tuple[tuple[int, int, int, int], _T]],
+        kind: str,
+        name: str,
+        extract: Callable[[dict[str, Any] | None], _T],
+    ) -> _T | None:
+        """``extract`` of a record, kept in ``cache`` by the file's identity. Every write
+        renames a new file in, so a file with the same inode, size and times holds the
+        same record: one ``stat`` instead of an open, a read and a parse."""
         path = self._path(kind, name)
         try:
             st = os.stat(path)
         except OSError:
             return None
         key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        cached = self._owners.get(path)
+        cached = cache.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
-        doc = self.read(kind, name)  # replaced meanwhile: the newer one, whose key differs
-        owner = doc.get("owner") if doc is not None else None
-        if len(self._owners) >= 4096:
-            self._owners.clear()
-        self._owners[path] = (key, str(owner) if owner else None)
-        return self._owners[path][1]
+        value = extract(self.read(kind, name))  # replaced meanwhile: the newer one
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[path] = (key, value)
+        return value
 
     def write(self, kind: str, name: str, doc: dict[str, Any]) -> None:
         path = self._path(kind, name)

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,6 +114,16 @@ def broker(request: pytest.FixtureRequest) -> Broker:
     if request.param == "fsbus":
         return request.getfixturevalue("gateway")  # type: ignore[no-any-return]
     return request.getfixturevalue("rabbitmq")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def conn(broker: Broker) -> Iterator[Any]:
+    """A pika connection to ``broker``, closed afterwards."""
+    pika = pytest.importorskip("pika")
+    c = pika.BlockingConnection(pika.URLParameters(broker.url))
+    yield c
+    if c.is_open:
+        c.close()
 
 
 @pytest.fixture

@@ -4,22 +4,13 @@ results on the gateway and on RabbitMQ (pika)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pika
 import pika.exceptions
 import pytest
 
-from .conftest import Broker, Names
+from .conftest import Names
 from .test_features import WAIT, get_all
-
-
-@pytest.fixture
-def conn(broker: Broker) -> Iterator[pika.BlockingConnection]:
-    c = pika.BlockingConnection(pika.URLParameters(broker.url))
-    yield c
-    if c.is_open:
-        c.close()
 
 
 def closed_with(

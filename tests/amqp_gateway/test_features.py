@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Iterator
 
 import pika
 import pika.exceptions
@@ -15,14 +14,6 @@ from fsbus.amqp import running
 from .conftest import Broker, Names
 
 WAIT = 20.0
-
-
-@pytest.fixture
-def conn(broker: Broker) -> Iterator[pika.BlockingConnection]:
-    c = pika.BlockingConnection(pika.URLParameters(broker.url))
-    yield c
-    if c.is_open:
-        c.close()
 
 
 def get_all(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str, n: int) -> list:
