@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ from ._routing import (
     own_pattern,
     queue_arguments,
 )
-from ._state import jsonable
+from ._state import jsonable, try_lock
 
 if TYPE_CHECKING:
     from ._contracts import ConnectionPort
@@ -70,6 +71,10 @@ ROUTING_KEY = "x-amqp-routing-key"
 DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
 UNLIMITED_PREFETCH = 256
 """Messages claimed at once for a consumer with no prefetch limit."""
+SINGLE_ACTIVE = "x-single-active-consumer"
+SINGLE_POLL = 0.2
+"""Seconds between a waiting single-active consumer's tries of its queue's lock (it is
+woken at once when an active consumer of this gateway leaves)."""
 
 
 def message_view(
@@ -112,16 +117,27 @@ class Pending:
     """A basic.get's: set once its outcome is settled on disk (see Channel._settles)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Consumer:
     tag: str
     queue: str
     """The AMQP name of the queue it consumes."""
     no_ack: bool
+    prefetch: int = UNLIMITED_PREFETCH
     ready: anyio.Event = field(default_factory=anyio.Event)
     sub: Subscription | None = None
     exclusive: dict[str, Any] | None = None
     """Its file in the AMQP state (``exclusive/``) when it consumes exclusively."""
+    single_fd: int | None = None
+    """A consumer of an ``x-single-active-consumer`` queue: its own open file description
+    of the queue's ``sac/`` file, whose flock it holds while it is the active one (closed
+    once it has left, releasing the lock)."""
+    active: bool = True
+    """False while it waits to be its queue's single active consumer (no subscription)."""
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    """Set to make a waiting consumer try the lock now (or see that it is gone)."""
+    stopped: bool = False
+    """Its subscription was stopped (it is done once)."""
 
 
 @dataclass
@@ -179,6 +195,8 @@ class Channel:
         self.last_queue = ""
         self._pub: _Publish | None = None
         self._last_info: QueueInfo | None = None
+        self._last_meta: dict[str, Any] | None = None
+        """The AMQP record :meth:`_queue_owner` read last."""
         self._last_held = 0
         self._settling: set[anyio.Event] = set()
         self._dead_letters = anyio.Lock()
@@ -269,13 +287,36 @@ class Channel:
         self.gateway.consumers.get(consumer.queue, set()).discard((self, consumer.tag))
         await self._drop_exclusive(consumer)
         if consumer.sub is None:
+            consumer.wake.set()  # a waiting single-active consumer: its wait ends
+            if unused and not consumer.active:
+                await self.gateway.consumer_left(consumer.queue)
             return
-        try:
-            await self.bus.unsubscribe(consumer.sub)
-        finally:
-            self.gateway.untrack(consumer.queue, consumer.sub)
+        await self._stop_sub(consumer)
         if unused:
             await self.gateway.consumer_left(consumer.queue)
+
+    async def _stop_sub(self, consumer: Consumer) -> None:
+        """End ``consumer``'s subscription (once; what it held is given back), then
+        release its single-active lock, if it has one, for the next consumer."""
+        sub = consumer.sub
+        if sub is None or consumer.stopped:
+            return
+        consumer.stopped = True
+        try:
+            await self.bus.unsubscribe(sub)
+        finally:
+            self.gateway.untrack(consumer.queue, sub)
+            self._unlock(consumer)
+
+    def _unlock(self, consumer: Consumer) -> None:
+        """Close ``consumer``'s single-active file (releasing its lock, if it held it) and
+        wake the next waiting consumer of its queue here."""
+        fd, consumer.single_fd = consumer.single_fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        self.gateway.wake_single(consumer.queue)
 
     # ------------------------------------------------------------------ exchanges
     async def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
@@ -410,6 +451,7 @@ class Channel:
         that does not exist) no owner."""
         self._last_info = None
         meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue_name(name))
+        self._last_meta = meta
         return meta if meta is not None else {"name": name, "owner": None}
 
     def _check_exclusive(self, name: str, meta: dict[str, Any]) -> None:
@@ -801,6 +843,7 @@ class Channel:
         await self.reply(spec.Basic.QosOk())
 
     async def _consume(self, m: spec.Basic.Consume) -> None:
+        self._last_meta = None
         if m.queue == DIRECT_REPLY_TO:
             name = await self._direct_reply_queue(m)
         else:
@@ -831,14 +874,46 @@ class Channel:
                 raise _not_found_queue(name) from None
             if self.gateway.counted_consumers(name, info.consumers):
                 raise in_use
-        consumer = Consumer(tag, name, bool(m.no_ack))
+        meta: dict[str, Any] = self._last_meta or {}
+        single: dict[str, Any] = meta.get("arguments") or {}
+        consumer = Consumer(tag, name, bool(m.no_ack), prefetch=self.prefetch or UNLIMITED_PREFETCH)
         if m.exclusive:
             consumer.exclusive = {"owner": self.conn.id, "tag": tag}
             if not await anyio.to_thread.run_sync(
                 self.state.take_exclusive_consumer, bus_queue_name(name), consumer.exclusive
             ):
                 raise in_use
-        self.consumers[tag] = consumer
+        try:
+            if single.get(SINGLE_ACTIVE) is True:
+                # one consumer at a time, on every gateway of the bus: the one holding
+                # the flock of the queue's sac/ file; the others wait for it
+                consumer.single_fd = await anyio.to_thread.run_sync(
+                    self.state.open_single_active, bus_queue_name(name)
+                )
+                consumer.active = await anyio.to_thread.run_sync(try_lock, consumer.single_fd)
+                if not consumer.active:
+                    await self.bus.queue_info(bus_queue_name(name))  # (404 if gone)
+            self.consumers[tag] = consumer
+            if consumer.active:
+                await self._subscribe(consumer)
+        except BaseException as exc:
+            self.consumers.pop(tag, None)
+            with anyio.CancelScope(shield=True):
+                await self._drop_exclusive(consumer)
+                self._unlock(consumer)
+            if isinstance(exc, QueueNotFound):
+                raise _not_found_queue(name) from None
+            raise
+        self.gateway.consumers.setdefault(name, set()).add((self, tag))
+        if not consumer.active:
+            self.conn.tasks.start_soon(self._wait_active, consumer)
+        if not m.nowait:
+            await self.reply(spec.Basic.ConsumeOk(consumer_tag=tag))
+        consumer.ready.set()
+
+    async def _subscribe(self, consumer: Consumer) -> None:
+        """Subscribe ``consumer`` to its bus queue: its messages are delivered."""
+        tag = consumer.tag
 
         async def handle(msg: Message) -> None:
             # (waiting on a set event would still yield to the loop once per message)
@@ -851,24 +926,46 @@ class Channel:
                 raise Decline
             await self._deliver(consumer, msg)
 
-        prefetch = self.prefetch or UNLIMITED_PREFETCH
+        consumer.sub = await self.bus.subscribe(
+            None, handle, queue=bus_queue_name(consumer.queue), prefetch=consumer.prefetch
+        )
+        consumer.sub.on_queue_gone = functools.partial(
+            self._queue_gone, consumer.queue, tag, consumer
+        )
+        self.gateway.track(consumer.queue, consumer.sub)
+
+    async def _wait_active(self, consumer: Consumer) -> None:
+        """A waiting consumer of a single-active-consumer queue: once it holds the
+        queue's lock (its active consumer left, on any gateway), it subscribes. The wait
+        ends when it is cancelled, its channel or connection closes, or its queue is
+        deleted (then the client is sent basic.cancel)."""
+        waiting = self.gateway.single_waiters.setdefault(consumer.queue, [])
+        waiting.append(consumer)
         try:
-            consumer.sub = await self.bus.subscribe(
-                None, handle, queue=bus_queue_name(name), prefetch=prefetch
-            )
-        except BaseException as exc:
-            del self.consumers[tag]
-            with anyio.CancelScope(shield=True):
-                await self._drop_exclusive(consumer)
-            if isinstance(exc, QueueNotFound):
-                raise _not_found_queue(name) from None
-            raise
-        consumer.sub.on_queue_gone = functools.partial(self._queue_gone, name, tag, consumer)
-        self.gateway.track(name, consumer.sub)
-        self.gateway.consumers.setdefault(name, set()).add((self, tag))
-        if not m.nowait:
-            await self.reply(spec.Basic.ConsumeOk(consumer_tag=tag))
-        consumer.ready.set()
+            fd = consumer.single_fd
+            while self.consumers.get(consumer.tag) is consumer and fd is not None:
+                if await anyio.to_thread.run_sync(try_lock, fd):
+                    break
+                with anyio.move_on_after(SINGLE_POLL):
+                    await consumer.wake.wait()
+                consumer.wake = anyio.Event()
+            else:
+                return
+            try:
+                await self._subscribe(consumer)
+            except QueueNotFound:  # deleted meanwhile
+                await self._queue_gone(consumer.queue, consumer.tag, consumer)
+                return
+            consumer.active = True
+            if self.consumers.get(consumer.tag) is not consumer:
+                await self._stop_sub(consumer)  # gone while it subscribed
+        finally:
+            with contextlib.suppress(ValueError):
+                waiting.remove(consumer)
+            if not waiting and self.gateway.single_waiters.get(consumer.queue) is waiting:
+                del self.gateway.single_waiters[consumer.queue]
+            if consumer.sub is None:
+                self._unlock(consumer)
 
     async def _deliver(self, consumer: Consumer, msg: Message) -> None:
         props, exchange, rk = message_view(msg.headers, msg.topic)
@@ -937,15 +1034,9 @@ class Channel:
             return
         await self._drop_exclusive(consumer)
         if consumer.sub is not None:
-            sub = consumer.sub
-
-            async def stop() -> None:
-                try:
-                    await self.bus.unsubscribe(sub)
-                finally:
-                    self.gateway.untrack(consumer.queue, sub)
-
-            self.conn.tasks.start_soon(stop)
+            self.conn.tasks.start_soon(self._stop_sub, consumer)
+        else:
+            consumer.wake.set()  # a waiting single-active consumer: its wait ends
         if self.conn.capabilities.get("consumer_cancel_notify"):
             await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
 

@@ -18,6 +18,7 @@ class GatewayPort(Protocol):
     state: AmqpState
     version: str
     consumers: dict[str, set[tuple[Any, str]]]
+    single_waiters: dict[str, list[Any]]
     alarm: str | None
     no_alarm: anyio.Event
     connections: set[Any]
@@ -33,6 +34,8 @@ class GatewayPort(Protocol):
     def untrack(self, queue: str, sub: Subscription) -> None: ...
 
     def counted_consumers(self, queue: str, on_disk: int) -> int: ...
+    def wake_single(self, queue: str) -> None: ...
+
     def held(self, queue: str) -> int: ...
 
     def taken(self, queue: str, delta: int) -> None: ...

@@ -26,7 +26,7 @@ from .. import (
     UsageError,
     __version__,
 )
-from ._channel import EXCHANGE, PROPS, ROUTING_KEY, Channel, message_view
+from ._channel import EXCHANGE, PROPS, ROUTING_KEY, Channel, Consumer, message_view
 from ._connection import Connection
 from ._deaths import dead_lettered
 from ._frames import decode_properties
@@ -134,6 +134,8 @@ class Gateway:
         self.blocking = BlockingBus._using(self.root, config, handler_concurrency=HANDLERS)
         self.state: AmqpState
         self.consumers: dict[str, set[tuple[Channel, str]]] = {}
+        # the consumers of each single-active-consumer queue waiting here, oldest first
+        self.single_waiters: dict[str, list[Consumer]] = {}
         # the bus subscriptions of each queue (AMQP name) here: True for a basic.get's
         self._subs: dict[str, set[Subscription]] = {}
         self._taken: dict[str, int] = {}  # messages basic.get holds, per queue
@@ -428,8 +430,23 @@ class Gateway:
         gone once its ``cancel-ok`` is sent, though the bus counts its subscription
         until the background task that closes it has started."""
         open_subs = sum(1 for s in self._subs.get(queue, ()) if not s.closed)
-        leaving = open_subs - len(self.consumers.get(queue, ()))
-        return max(0, counted - max(0, leaving))
+        here = self.consumers.get(queue, ())
+        # a waiting single-active consumer has no subscription: counted here (as RabbitMQ
+        # counts it), not by the bus
+        waiting = sum(
+            1 for ch, tag in here if (c := ch.consumers.get(tag)) is not None and c.sub is None
+        )
+        leaving = open_subs - (len(here) - waiting)
+        return max(0, counted - max(0, leaving)) + waiting
+
+    def wake_single(self, queue: str) -> None:
+        """A single-active consumer of ``queue`` left: its oldest waiting consumer here
+        tries the lock now (the others, and those of other gateways, within
+        :data:`~._channel.SINGLE_POLL`)."""
+        for consumer in self.single_waiters.get(queue, ()):
+            if consumer.sub is None:
+                consumer.wake.set()
+                return
 
     def held(self, queue: str) -> int:
         """The messages of ``queue`` this gateway's consumers hold: delivered, and not

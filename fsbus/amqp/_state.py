@@ -6,6 +6,9 @@ Layout, under ``<root>/fsbus/amqp/``::
     queues/<Q>.json        a queue's AMQP side: durable, exclusive owner, arguments
     headers/<X>.json       the bindings of headers exchange X: [[queue, arguments], ...]
     exclusive/<Q>.json     queue Q's exclusive consumer: its owner and consumer tag
+    sac/<Q>                flocked by queue Q's single active consumer (x-single-active-
+                           consumer), on its own open file description; never removed
+                           (a consumer may still hold or wait on it)
     owners/<id>            one file per gateway, flocked while it runs
     LOCK                   flock held while any of these changes
 
@@ -65,12 +68,23 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def try_lock(fd: int) -> bool:
+    """Take the exclusive flock of ``fd`` if nobody holds it (no wait)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
 class AmqpState:
     """The AMQP files of one bus directory."""
 
     def __init__(self, root: str) -> None:
         self.base = os.path.join(root, "fsbus", "amqp")
-        for sub in ("exchanges", "queues", "headers", "owners", "exclusive"):
+        for sub in ("exchanges", "queues", "headers", "owners", "exclusive", "sac"):
             os.makedirs(os.path.join(self.base, sub), exist_ok=True)
         self.gateway_id = uuid.uuid4().hex[:16]
         path = os.path.join(self.base, "owners", self.gateway_id)
@@ -248,6 +262,14 @@ class AmqpState:
         with self.locked():
             if self.read("exclusive", queue) == doc:
                 self.remove("exclusive", queue)
+
+    # ------------------------------------------------------------------ single active
+    def open_single_active(self, queue: str) -> int:
+        """A new open file description of ``queue``'s (a bus queue name) single active
+        consumer file, unlocked: one per AMQP consumer, whose flock makes it the active
+        one on every gateway of the bus (see :func:`try_lock`)."""
+        path = os.path.join(self.base, "sac", file_word(queue))
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
 
     def orphaned_exclusive_queues(self) -> list[str]:
         """Exclusive queues whose gateway is gone (crashed): to be deleted."""
