@@ -138,6 +138,8 @@ class Consumer:
     """Set to make a waiting consumer try the lock now (or see that it is gone)."""
     stopped: bool = False
     """Its subscription was stopped (it is done once)."""
+    waiting_key: str | None = None
+    """While it waits: its file in ``sac/<Q>.waiting/`` (see AmqpState.add_waiting)."""
 
 
 @dataclass
@@ -545,6 +547,7 @@ class Channel:
         # the queue is listed once: a declare of a queue that was there (a client
         # polling its depth with passive declares) counts what _queue_meta found
         ready, consumers = await self.gateway.ready_count(name, self._last_info, self._last_held)
+        consumers += await self.gateway.waiting_elsewhere(name, meta)
         if not m.nowait:
             await self.reply(
                 unchecked(
@@ -647,6 +650,7 @@ class Channel:
                 await self.reply(spec.Queue.DeleteOk(message_count=0))
             return
         self._check_exclusive(name, meta)
+        elsewhere = await self.gateway.waiting_elsewhere(name, meta) if m.if_unused else 0
         held = self.gateway.held(name)  # before the listing: see Gateway.ready_count
         try:
             info = await self.bus.queue_info(bus_queue_name(name))
@@ -657,7 +661,7 @@ class Channel:
         except QueueNotFound:  # its bus queue went meanwhile (deleted by another process)
             info, ready = None, 0
         if info is not None and m.if_unused:
-            if self.gateway.counted_consumers(name, info.consumers):
+            if elsewhere or self.gateway.counted_consumers(name, info.consumers):
                 raise AmqpError(
                     PRECONDITION_FAILED,
                     f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use",
@@ -868,6 +872,8 @@ class Channel:
             # a consumer this gateway cancelled is gone, though its subscription may still
             # be settling (holding its consumer file), as for the counts: counted now,
             # with no await between the bus's count and the gateway's
+            if await self.gateway.waiting_elsewhere(name, self._last_meta):
+                raise in_use
             try:
                 info = await self.bus.queue_info(bus_queue_name(name))
             except QueueNotFound:
@@ -893,6 +899,10 @@ class Channel:
                 consumer.active = await anyio.to_thread.run_sync(try_lock, consumer.single_fd)
                 if not consumer.active:
                     await self.bus.queue_info(bus_queue_name(name))  # (404 if gone)
+                    consumer.waiting_key = secrets.token_hex(8)
+                    await anyio.to_thread.run_sync(
+                        self.state.add_waiting, bus_queue_name(name), consumer.waiting_key
+                    )
             self.consumers[tag] = consumer
             if consumer.active:
                 await self._subscribe(consumer)
@@ -900,6 +910,7 @@ class Channel:
             self.consumers.pop(tag, None)
             with anyio.CancelScope(shield=True):
                 await self._drop_exclusive(consumer)
+                await self._not_waiting(consumer)
                 self._unlock(consumer)
             if isinstance(exc, QueueNotFound):
                 raise _not_found_queue(name) from None
@@ -951,21 +962,35 @@ class Channel:
                 consumer.wake = anyio.Event()
             else:
                 return
+            if self.consumers.get(consumer.tag) is not consumer:
+                return  # gone while it took the lock (released below)
             try:
-                await self._subscribe(consumer)
-            except QueueNotFound:  # deleted meanwhile
+                with anyio.CancelScope(shield=True):  # (a subscription is not left behind)
+                    await self._subscribe(consumer)
+            except Exception:  # deleted meanwhile, or the bus is closing: cancelled
                 await self._queue_gone(consumer.queue, consumer.tag, consumer)
                 return
             consumer.active = True
+            await self._not_waiting(consumer)
             if self.consumers.get(consumer.tag) is not consumer:
                 await self._stop_sub(consumer)  # gone while it subscribed
         finally:
+            await self._not_waiting(consumer)
             with contextlib.suppress(ValueError):
                 waiting.remove(consumer)
             if not waiting and self.gateway.single_waiters.get(consumer.queue) is waiting:
                 del self.gateway.single_waiters[consumer.queue]
             if consumer.sub is None:
                 self._unlock(consumer)
+
+    async def _not_waiting(self, consumer: Consumer) -> None:
+        """``consumer`` waits no more: its file for the other gateways' counts goes."""
+        key, consumer.waiting_key = consumer.waiting_key, None
+        if key is not None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+                await anyio.to_thread.run_sync(
+                    self.state.drop_waiting, bus_queue_name(consumer.queue), key
+                )
 
     async def _deliver(self, consumer: Consumer, msg: Message) -> None:
         props, exchange, rk = message_view(msg.headers, msg.topic)

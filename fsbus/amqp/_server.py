@@ -26,7 +26,15 @@ from .. import (
     UsageError,
     __version__,
 )
-from ._channel import EXCHANGE, PROPS, ROUTING_KEY, Channel, Consumer, message_view
+from ._channel import (
+    EXCHANGE,
+    PROPS,
+    ROUTING_KEY,
+    SINGLE_ACTIVE,
+    Channel,
+    Consumer,
+    message_view,
+)
 from ._connection import Connection
 from ._deaths import dead_lettered
 from ._frames import decode_properties
@@ -439,6 +447,21 @@ class Gateway:
         leaving = open_subs - (len(here) - waiting)
         return max(0, counted - max(0, leaving)) + waiting
 
+    async def waiting_elsewhere(self, queue: str, meta: Mapping[str, Any] | None) -> int:
+        """The consumers of ``queue`` (its AMQP record ``meta``) waiting on other gateways
+        to be its single active consumer: 0 but for an ``x-single-active-consumer``
+        queue (their own gateway counts them; the bus does not, as they have no
+        subscription)."""
+        args = (meta or {}).get("arguments") or {}
+        if args.get(SINGLE_ACTIVE) is not True:
+            return 0
+        try:
+            return await anyio.to_thread.run_sync(
+                self.state.waiting_elsewhere, bus_queue_name(queue)
+            )
+        except OSError:
+            return 0
+
     def wake_single(self, queue: str) -> None:
         """A single-active consumer of ``queue`` left: its oldest waiting consumer here
         tries the lock now (the others, and those of other gateways, within
@@ -513,6 +536,8 @@ class Gateway:
         try:
             meta = await anyio.to_thread.run_sync(self.state.read, "queues", name)
             if not meta or not meta.get("auto_delete") or meta.get("name") != queue:
+                return
+            if await self.waiting_elsewhere(queue, meta):
                 return
             info = await self.bus.queue_info(name)
             if self.counted_consumers(queue, info.consumers):

@@ -9,6 +9,8 @@ Layout, under ``<root>/fsbus/amqp/``::
     sac/<Q>                flocked by queue Q's single active consumer (x-single-active-
                            consumer), on its own open file description; never removed
                            (a consumer may still hold or wait on it)
+    sac/<Q>.waiting/<gateway>.<key>
+                           one empty file per consumer of Q waiting on that gateway
     owners/<id>            one file per gateway, flocked while it runs
     LOCK                   flock held while any of these changes
 
@@ -270,6 +272,45 @@ class AmqpState:
         one on every gateway of the bus (see :func:`try_lock`)."""
         path = os.path.join(self.base, "sac", file_word(queue))
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+    def _waiting_dir(self, queue: str) -> str:
+        return os.path.join(self.base, "sac", file_word(queue) + ".waiting")
+
+    def add_waiting(self, queue: str, key: str) -> None:
+        """A consumer of this gateway waits to be ``queue``'s single active consumer: an
+        empty file ``<gateway>.<key>`` in ``sac/<Q>.waiting/``, for the other gateways'
+        counts (see :meth:`waiting_elsewhere`)."""
+        folder = self._waiting_dir(queue)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{self.gateway_id}.{key}")
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+
+    def drop_waiting(self, queue: str, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self._waiting_dir(queue), f"{self.gateway_id}.{key}"))
+
+    def waiting_elsewhere(self, queue: str) -> int:
+        """The consumers of ``queue`` waiting to be its single active consumer on other
+        running gateways (the files of a gateway that is gone are removed)."""
+        folder = self._waiting_dir(queue)
+        try:
+            entries = os.listdir(folder)
+        except FileNotFoundError:
+            return 0
+        alive: dict[str, bool] = {}
+        n = 0
+        for entry in entries:
+            gateway = entry.split(".", 1)[0]
+            if gateway == self.gateway_id:
+                continue
+            if gateway not in alive:
+                alive[gateway] = self.owner_alive(gateway)
+            if alive[gateway]:
+                n += 1
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, entry))
+        return n
 
     def orphaned_exclusive_queues(self) -> list[str]:
         """Exclusive queues whose gateway is gone (crashed): to be deleted."""

@@ -198,6 +198,44 @@ def test_one_active_consumer_across_two_gateways(tmp_path: Path) -> None:
             c2.close()
 
 
+def test_waiting_consumers_of_another_gateway_are_counted(tmp_path: Path) -> None:
+    """A consumer waiting on another gateway of the bus is counted by every gateway: in
+    consumer_count, by if-unused and exclusive consumers, and it keeps an auto-delete
+    queue whose active consumer (on the first gateway) is cancelled."""
+    root = tmp_path / "bus"
+    with running(root) as gw1, running(root) as gw2:
+        c1 = pika.BlockingConnection(pika.URLParameters(gw1.url))
+        c2 = pika.BlockingConnection(pika.URLParameters(gw2.url))
+        try:
+            ch, other = c1.channel(), c2.channel()
+            ch.confirm_delivery()
+            ch.queue_declare("sac", auto_delete=True, arguments=SAC)
+            got: list[tuple[bytes, bool]] = []
+            active = c1.channel()
+            tag1 = consume(active, "sac", [])
+            waiting = c2.channel()
+            tag2 = consume(waiting, "sac", got)
+            assert ch.queue_declare("sac", passive=True).method.consumer_count == 2
+            assert other.queue_declare("sac", passive=True).method.consumer_count == 2
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+                c1.channel().queue_delete("sac", if_unused=True)
+            assert caught.value.reply_code == 406
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+                c1.channel().basic_consume("sac", lambda *a: None, exclusive=True)
+            assert caught.value.reply_code == 403
+            active.basic_cancel(tag1)  # the queue is kept for the waiting one
+            publish(ch, "sac", range(3))
+            pump([c1, c2], lambda: len(got) == 3, "3 delivered to the second")
+            assert ch.queue_declare("sac", passive=True).method.consumer_count == 1
+            waiting.basic_cancel(tag2)  # its last consumer: deleted before the cancel-ok
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+                ch.queue_declare("sac", passive=True)
+            assert caught.value.reply_code == 404
+        finally:
+            c1.close()
+            c2.close()
+
+
 def sac_fds(root: Path) -> int:
     """This process's descriptors open on the bus's single-active-consumer files."""
     folder = str(root / "fsbus" / "amqp" / "sac") + "/"
