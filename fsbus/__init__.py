@@ -38,7 +38,7 @@ if _typing.TYPE_CHECKING:
     from ._bus.doctor import DoctorCheck, DoctorReport, check_directory
     from ._bus.engine import Bus, Handler, Subscription
     from ._bus.fs import probe_locking
-    from ._bus.iterator import Decline, MessageIterator
+    from ._bus.iterator import Decline, MessageIterator, Requeue
     from ._bus.message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeReport
     from ._config import BusConfig
     from ._core.trie import TopicTrie
@@ -97,6 +97,7 @@ __all__ = (
     "Record",
     "RecordIn",
     "RecoveryInfo",
+    "Requeue",
     "RetentionReport",
     "SegmentInfo",
     "SegmentStager",
@@ -150,6 +151,7 @@ _LAZY = {
     "Record": "._stream.framing",
     "RecordIn": "._stream.framing",
     "RecoveryInfo": "._stream.writer",
+    "Requeue": "._bus.iterator",
     "RetentionReport": "._stream.maint",
     "SegmentInfo": "._stream.log",
     "SegmentStager": "._stream.staged",

@@ -24,10 +24,10 @@ from .. import (
     QueueInfo,
     QueueMismatch,
     QueueNotFound,
+    Requeue,
     Subscription,
     UsageError,
 )
-from .._bus.iterator import Requeue
 from ._frames import (
     EMPTY_PROPERTIES,
     FRAME_HEADER,

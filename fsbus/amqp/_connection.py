@@ -18,7 +18,7 @@ from pamqp import commands as spec
 from pamqp import frame as pframe
 from pamqp.base import Frame
 
-from .._errors import FsBusError
+from .. import FsBusError
 from ._frames import (
     FRAME_BODY,
     FRAME_HEADER,

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig
+from fsbus import BlockingBus, Bus, BusConfig, Message, Requeue
 
 from .conftest import WAIT
 
@@ -69,3 +69,31 @@ def test_the_next_subscription_takes_what_the_last_one_gave_back_first(
                 it.ack(msg)
         assert got == [(b"0", 1), (b"1", 1), (b"2", 1)]
         assert bus.queue_info("q").depth == 7
+
+
+@pytest.mark.anyio
+async def test_a_handler_that_raises_requeue_gets_the_message_again_at_once(
+    root: Path,
+) -> None:
+    """``fsbus.Requeue`` raised by a handler gives the message back at once, ahead of
+    the messages behind it, as a redelivery; any other exception waits
+    ``retry_interval`` (10 s here: it would not come back within the test)."""
+    async with Bus(root, config=BusConfig(retry_interval=10.0)) as bus:
+        await bus.declare_queue("q", ["t"])
+        for i in range(3):
+            await bus.publish("t", str(i).encode())
+        seen: list[tuple[bytes, int]] = []
+        done = anyio.Event()
+
+        async def handler(msg: Message) -> None:
+            seen.append((msg.payload, msg.delivery_count))
+            if msg.payload == b"0" and msg.delivery_count == 1:
+                raise Requeue
+            if len(seen) == 4:
+                done.set()
+
+        sub = await bus.subscribe(None, handler, queue="q", prefetch=1)
+        with anyio.fail_after(WAIT):
+            await done.wait()
+        await sub.aclose()
+        assert seen == [(b"0", 1), (b"0", 2), (b"1", 1), (b"2", 1)]
