@@ -33,7 +33,7 @@ from .loop_thread import LoopThread
 from .message import BusStatistics, Message, MessageInfo, PublishInfo, PurgeKind, PurgeReport
 from .namer import Namer, new_publish_info
 from .ops import Ops
-from .plan import PublishPlan
+from .plan import PublishPlan, payload_bytes
 from .purge import check_purge, purge_some, purge_targets
 from .queueing import enqueue_each, open_store, renaming, route
 from .sweep import collect_garbage
@@ -197,6 +197,8 @@ class BlockingBus(Configured):
                     payload = f.read()
             elif hasattr(payload, "read"):
                 payload = payload.read()
+            elif not isinstance(payload, bytes | bytearray | memoryview):
+                payload = payload_bytes(payload)  # raises, naming what it was
             if not isinstance(payload, bytes | bytearray | memoryview):
                 raise UsageError(
                     "the payload file gave text, not bytes; open it in binary mode ('rb')"
@@ -410,7 +412,7 @@ class BlockingBus(Configured):
         how many got it (see :meth:`Bus.enqueue`)."""
         self._check_open()
         self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
-        data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+        data = payload_bytes(payload)
         self._namer.check_size(len(data))
         if not isinstance(queue, str):
             return enqueue_each(

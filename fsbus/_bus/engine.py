@@ -54,7 +54,7 @@ from .namer import Namer, new_publish_info
 from .names import FLAG_META, parse_name
 from .offload import Offload, ScanTooBig
 from .ops import Ops
-from .plan import PublishPlan
+from .plan import PublishPlan, payload_bytes
 from .purge import check_purge, purge_some, purge_targets
 from .queueing import enqueue_each, open_store, renaming, route
 from .retry import Contention, RetrySchedule
@@ -688,7 +688,7 @@ class Bus(Configured):
         self._check_open()
         plans = []
         for topic, payload in items:
-            data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+            data = payload_bytes(payload)
             self._namer.check_size(len(data))
             plans.append((self.plan(topic, single, ttl, durable, headers, priority), data))
         copies = [
@@ -2275,7 +2275,7 @@ class Bus(Configured):
         """
         self._check_open()
         self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
-        data = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+        data = payload_bytes(payload)
         self._namer.check_size(len(data))
         store = self._queues
         if isinstance(queue, str):

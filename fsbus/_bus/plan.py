@@ -81,6 +81,21 @@ def unframe_headers(data: bytes) -> tuple[bytes, bytes] | None:
     return data[4 : 4 + n], data[4 + n :]
 
 
+def payload_bytes(payload: object) -> bytes:
+    """A payload given as bytes (or a bytearray, a memoryview) or as text (UTF-8), as
+    bytes; UsageError for anything else (``bytes(5)`` would be five NUL bytes)."""
+    if isinstance(payload, str):
+        return payload.encode("utf-8")
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    shown = repr(payload)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    raise UsageError(
+        f"a payload is bytes or str, not {type(payload).__name__} ({shown}); encode it "
+        "first, e.g. str(n).encode() or json.dumps(obj).encode()"
+    )
+
+
 def with_head(plan: PublishPlan, payload: bytes) -> bytes:
     """What a message file under ``plan`` holds after its leading byte."""
     return payload if plan.head is None else plan.head + payload

@@ -661,3 +661,30 @@ async def test_options_of_plain_subscriptions_are_refused_with_a_queue(
         sub = await bus.subscribe(None, Inbox(), queue="q", kind="single")  # what it is
         assert (await bus.queue_info("q")).consumers == 1
         await sub.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_payload_that_is_not_bytes_or_text_is_refused(root: Path) -> None:
+    """An int (or any other object) as a payload is a UsageError saying what to do, on
+    every way in: ``enqueue`` wrote ``bytes(5)``, five NUL bytes (``10**9``: a 1 GB
+    message), and ``publish`` into a queue said the payload file gave text."""
+    async with Bus(root) as bus:
+        await bus.declare_queue("a", ["t"])
+        for call in (
+            lambda: bus.enqueue("a", "t", 5),  # type: ignore[arg-type]
+            lambda: bus.publish("t", 5),  # type: ignore[arg-type]
+            lambda: bus.publish_many([("t", 5)]),  # type: ignore[list-item]
+        ):
+            with pytest.raises(UsageError, match="payload"):
+                await call()
+
+        def blocking() -> None:
+            with BlockingBus(root) as b:
+                for bad in (5, 10**9, 1.5):
+                    with pytest.raises(UsageError, match=r"a payload is bytes or str, not"):
+                        b.enqueue("a", "t", bad)  # type: ignore[arg-type]
+                    with pytest.raises(UsageError, match=r"a payload is bytes or str, not"):
+                        b.publish("t", bad)  # type: ignore[arg-type]
+
+        await anyio.to_thread.run_sync(blocking)
+        assert (await bus.queue_info("a")).depth == 0
