@@ -2055,14 +2055,18 @@ class Bus(Configured):
         while True:
             # A queue with ``expires`` is deleted when its time is up, not at the next gc
             # (every gc_interval): its lifetime is looked at then, alone.
-            # (and at least each _EXPIRY_TICK: a queue declared meanwhile, anywhere)
-            wait = min(next_gc - time.monotonic(), _EXPIRY_TICK)
-            try:
-                due = await anyio.to_thread.run_sync(self._queues.expiry_due)
-            except Exception:  # a failing look: the gc below says what is wrong
-                due = None
-            if due is not None:
-                wait = min(wait, max(_EXPIRY_LOOK, due - time.time()))
+            # (and at least each _EXPIRY_TICK: a queue declared meanwhile, anywhere). A
+            # queue's own bus holds no queues: it waits for its gc alone.
+            wait = next_gc - time.monotonic()
+            due = None
+            if self._queue_name is None:
+                wait = min(wait, _EXPIRY_TICK)
+                try:
+                    due = await anyio.to_thread.run_sync(self._queues.expiry_due)
+                except Exception:  # a failing look: the gc below says what is wrong
+                    due = None
+                if due is not None:
+                    wait = min(wait, max(_EXPIRY_LOOK, due - time.time()))
             await anyio.sleep(max(0.0, wait))
             try:
                 if time.monotonic() >= next_gc:
