@@ -6,6 +6,7 @@ skip with the reason otherwise. Waiting is on conditions with deadlines, never a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -52,15 +53,22 @@ def unmount(target: Path) -> None:
         subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
 
 
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs with 200 inodes, unmounted afterwards."""
-    mnt = tmp_path / "small"
-    mount_tmpfs(mnt, "size=8m,nr_inodes=200,mode=0755")
+@contextlib.contextmanager
+def tmpfs_at(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``mnt`` with ``options`` (or the test skipped), unmounted
+    afterwards."""
+    mount_tmpfs(mnt, options)
     try:
         yield mnt
     finally:
         unmount(mnt)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs with 200 inodes, unmounted afterwards."""
+    with tmpfs_at(tmp_path / "small", "size=8m,nr_inodes=200,mode=0755") as mnt:
+        yield mnt
 
 
 @pytest.fixture

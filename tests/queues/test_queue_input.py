@@ -168,14 +168,10 @@ def test_the_api_mismatch_says_which_side_was_asked(root: Path) -> None:
 @pytest.fixture
 def full_fs(tmp_path: Path) -> Iterator[Path]:
     """A 600 KiB tmpfs (root only), unmounted afterwards."""
-    from tests.faults.conftest import mount_tmpfs, unmount
+    from tests.faults.conftest import tmpfs_at
 
-    mnt = tmp_path / "small"
-    mount_tmpfs(mnt, "size=600k,nr_inodes=20000,mode=0755")
-    try:
+    with tmpfs_at(tmp_path / "small", "size=600k,nr_inodes=20000,mode=0755") as mnt:
         yield mnt
-    finally:
-        unmount(mnt)
 
 
 def _fill(fs: Path) -> Path:
