@@ -58,7 +58,15 @@ from .plan import PublishPlan, payload_bytes
 from .purge import check_purge, purge_some, purge_targets
 from .queueing import enqueue_each, open_store, renaming, route
 from .retry import Contention, RetrySchedule
-from .scan import Entry, ScanDecision, ScanState, decide, long_names, sort_out
+from .scan import (
+    Entry,
+    ScanDecision,
+    ScanState,
+    decide,
+    long_names,
+    sort_out,
+    split_fresh,
+)
 from .share import SHARE_EVERY, Share, share_of
 from .sweep import collect_garbage
 from .take import TakeView
@@ -263,6 +271,10 @@ finds (a file's ``st_ctime`` comes from the kernel's coarse clock, a tick behind
 _HEAPIFY_FROM = 256
 """From this many work items listed at once (and no fewer than the heap holds), they
 are added to the ready heap whole and it is rebuilt: linear time, not a push each."""
+_HELD_WAIT = 0.002
+"""Seconds at most before a consumer lists again when its last listing held work back
+(published after it began, see :meth:`Bus._take_listed`); a publisher on the same host
+stamps UPDATE after such a message anyway, which wakes the consumer sooner."""
 
 
 class Bus(Configured):
@@ -336,6 +348,10 @@ class Bus(Configured):
         self._ready_seq = 0
         # Buckets whose listing proved stale (a claim was lost there): listed next scan.
         self._stale_buckets: set[int] = set()
+        # Work published after the last listing began (its wall clock, ms, taken before
+        # it read UPDATE): held back from the heap until the next listing (split_fresh).
+        self._horizon_ms = 0
+        self._held_back: list[Entry] = []
         self._force_full = False
         self._iterators: set[MessageIterator] = set()
         self._workers_started = False
@@ -988,6 +1004,8 @@ class Bus(Configured):
             if quiet_until > now and self._waker.fs_event_pending:
                 # an event kept back during the quiet spell: list when the spell ends
                 timeout = min(timeout, quiet_until - now)
+            if self._held_back:  # work held back by the last listing: list again soon
+                timeout = min(timeout, max(_HELD_WAIT, quiet_until - now))
             self._waker.quiet_until = quiet_until
             woken = await self._waker.wait(timeout)
             # List again on a filesystem event, a poll tick, a retry that fell due, a new
@@ -1154,14 +1172,15 @@ class Bus(Configured):
         else:
             again = decision.new_singles
         if any(s.kind != "multi" and not s.closed for s in self._subs):
-            self._push_all_ready(again)
-        elif self._ready:
+            self._push_all_ready(self._take_listed(again))
+        elif self._ready or self._held_back:
             # No subscription here takes work-queue messages (a bus that only routes
             # peers' messages, or whose subscriptions are all multi): keep none of them
             # on the heap, where nothing would ever pop them. A work-queue subscription
             # that comes later makes the next listing a full one, which pushes them all.
             self._ready.clear()
             self._ready_keys.clear()
+            self._held_back = []
         if not deliver:
             return
         multis = decision.new_multi
@@ -1181,6 +1200,22 @@ class Bus(Configured):
             await self._deliver_multi(multis, extra, reads)
         if self._ready_keys and self._free > 0:
             await self._claim_ready()
+
+    def _take_listed(self, entries: list[Entry]) -> list[Entry]:
+        """Of work items this listing found, those to put on the heap now: the ones
+        published before it began, and those the last listing held back (still present);
+        the others are held back until the next listing, which sees every message their
+        publishers published before them (:func:`split_fresh`). The scan loop lists
+        again within :data:`_HELD_WAIT`."""
+        held = self._held_back
+        ready, self._held_back = split_fresh(entries, self._horizon_ms)
+        if held:
+            views = self._state.buckets
+            for e in held:
+                view = views.get(e.bucket_index)
+                if view is not None and e.name in view.singles:
+                    ready.append(e)
+        return ready
 
     async def _route_peer_messages(
         self, entries: Iterable[Entry], since: float | None = None
@@ -1353,6 +1388,7 @@ class Bus(Configured):
         listing. ``steal``: nothing to claim and a handler free (a queue consumer with a
         share lists the others' buckets too, see share.py)."""
         fs = self._fs
+        self._horizon_ms = int(time.time() * 1000)
         update = fs.read_update(reopen=full)
         count = len(self.layout.buckets)
         dirty = self._own_dirty

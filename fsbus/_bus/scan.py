@@ -33,10 +33,12 @@ __all__ = [
     "is_own_short",
     "long_names",
     "name_order",
+    "name_published_ms",
     "name_rank",
     "parse_entry",
     "rank_of",
     "sort_out",
+    "split_fresh",
     "sweep_due",
 ]
 
@@ -151,6 +153,35 @@ def name_order(name: str) -> str:
         return unique[3:16] + unique[-12:]
     rank = name_rank(name)
     return f"{rank >> 184:02x}{(rank >> 128) & _PUBLISHED:011x}{rank & _SEQUENCE:012x}"
+
+
+def name_published_ms(name: str) -> int | None:
+    """When an fsbus publisher named message ``name`` (its wall clock, in ms); None
+    for a name of qlobber-fsq's, which tells no publish time."""
+    unique = name[name.rfind("+") + 1 :]
+    f = decode_fields(unique)
+    return None if f is None else f.published_ms
+
+
+def split_fresh(entries: Iterable[Entry], horizon_ms: int) -> tuple[list[Entry], list[Entry]]:
+    """``entries`` split into those published before ``horizon_ms`` (or of unknown
+    publish time) and those published at or after it.
+
+    A listing that began at ``horizon_ms`` (read UPDATE, then listed the buckets one
+    after the other) may have missed a message that a publisher renamed into a bucket
+    it had listed already, and seen a later one of the same publisher in a bucket listed
+    after: that later one was published after the listing began. A message published
+    before it began was published after the publisher's earlier messages were renamed
+    into their buckets and stamped, so the listing, or an earlier one, saw those.
+    Taking only messages published before the listing began keeps each publisher's
+    order; the others wait for the next listing, which sees whatever came before them.
+    """
+    before: list[Entry] = []
+    after: list[Entry] = []
+    for e in entries:
+        f = e.fields
+        (after if f is not None and f.published_ms >= horizon_ms else before).append(e)
+    return before, after
 
 
 _PUBLISHED: Final = (1 << 56) - 1

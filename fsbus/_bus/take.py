@@ -20,7 +20,7 @@ from typing import Final, NamedTuple
 from .fs import BusFS, Claim
 from .layout import changed_buckets
 from .names import FLAG_META
-from .scan import Entry, name_order, parse_entry
+from .scan import Entry, name_order, name_published_ms, parse_entry
 
 __all__ = ["TakeView", "Taken"]
 
@@ -78,19 +78,32 @@ class TakeView:
         this process holds already (its own locks would not stop it: each claim opens
         the file anew)."""
         with self._lock:
-            full = self._refresh(fs, full=False)
-            taken = self._claim_first(fs, skip, count_deliveries)
+            full, fresh = self._settle(fs, full=False)
+            taken = self._claim_first(fs, skip, count_deliveries, fresh)
             if taken is None and not full:
                 # Nothing free among what the view knows: make sure with a full listing
                 # (the names tried may have been taken and acked by others).
-                self._refresh(fs, full=True)
-                taken = self._claim_first(fs, skip, count_deliveries)
+                _, fresh = self._settle(fs, full=True)
+                taken = self._claim_first(fs, skip, count_deliveries, fresh)
             return taken
 
-    def _refresh(self, fs: BusFS, *, full: bool) -> bool:
+    def _settle(self, fs: BusFS, *, full: bool) -> tuple[bool, set[str]]:
+        """:meth:`_refresh`, once more when it found messages published after it began
+        (another publisher's earlier ones may have landed in buckets it had listed
+        already: the second listing sees them, see :func:`split_fresh`). Whether it
+        listed every bucket, and the names the last listing found published after it
+        began: not to be taken yet."""
+        full, fresh = self._refresh(fs, full=full)
+        if fresh:
+            again, fresh = self._refresh(fs, full=False)
+            full = full or again
+        return full, fresh
+
+    def _refresh(self, fs: BusFS, *, full: bool) -> tuple[bool, set[str]]:
         while self._gone:
             self._drop(*self._gone.popleft())
         count = len(fs.layout.buckets)
+        horizon_ms = int(time.time() * 1000)
         update = fs.read_update()
         now = time.monotonic()
         if full or update is None or now - self._listed_at > RELIST_EVERY:
@@ -101,8 +114,9 @@ class TakeView:
         self._update = update
         if full:
             self._listed_at = now
+        fresh: set[str] = set()
         if not wanted:
-            return full
+            return full, fresh
         listings = fs.list_buckets(wanted)
         removed = False
         added: list[tuple[str, int, str]] = []
@@ -119,6 +133,9 @@ class TakeView:
             for name in new - old:
                 key = self._keys[name] = name_order(name)
                 added.append((key, bi, name))
+                published_ms = name_published_ms(name)
+                if published_ms is not None and published_ms >= horizon_ms:
+                    fresh.add(name)
         order = self._order
         if removed:  # gone since (taken elsewhere): one pass over the whole order
             keys = self._keys
@@ -129,7 +146,7 @@ class TakeView:
             order.extend(added)
             if behind:  # not all published after the others: two sorted runs to merge
                 order.sort()
-        return full
+        return full, fresh
 
     def _drop(self, bi: int, name: str) -> None:
         self._passed.discard(name)
@@ -144,14 +161,18 @@ class TakeView:
             del self._order[i]
 
     def _claim_first(
-        self, fs: BusFS, skip: Collection[tuple[int, str]], count_deliveries: bool
+        self,
+        fs: BusFS,
+        skip: Collection[tuple[int, str]],
+        count_deliveries: bool,
+        fresh: Collection[str] = (),
     ) -> Taken | None:
         buckets = fs.layout.buckets
         now_ms = int(time.time() * 1000)
         tries = 0
         passed = self._passed
         for _, bi, name in self._order:
-            if (bi, name) in skip or name in passed:
+            if (bi, name) in skip or name in passed or name in fresh:
                 continue
             # A queue's bus holds single messages only; a name that is not a message's
             # ranks first and is passed over.
