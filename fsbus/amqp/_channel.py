@@ -200,9 +200,12 @@ class Channel:
         self._last_meta: dict[str, Any] | None = None
         """The AMQP record :meth:`_queue_owner` read last."""
         self._last_held = 0
-        self._settling: set[anyio.Event] = set()
+        self._last_seq = 0
+        self._settling = conn.settling
+        """basic.gets' messages acked, nacked, rejected or given back by a closed channel,
+        not yet settled on disk: the connection's (a count on a channel opened after
+        another closed with messages in hand counts them given back, as on RabbitMQ)."""
         self._dead_letters = anyio.Lock()
-        """basic.gets' messages acked, nacked or rejected, not yet settled on disk."""
         self.reply_queue: str | None = None
         """The queue of this channel's direct reply-to consumer, if it has one."""
 
@@ -267,6 +270,8 @@ class Channel:
         for p in pending:
             p.outcome = "requeue"
             p.done.set()
+            if p.settled is not None:
+                self._settling.add(p.settled)
         self.flow.set()
         for c in consumers:
             c.ready.set()
@@ -427,6 +432,7 @@ class Channel:
         :attr:`_last_info`)."""
         self._last_info = None
         self._last_held = self.gateway.held(name)  # before the listing: see ready_count
+        self._last_seq = self.gateway.subs_seq
         try:
             info = await self.bus.queue_info(bus_queue_name(name))
         except QueueNotFound:
@@ -546,7 +552,9 @@ class Channel:
         self.last_queue = name
         # the queue is listed once: a declare of a queue that was there (a client
         # polling its depth with passive declares) counts what _queue_meta found
-        ready, consumers = await self.gateway.ready_count(name, self._last_info, self._last_held)
+        ready, consumers = await self.gateway.ready_count(
+            name, self._last_info, self._last_held, self._last_seq
+        )
         consumers += await self.gateway.waiting_elsewhere(name, meta)
         if not m.nowait:
             await self.reply(
@@ -652,12 +660,13 @@ class Channel:
         self._check_exclusive(name, meta)
         elsewhere = await self.gateway.waiting_elsewhere(name, meta) if m.if_unused else 0
         held = self.gateway.held(name)  # before the listing: see Gateway.ready_count
+        seq = self.gateway.subs_seq
         try:
             info = await self.bus.queue_info(bus_queue_name(name))
             # "empty", like delete-ok's count, is the ready messages, as RabbitMQ counts
             # them: one delivered and not yet acked (or whose ack is still being
             # written) leaves the queue empty
-            ready = (await self.gateway.ready_count(name, info, held))[0] if info.depth else 0
+            ready = (await self.gateway.ready_count(name, info, held, seq))[0] if info.depth else 0
         except QueueNotFound:  # its bus queue went meanwhile (deleted by another process)
             info, ready = None, 0
         if info is not None and m.if_unused:
@@ -1194,6 +1203,8 @@ class Channel:
         for p in self.unacked.values():
             p.outcome = "requeue"
             p.done.set()
+            if p.settled is not None:
+                self._settling.add(p.settled)
         self.unacked.clear()
         if isinstance(m, spec.Basic.Recover):
             await self.reply(spec.Basic.RecoverOk())

@@ -38,12 +38,18 @@ class GatewayPort(Protocol):
 
     async def waiting_elsewhere(self, queue: str, meta: dict[str, Any] | None) -> int: ...
 
+    subs_seq: int
+
     def held(self, queue: str) -> int: ...
 
     def taken(self, queue: str, delta: int) -> None: ...
 
     async def ready_count(
-        self, queue: str, info: QueueInfo | None = None, held: int | None = None
+        self,
+        queue: str,
+        info: QueueInfo | None = None,
+        held: int | None = None,
+        seq: int | None = None,
     ) -> tuple[int, int]: ...
 
     async def ready_after_get(self, queue: str, waiting: int, consumers: int) -> int: ...
@@ -72,6 +78,8 @@ class ConnectionPort(Protocol):
     exclusive: set[str]
     tasks: anyio.abc.TaskGroup
     publishes: list[tuple[Any, int, Any, RouteJob]]
+    settling: set[anyio.Event]
+    """basic.gets' messages settled on its channels, not yet on disk."""
 
     async def send_raw(self, data: bytes) -> None: ...
 

@@ -78,6 +78,8 @@ INODE_FREE_LIMIT = 1_000
 (``FSBUS_AMQP_INODE_FREE_LIMIT`` overrides it)."""
 DISK_CHECK_SECONDS = 0.5
 """How often the free space of the bus's filesystem is looked at."""
+_RECOUNTS = 3
+"""Reads of a queue's count at most, while subscriptions here change under them."""
 
 
 def _limit(env: str, default: int) -> int:
@@ -146,6 +148,9 @@ class Gateway:
         self.single_waiters: dict[str, list[Consumer]] = {}
         # the bus subscriptions of each queue (AMQP name) here: True for a basic.get's
         self._subs: dict[str, set[Subscription]] = {}
+        self.subs_seq = 0
+        """Counts changes of :attr:`_subs`: a count of the bus's read before one is stale
+        (see :meth:`ready_count`)."""
         self._taken: dict[str, int] = {}  # messages basic.get holds, per queue
         self._stack = contextlib.AsyncExitStack()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -418,6 +423,7 @@ class Gateway:
     def track(self, queue: str, sub: Subscription) -> None:
         """``sub`` consumes ``queue`` for a client."""
         self._subs.setdefault(queue, set()).add(sub)
+        self.subs_seq += 1
 
     def untrack(self, queue: str, sub: Subscription) -> None:
         """``sub`` has ended (its messages are settled)."""
@@ -426,6 +432,7 @@ class Gateway:
             subs.discard(sub)
             if not subs:
                 del self._subs[queue]
+        self.subs_seq += 1
 
     def forget(self, queue: str) -> None:
         """``queue`` was deleted: the subscriptions to it still settling in the background
@@ -485,7 +492,11 @@ class Gateway:
             self._taken.pop(queue, None)
 
     async def ready_count(
-        self, queue: str, info: QueueInfo | None = None, held: int | None = None
+        self,
+        queue: str,
+        info: QueueInfo | None = None,
+        held: int | None = None,
+        seq: int | None = None,
     ) -> tuple[int, int]:
         """(messages ready, consumers) of ``queue``, as RabbitMQ counts them: the
         messages held by a consumer, not yet acknowledged, are left out.
@@ -500,9 +511,16 @@ class Gateway:
         too low, and ``queue.delete(if_empty)`` deleting a queue with a ready message.)
         """
         name = bus_queue_name(queue)
-        if info is None or held is None:
-            held = self.held(queue)
+        for _ in range(_RECOUNTS):
+            # ``info`` read before a subscription of the queue here began or ended (a
+            # single-active consumer taking over from one cancelled): read again, since
+            # the consumers are counted from it and from the subscriptions here now
+            if info is not None and held is not None and seq == self.subs_seq:
+                break
+            seq, held = self.subs_seq, self.held(queue)
             info = await self.bus.queue_info(name)
+        assert info is not None
+        assert held is not None
         subs = self._subs.get(queue, ())
         consumers = self.counted_consumers(queue, info.consumers)
         if not info.depth:
