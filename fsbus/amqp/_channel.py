@@ -19,6 +19,7 @@ from pamqp import header as pheader
 
 from .. import (
     Decline,
+    InvalidPattern,
     Message,
     QueueFull,
     QueueInfo,
@@ -49,6 +50,7 @@ from ._routing import (
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
+    TOPIC_WORDS,
     UNEXPECTED_FRAME,
     X_MATCH,
     AmqpError,
@@ -629,6 +631,17 @@ class Channel:
                     await self.bus.bind_queue(bus_queue_name(name), pattern)
                 else:
                     await self.bus.unbind_queue(bus_queue_name(name), pattern)
+            except InvalidPattern as exc:
+                key = m.routing_key or ""
+                words = key.count(".") + 1
+                most = TOPIC_WORDS - (pattern.count(".") + 1 - words)
+                if words <= most:
+                    raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
+                raise AmqpError(
+                    PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - a binding key of {words} words: exchange "
+                    f"'{m.exchange}' takes keys of at most {most} words on the fsbus gateway",
+                ) from None
             except UsageError as exc:
                 raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
             except QueueNotFound:  # deleted meanwhile by another process

@@ -64,6 +64,12 @@ NOT_IMPLEMENTED = 540
 INTERNAL_ERROR = 541
 
 
+TOPIC_WORDS = 100
+"""Words a bus topic holds at most (the bus's rule, which its qlobber-fsq peers need): a
+topic exchange's keys, after its prefix (``amqp.<exchange>.``, two words; none on
+``amq.topic``), take the rest."""
+
+
 def word(text: str) -> str:
     """``text`` as one topic word (escaped: see the module docs)."""
     return (

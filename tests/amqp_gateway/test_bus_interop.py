@@ -15,7 +15,9 @@ import pika
 import pytest
 
 from fsbus import BlockingBus, Bus, Message
+from fsbus._core.topics import MAX_WORDS
 from fsbus.amqp import running
+from fsbus.amqp._routing import TOPIC_WORDS
 
 from .conftest import Broker
 
@@ -275,3 +277,32 @@ def test_the_command_serves_until_sigterm(tmp_path: Path) -> None:
         if proc.stderr is not None:
             proc.stderr.close()
     assert os.path.isdir(tmp_path / "bus" / "fsbus" / "amqp")
+
+
+def test_topic_keys_longer_than_a_bus_topic_are_refused_naming_the_limit(gateway: Broker) -> None:
+    """A bus topic holds at most 100 words (the bus's rule, which its qlobber-fsq peers
+    need), and a declared topic exchange's keys take 2 of them (``amqp.<exchange>.``).
+    RabbitMQ takes any key of 255 bytes; the gateway refuses a longer binding with 406
+    naming the limit, and a longer publish reaches no queue (nacked under confirms)."""
+    assert TOPIC_WORDS == MAX_WORDS
+
+    def key(words: int) -> str:
+        return ".".join(["a"] * words)
+
+    with connect(gateway.url) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare("ev", "topic")
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, "ev", key(98))
+        ch.basic_publish("ev", key(98), b"fits")
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("ev", key(99), b"too long")
+        assert ch.queue_declare(q, passive=True).method.message_count == 1
+        for exchange, most in (("ev", 98), ("amq.topic", 100)):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+                conn.channel().queue_bind(q, exchange, key(most + 1))
+            assert caught.value.reply_code == 406
+            text = caught.value.reply_text
+            assert f"a binding key of {most + 1} words" in text, text
+            assert f"'{exchange}' takes keys of at most {most} words" in text, text
