@@ -1469,7 +1469,18 @@ class Bus(Configured):
         if q:
             log.warning("moved %d foreign file(s) from %s to %s", q, lay.messages, lay.quarantine)
         lost_work = [e for e in expired if e.kind == "s" and e.key not in self._in_flight]
-        if lost_work:
+        if lost_work and self._queue_name is not None:
+            # a queue's copies live as long as the queue's message_ttl or their publish's
+            # ttl (single_ttl does not apply to them)
+            log.warning(
+                "%d message(s) of queue %r expired before any consumer took them (e.g. "
+                "%r); add consumers, or publish with a longer ttl (the queue's "
+                "message_ttl caps it)",
+                len(lost_work),
+                self._queue_name,
+                lost_work[0].topic,
+            )
+        elif lost_work:
             # A multi message expiring is its TTL doing its job; a work item expiring
             # means nobody did it: that backlog is worth a warning.
             log.warning(

@@ -28,7 +28,7 @@ from fsbus import (
 from fsbus._bus.ops import Ops
 from fsbus._queues import store
 
-from .conftest import Inbox, wait_until
+from .conftest import WAIT, Inbox, wait_until
 
 
 @pytest.mark.anyio
@@ -386,6 +386,45 @@ async def test_auto_delete_when_the_last_consumer_leaves(root: Path) -> None:
             await bus.queue_info("temp")
         assert [q.name for q in await bus.queues()] == []
         await bus.publish("t.x", b"no queue any more")
+
+
+@pytest.mark.anyio
+async def test_copies_expiring_unconsumed_warn_of_their_queue(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy that expires before a consumer of its queue took it is warned of, naming
+    the queue and what sets a copy's life (its publish's ttl, capped by the queue's
+    message_ttl), not the bus's single_ttl, which a queue's copies do not take."""
+    config = BusConfig(poll_interval=0.05, refresh_ttl=0.2)  # (expiries found soon)
+    async with Bus(root, config=config) as bus:
+        await bus.declare_queue("slow", ["t.#"])
+        await bus.publish("t.first", b"held")
+        started, release = anyio.Event(), anyio.Event()
+
+        async def busy(msg: Message) -> None:
+            started.set()
+            await release.wait()
+
+        with caplog.at_level(logging.WARNING, logger="fsbus.bus"):
+            await bus.subscribe(None, busy, queue="slow", prefetch=1)
+            with anyio.fail_after(WAIT):
+                await started.wait()
+            await bus.publish("t.late", b"short", ttl=0.2)
+
+            def warned() -> list[str]:
+                return [
+                    r.getMessage()
+                    for r in caplog.records
+                    if r.levelno == logging.WARNING and "expired before" in r.getMessage()
+                ]
+
+            await wait_until(lambda: bool(warned()))
+            release.set()
+    assert warned() == [
+        "1 message(s) of queue 'slow' expired before any consumer took them (e.g. "
+        "'t.late'); add consumers, or publish with a longer ttl (the queue's message_ttl "
+        "caps it)"
+    ]
 
 
 @pytest.mark.anyio
