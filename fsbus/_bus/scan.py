@@ -159,6 +159,12 @@ def name_published_ms(name: str) -> int | None:
     """When an fsbus publisher named message ``name`` (its wall clock, in ms); None
     for a name of qlobber-fsq's, which tells no publish time."""
     unique = name[name.rfind("+") + 1 :]
+    if len(unique) == 34 and unique[0] == "f" and unique[1] == "1":
+        # f1, flags (1), priority (2), published (11), host (6), sequence (12)
+        try:
+            return int(unique[5:16], 16)
+        except ValueError:
+            return None
     f = decode_fields(unique)
     return None if f is None else f.published_ms
 
