@@ -144,7 +144,8 @@ class Subscription:
         deleted, by another process or by a bus of this one."""
         self.queue_gone = False  # ended so: its queue was deleted under it
         self.in_flight = 0  # work-queue messages claimed for it and not yet settled
-        self.settled: anyio.Event | None = None  # set when in_flight drops to 0 (if asked)
+        self.claiming = 0  # claim rounds under way that may claim for it
+        self.settled: anyio.Event | None = None  # set when both drop to 0 (if asked)
         self.closed = False
 
     async def aclose(self) -> None:
@@ -153,6 +154,11 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"<Subscription {self.pattern!r}{' closed' if self.closed else ''}>"
+
+
+def _busy(sub: Subscription) -> bool:
+    """Whether ``sub`` holds a work-queue message, or a claim round may claim it one."""
+    return bool(sub.in_flight or sub.claiming)
 
 
 _SPARE_CANDIDATES = 4
@@ -954,7 +960,7 @@ class Bus(Configured):
                 # Leave only when every message it took is settled on disk: acked ones
                 # consumed, the rest released (the engine does that in its handler tasks).
                 with anyio.move_on_after(10):
-                    while sub.in_flight and not sub.bus._closed:
+                    while _busy(sub) and not sub.bus._closed:
                         sub.settled = anyio.Event()
                         await sub.settled.wait()
 
@@ -1775,11 +1781,32 @@ class Bus(Configured):
         # or a flock that fails at once); a round of many claims goes to the thread.
         # Timed per claim it wants (spare candidates are tried only for lost claims: a
         # round that lost some is taken for slower than it was, never for faster).
-        results, untried = await self._off(
-            claim_some,
-            big=len(ordered) > _INLINE_CLAIMS,
-            items=min(len(ordered), claimable),
-        )
+        # A subscription that closes while the round runs waits for it (see _busy): what
+        # the round claims for it is given back before it is gone, not after (the next
+        # subscription of the queue found it locked, and took the one behind it first).
+        for sub in picks:
+            sub.claiming += 1
+        try:
+            results, untried = await self._off(
+                claim_some,
+                big=len(ordered) > _INLINE_CLAIMS,
+                items=min(len(ordered), claimable),
+            )
+            self._dispatch_claims(results, untried, now)
+        finally:
+            for sub in picks:
+                sub.claiming -= 1
+                if not _busy(sub) and sub.settled is not None:
+                    sub.settled.set()
+        return timed_out and self._free > 0 and not self._closed
+
+    def _dispatch_claims(
+        self,
+        results: list[tuple[Entry, Subscription, Claim | None]],
+        untried: list[Entry],
+        now: float,
+    ) -> None:
+        """Hand out what a claim round won (a handler task each); put back the rest."""
         lost = sum(1 for _, _, c in results if c is None)
         self._counts["claims_lost"] += lost
         self._contention.round(len(results), lost, time.monotonic())
@@ -1800,7 +1827,6 @@ class Bus(Configured):
             self._counts["delivered"] += 1
             sub.in_flight += 1
             self._jobs.put((self._run_single, (sub, msg, claim, e)))
-        return timed_out and self._free > 0 and not self._closed
 
     async def _run_single(self, sub: Subscription, msg: Message, claim: Claim, e: Entry) -> None:
         key = e.key
@@ -1911,7 +1937,7 @@ class Bus(Configured):
         """A work item is acked or released on disk: free its slot and say so."""
         self._in_flight.discard(key)
         sub.in_flight -= 1
-        if sub.in_flight == 0 and sub.settled is not None:
+        if not _busy(sub) and sub.settled is not None:
             sub.settled.set()
         self._give_slot()
         if not self._closed:
@@ -2436,7 +2462,7 @@ class Bus(Configured):
         async def leave() -> None:
             # Handlers still running finish and settle first: the queue's bus closes
             # with its last consumer, and would give their messages back.
-            while sub.in_flight and not sub.bus._closed:
+            while _busy(sub) and not sub.bus._closed:
                 sub.settled = anyio.Event()
                 await sub.settled.wait()
             try:

@@ -9,12 +9,17 @@ settle is a redelivery.
 
 from __future__ import annotations
 
+import fcntl
+import threading
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, Message, Requeue
+from fsbus._bus.ops import Ops
+from fsbus._bus.scan import name_order
 
 from .conftest import WAIT
 
@@ -97,3 +102,91 @@ async def test_a_handler_that_raises_requeue_gets_the_message_again_at_once(
             await done.wait()
         await sub.aclose()
         assert seen == [(b"0", 1), (b"0", 2), (b"1", 1), (b"2", 1)]
+
+
+class SlowGiveBack(Ops):
+    """Claims of queue ``q``'s messages take :data:`SLOW_CLAIM` each. The claim round
+    that first locks message ``target`` goes on a while after, and when that claim is
+    closed (given back) the message stays locked a while: each until another claim tries
+    that message, or for :data:`HOLD` at most."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._paths: dict[int, str] = {}
+        self.target: str | None = None
+        self.holder: int | None = None
+        self.claimed = threading.Event()
+        self.tried = threading.Event()
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        fd = super().open(path, flags, mode)
+        if "/queues/q/bus/messages/" in path:
+            with self._lock:
+                self._paths[fd] = path
+        return fd
+
+    def close(self, fd: int) -> None:
+        with self._lock:
+            self._paths.pop(fd, None)
+            hold = fd == self.holder
+            if hold:
+                self.holder = -1
+        if hold:
+            self.tried.wait(HOLD)
+        super().close(fd)
+
+    def flock(self, fd: int, operation: int) -> None:
+        claim = bool(operation & fcntl.LOCK_EX and operation & fcntl.LOCK_NB)
+        with self._lock:
+            path = self._paths.get(fd) if claim else None
+            mine = path is not None and self.target is not None and path.endswith(self.target)
+            if mine and self.holder is not None:
+                self.tried.set()
+        if path is not None:
+            time.sleep(SLOW_CLAIM)  # a slow mount: claim rounds go to a worker thread
+        super().flock(fd, operation)
+        first = False
+        if mine:
+            with self._lock:
+                first = self.holder is None
+                if first:
+                    self.holder = fd
+        if first:  # the round stays under way a while
+            self.claimed.set()
+            self.tried.wait(HOLD)
+
+
+HOLD = 1.0
+SLOW_CLAIM = 0.005
+"""Seconds each claim takes: longer than the bus lets a batch of claims hold its event
+loop, so that it claims in a worker thread, beside the loop, as on a slow mount."""
+"""Seconds a held claim waits for another claim of its message (the fixed code never
+makes one: the subscription that claims waits for its claim rounds when it closes)."""
+
+
+def test_a_subscription_closing_during_a_claim_round_gives_its_claim_back_first(
+    root: Path,
+) -> None:
+    """A subscription that closes while a claim round runs for it (prefetch: after an ack
+    it claims the next message ahead, here on a slow mount, in a worker thread) waits for
+    the round, and for what it won to be given back, before it is gone: the next
+    subscription takes that message first. (It closed at once: the round then handed
+    the message to the closed subscription, and the next one, finding it held, took the
+    message behind it.)"""
+    ops = SlowGiveBack()
+    with BlockingBus(root, ops=ops) as bus:
+        bus.declare_queue("q", ["t"])
+        for i in range(3):
+            bus.publish("t", str(i).encode())
+        ops.target = sorted((m.name for m in bus.browse(queue="q")), key=name_order)[1]
+        with bus.messages(queue="q", prefetch=1) as it:
+            msg = it.get(timeout=WAIT)
+            assert msg.payload == b"0"
+            it.ack(msg)  # then it claims 1, ahead
+            assert ops.claimed.wait(WAIT), "1 was not claimed after the ack"
+        with bus.messages(queue="q", prefetch=1) as it:
+            msg = it.get(timeout=WAIT)
+            got = (msg.payload, msg.delivery_count)
+            it.ack(msg)
+    assert got == (b"1", 1)
