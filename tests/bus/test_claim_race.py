@@ -14,43 +14,28 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
 from fsbus import BlockingBus, BusConfig
-from fsbus._bus.ops import Ops
+from tests.tracked_ops import TrackedOps
 
 N = 5
 
 
-class AckedBeforeTheLock(Ops):
+class AckedBeforeTheLock(TrackedOps):
     """Unlinks the first ``N`` messages opened for a claim just before their lock is
     taken, as a consumer that held them and acknowledged them would."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._paths: dict[int, str] = {}
+        super().__init__("/messages/")
         self.removed: list[str] = []
-
-    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
-        fd = super().open(path, flags, mode)
-        if "/messages/" in path:
-            with self._lock:
-                self._paths[fd] = path
-        return fd
-
-    def close(self, fd: int) -> None:
-        with self._lock:
-            self._paths.pop(fd, None)
-        super().close(fd)
 
     def flock(self, fd: int, operation: int) -> None:
         if operation & fcntl.LOCK_EX and operation & fcntl.LOCK_NB:
-            with self._lock:
-                path = self._paths.get(fd)
+            with self.lock:
+                path = self.path_of(fd)
                 race = path is not None and len(self.removed) < N
                 if race:
                     assert path is not None

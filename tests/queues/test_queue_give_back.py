@@ -18,8 +18,8 @@ import anyio
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, Message, Requeue
-from fsbus._bus.ops import Ops
 from fsbus._bus.scan import name_order
+from tests.tracked_ops import TrackedOps
 
 from .conftest import WAIT
 
@@ -104,31 +104,21 @@ async def test_a_handler_that_raises_requeue_gets_the_message_again_at_once(
         assert seen == [(b"0", 1), (b"0", 2), (b"1", 1), (b"2", 1)]
 
 
-class SlowGiveBack(Ops):
+class SlowGiveBack(TrackedOps):
     """Claims of queue ``q``'s messages take :data:`SLOW_CLAIM` each. The claim round
     that first locks message ``target`` goes on a while after, and when that claim is
     closed (given back) the message stays locked a while: each until another claim tries
     that message, or for :data:`HOLD` at most."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._paths: dict[int, str] = {}
+        super().__init__("/queues/q/bus/messages/")
         self.target: str | None = None
         self.holder: int | None = None
         self.claimed = threading.Event()
         self.tried = threading.Event()
 
-    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
-        fd = super().open(path, flags, mode)
-        if "/queues/q/bus/messages/" in path:
-            with self._lock:
-                self._paths[fd] = path
-        return fd
-
     def close(self, fd: int) -> None:
-        with self._lock:
-            self._paths.pop(fd, None)
+        with self.lock:
             hold = fd == self.holder
             if hold:
                 self.holder = -1
@@ -138,8 +128,8 @@ class SlowGiveBack(Ops):
 
     def flock(self, fd: int, operation: int) -> None:
         claim = bool(operation & fcntl.LOCK_EX and operation & fcntl.LOCK_NB)
-        with self._lock:
-            path = self._paths.get(fd) if claim else None
+        with self.lock:
+            path = self.path_of(fd) if claim else None
             mine = path is not None and self.target is not None and path.endswith(self.target)
             if mine and self.holder is not None:
                 self.tried.set()
@@ -148,7 +138,7 @@ class SlowGiveBack(Ops):
         super().flock(fd, operation)
         first = False
         if mine:
-            with self._lock:
+            with self.lock:
                 first = self.holder is None
                 if first:
                     self.holder = fd

@@ -65,19 +65,26 @@ class PublishLateInAListing(Ops):
         return super().listdir(path)
 
 
+def queue_and_run(publisher: BlockingBus) -> Callable[[], None]:
+    """Declare queue ``q`` and publish one message into it (which makes its bus); the
+    run of ``N`` messages ``publish`` then publishes, one after the other."""
+    publisher.declare_queue("q", ["t.#"])
+    publisher.publish("t.x", "before")
+
+    def publish() -> None:
+        for i in range(N):
+            publisher.publish("t.x", str(i))
+
+    return publish
+
+
 @pytest.mark.anyio
 async def test_a_consumer_gets_one_publishers_messages_in_order(root: Path) -> None:
     # every listing of the consumer lists every bucket (it lists when idle, each 20 ms)
     config = BusConfig(poll_interval=0.02, refresh_ttl=0.01)
     with BlockingBus(root) as publisher:
-        publisher.declare_queue("q", ["t.#"])
+        publish = queue_and_run(publisher)
         ops = PublishLateInAListing()
-        publisher.publish("t.x", "before")  # (makes the queue's bus)
-
-        def publish() -> None:
-            for i in range(N):
-                publisher.publish("t.x", str(i))
-
         got: list[int] = []
         async with Bus(root, config=config, ops=ops) as bus:
             async with bus.messages(queue="q", prefetch=1) as it:
@@ -94,14 +101,8 @@ async def test_a_consumer_gets_one_publishers_messages_in_order(root: Path) -> N
 
 def test_a_get_takes_one_publishers_messages_in_order(root: Path) -> None:
     with BlockingBus(root) as publisher:
-        publisher.declare_queue("q", ["t.#"])
+        publish = queue_and_run(publisher)
         ops = PublishLateInAListing()
-        publisher.publish("t.x", "before")  # (makes the queue's bus)
-
-        def publish() -> None:
-            for i in range(N):
-                publisher.publish("t.x", str(i))
-
         with publisher.get("q") as msg:
             assert msg is not None
         got: list[int] = []
