@@ -65,7 +65,7 @@ from ._routing import (
 from ._state import jsonable, try_lock
 
 if TYPE_CHECKING:
-    from ._contracts import ConnectionPort
+    from ._contracts import ConnectionPort, CountMark
 
 PROPS = "x-amqp-props"
 EXCHANGE = "x-amqp-exchange"
@@ -201,8 +201,7 @@ class Channel:
         self._last_info: QueueInfo | None = None
         self._last_meta: dict[str, Any] | None = None
         """The AMQP record :meth:`_queue_owner` read last."""
-        self._last_held = 0
-        self._last_seq = 0
+        self._last_mark: CountMark | None = None
         self._settling = conn.settling
         """basic.gets' messages acked, nacked, rejected or given back by a closed channel,
         not yet settled on disk: the connection's (a count on a channel opened after
@@ -268,17 +267,22 @@ class Channel:
     async def close(self) -> None:
         """Cancel every consumer and give back every unacknowledged message."""
         consumers, self.consumers = list(self.consumers.values()), {}
+        self._give_back_unacked()
+        self.flow.set()
+        for c in consumers:
+            c.ready.set()
+            with anyio.CancelScope(shield=True):
+                await self._leave(c)
+
+    def _give_back_unacked(self) -> None:
+        """Requeue every message delivered and not yet settled (a basic.get's is then
+        awaited by the connection's next count, see :meth:`_settles`)."""
         pending, self.unacked = list(self.unacked.values()), {}
         for p in pending:
             p.outcome = "requeue"
             p.done.set()
             if p.settled is not None:
                 self._settling.add(p.settled)
-        self.flow.set()
-        for c in consumers:
-            c.ready.set()
-            with anyio.CancelScope(shield=True):
-                await self._leave(c)
 
     async def _drop_exclusive(self, consumer: Consumer) -> None:
         """An exclusive consumer is gone: others may consume its queue again."""
@@ -433,8 +437,7 @@ class Channel:
         """The AMQP side of queue ``name``, if the bus has the queue (its bus info as
         :attr:`_last_info`)."""
         self._last_info = None
-        self._last_held = self.gateway.held(name)  # before the listing: see ready_count
-        self._last_seq = self.gateway.subs_seq
+        self._last_mark = self.gateway.mark(name)  # before the listing: see ready_count
         try:
             info = await self.bus.queue_info(bus_queue_name(name))
         except QueueNotFound:
@@ -554,9 +557,7 @@ class Channel:
         self.last_queue = name
         # the queue is listed once: a declare of a queue that was there (a client
         # polling its depth with passive declares) counts what _queue_meta found
-        ready, consumers = await self.gateway.ready_count(
-            name, self._last_info, self._last_held, self._last_seq
-        )
+        ready, consumers = await self.gateway.ready_count(name, self._last_info, self._last_mark)
         consumers += await self.gateway.waiting_elsewhere(name, meta)
         if not m.nowait:
             await self.reply(
@@ -672,14 +673,13 @@ class Channel:
             return
         self._check_exclusive(name, meta)
         elsewhere = await self.gateway.waiting_elsewhere(name, meta) if m.if_unused else 0
-        held = self.gateway.held(name)  # before the listing: see Gateway.ready_count
-        seq = self.gateway.subs_seq
+        mark = self.gateway.mark(name)  # before the listing: see Gateway.ready_count
         try:
             info = await self.bus.queue_info(bus_queue_name(name))
             # "empty", like delete-ok's count, is the ready messages, as RabbitMQ counts
             # them: one delivered and not yet acked (or whose ack is still being
             # written) leaves the queue empty
-            ready = (await self.gateway.ready_count(name, info, held, seq))[0] if info.depth else 0
+            ready = (await self.gateway.ready_count(name, info, mark))[0] if info.depth else 0
         except QueueNotFound:  # its bus queue went meanwhile (deleted by another process)
             info, ready = None, 0
         if info is not None and m.if_unused:
@@ -1213,12 +1213,7 @@ class Channel:
     async def _recover(self, m: spec.Basic.Recover) -> None:
         if not m.requeue:  # as RabbitMQ: only a recover that requeues
             raise AmqpError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false", connection=True)
-        for p in self.unacked.values():
-            p.outcome = "requeue"
-            p.done.set()
-            if p.settled is not None:
-                self._settling.add(p.settled)
-        self.unacked.clear()
+        self._give_back_unacked()
         if isinstance(m, spec.Basic.Recover):
             await self.reply(spec.Basic.RecoverOk())
 

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import anyio.abc
 
 from .. import Bus, Message, QueueInfo, Subscription
 from ._routing import RouteJob
 from ._state import AmqpState
+
+
+class CountMark(NamedTuple):
+    """Taken just before a queue's bus is listed for a count (``Gateway.mark``)."""
+
+    held: int
+    """The messages of the queue the gateway's consumers held."""
+    seq: int
+    """How many times the gateway's subscriptions had changed."""
 
 
 class GatewayPort(Protocol):
@@ -38,18 +47,14 @@ class GatewayPort(Protocol):
 
     async def waiting_elsewhere(self, queue: str, meta: dict[str, Any] | None) -> int: ...
 
-    subs_seq: int
-
     def held(self, queue: str) -> int: ...
 
     def taken(self, queue: str, delta: int) -> None: ...
 
+    def mark(self, queue: str) -> CountMark: ...
+
     async def ready_count(
-        self,
-        queue: str,
-        info: QueueInfo | None = None,
-        held: int | None = None,
-        seq: int | None = None,
+        self, queue: str, info: QueueInfo | None = None, mark: CountMark | None = None
     ) -> tuple[int, int]: ...
 
     async def ready_after_get(self, queue: str, waiting: int, consumers: int) -> int: ...

@@ -36,6 +36,7 @@ from ._channel import (
     message_view,
 )
 from ._connection import Connection
+from ._contracts import CountMark
 from ._deaths import dead_lettered
 from ._frames import decode_properties
 from ._routing import (
@@ -491,18 +492,19 @@ class Gateway:
         else:
             self._taken.pop(queue, None)
 
+    def mark(self, queue: str) -> CountMark:
+        """What :meth:`ready_count` needs taken before the queue's bus is listed."""
+        return CountMark(self.held(queue), self.subs_seq)
+
     async def ready_count(
-        self,
-        queue: str,
-        info: QueueInfo | None = None,
-        held: int | None = None,
-        seq: int | None = None,
+        self, queue: str, info: QueueInfo | None = None, mark: CountMark | None = None
     ) -> tuple[int, int]:
         """(messages ready, consumers) of ``queue``, as RabbitMQ counts them: the
-        messages held by a consumer, not yet acknowledged, are left out.
+        messages held by a consumer, not yet acknowledged, are left out. ``info``: the
+        queue's bus listed just after :meth:`mark` gave ``mark`` (else listed here).
 
-        While nothing of the queue is held here (``held``, counted before ``info`` was
-        listed) and no other process consumes it, every message listed is ready.
+        While nothing of the queue is held here (counted before ``info`` was listed)
+        and no other process consumes it, every message listed is ready.
         Otherwise the ready ones are told by their locks (one browse): a held message
         stays locked until it is removed, so one whose ack is being written is counted
         neither as held nor as ready. (Subtracting what this gateway holds from the
@@ -515,12 +517,13 @@ class Gateway:
             # ``info`` read before a subscription of the queue here began or ended (a
             # single-active consumer taking over from one cancelled): read again, since
             # the consumers are counted from it and from the subscriptions here now
-            if info is not None and held is not None and seq == self.subs_seq:
+            if info is not None and mark is not None and mark.seq == self.subs_seq:
                 break
-            seq, held = self.subs_seq, self.held(queue)
+            mark = self.mark(queue)
             info = await self.bus.queue_info(name)
         assert info is not None
-        assert held is not None
+        assert mark is not None
+        held = mark.held
         subs = self._subs.get(queue, ())
         consumers = self.counted_consumers(queue, info.consumers)
         if not info.depth:
