@@ -2077,12 +2077,35 @@ def encode_meta(headers: dict[str, str]) -> bytes:
 
 
 def decode_meta(data: bytes | None) -> dict[str, str]:
-    """Headers from sidecar bytes; a corrupt sidecar yields no headers."""
+    """Headers from sidecar bytes; a corrupt sidecar yields no headers.
+
+    The headers of the same bytes are decoded once and kept (:data:`_DECODED`, most
+    messages of a publisher carry the same ones); each call returns a dict of its own,
+    which its caller may change."""
     if not data:
         return {}
+    kept = _DECODED.get(data)
+    if kept is not None:
+        return dict(kept)
     try:
         obj = json.loads(data)
         headers = obj.get("headers", {}) if isinstance(obj, dict) else {}
-        return {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
+        out = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
     except (ValueError, AttributeError):
         return {}
+    if len(data) <= _DECODED_BYTES:
+        if len(_DECODED) >= _DECODED_MAX:
+            _DECODED.clear()
+        _DECODED[bytes(data)] = out
+    return dict(out)
+
+
+_DECODED: dict[bytes, dict[str, str]] = {}
+"""Headers decoded lately, by the bytes they were decoded from (see :func:`decode_meta`):
+never handed out, only copies of them. Shared by the threads that read messages (a
+dict's get, set and clear are each atomic: a race costs a decoding, never a wrong
+result)."""
+_DECODED_MAX = 256
+"""Entries :data:`_DECODED` holds before it starts afresh."""
+_DECODED_BYTES = 2048
+"""Headers of longer bytes are not kept."""

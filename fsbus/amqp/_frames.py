@@ -12,7 +12,6 @@ same properties and body size) is pamqp's output kept, not encoded or read again
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from pamqp import base as pbase
@@ -31,8 +30,7 @@ CACHE_SIZE = 1024
 """Entries each cache of pamqp's outputs holds before it starts afresh."""
 
 
-@dataclass(frozen=True)
-class RawFrame:
+class RawFrame(NamedTuple):
     """One frame as read: its type, channel, payload, and the whole frame's bytes."""
 
     kind: int
@@ -46,32 +44,40 @@ class FrameReader:
 
     def __init__(self, frame_max: int) -> None:
         self.frame_max = frame_max
-        self._buf = bytearray()
+        self._buf = b""
 
     def feed(self, data: bytes) -> list[RawFrame]:
-        self._buf += data
+        # A read holds many frames (a publisher's burst): each is cut from the read as
+        # one copy, and only what follows the last whole frame is kept for the next.
+        buf = self._buf + data if self._buf else bytes(data)
         out = []
-        while len(self._buf) >= 7:
-            kind, channel, size = _HEAD.unpack_from(self._buf)
-            if size + 8 > self.frame_max:
+        at, end = 0, len(buf)
+        unpack, frame_max = _HEAD.unpack_from, self.frame_max
+        while end - at >= 7:
+            kind, channel, size = unpack(buf, at)
+            if size + 8 > frame_max:
+                self._buf = buf[at:]
                 raise AmqpError(
                     FRAME_ERROR,
                     f"FRAME_ERROR - type {kind}, all octets = <<>>: frame size {size + 8} "
-                    f"larger than frame_max {self.frame_max}",
+                    f"larger than frame_max {frame_max}",
                     connection=True,
                 )
-            if len(self._buf) < size + 8:
+            stop = at + size + 8
+            if stop > end:
                 break
-            if self._buf[size + 7] != FRAME_END:
+            if buf[stop - 1] != FRAME_END:
+                self._buf = buf[at:]
                 raise AmqpError(
                     FRAME_ERROR,
                     f"FRAME_ERROR - type {kind}, first 16 octets = <<>>: frame end marker "
-                    f"{self._buf[size + 7]:#x} is not {FRAME_END:#x}",
+                    f"{buf[stop - 1]:#x} is not {FRAME_END:#x}",
                     connection=True,
                 )
-            data = bytes(self._buf[: size + 8])
-            out.append(RawFrame(kind, channel, data[7 : 7 + size], data))
-            del self._buf[: size + 8]
+            frame = buf[at:stop]
+            out.append(RawFrame(kind, channel, frame[7:-1], frame))
+            at = stop
+        self._buf = buf[at:] if at < end else b""
         return out
 
 

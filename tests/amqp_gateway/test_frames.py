@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import struct
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import commands as spec
@@ -22,6 +23,7 @@ from fsbus.amqp._frames import (
     deliver_frame,
     read_header,
 )
+from fsbus.amqp._routing import AmqpError
 
 short = st.text(max_size=60)
 exchanges = st.from_regex(r"[A-Za-z0-9_.:-]{0,60}", fullmatch=True)  # what pamqp allows
@@ -150,3 +152,39 @@ def test_content_frames_carry_the_properties_and_the_body_in_frames_of_frame_max
         reader = FrameReader(frame_max)
         assert len(reader.feed(data)) == 1 + len(bodies)  # none over frame_max
         assert all(b.value for b in bodies)  # type: ignore[attr-defined]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([1, 2, 3, 8]), st.integers(0, 65535), st.binary(max_size=300))
+    ),
+    st.lists(st.integers(1, 400), max_size=40),
+)
+def test_frames_come_out_whole_however_the_reads_cut_them(
+    frames: list[tuple[int, int, bytes]], cuts: list[int]
+) -> None:
+    """A stream of frames read in pieces of any sizes gives each frame once, whole, in
+    order: a frame cut across reads waits for its rest."""
+    stream = b"".join(struct.pack(">BHI", k, c, len(p)) + p + b"\xce" for k, c, p in frames)
+    reader = FrameReader(1 << 20)
+    got, at = [], 0
+    for n in [*cuts, len(stream)]:
+        got += reader.feed(stream[at : at + n])
+        at += n
+    assert [(f.kind, f.channel, f.payload) for f in got] == frames
+    assert b"".join(f.data for f in got) == stream
+
+
+def test_a_frame_without_its_end_marker_or_over_frame_max_is_a_frame_error() -> None:
+    """As RabbitMQ has it: 501 FRAME_ERROR, a connection error, naming what was wrong
+    (after the frames of the reads before it were handed out)."""
+    good = struct.pack(">BHI", 1, 1, 3) + b"abc\xce"
+    for bad, text in (
+        (struct.pack(">BHI", 1, 1, 3) + b"abc\x00", "frame end marker 0x0 is not 0xce"),
+        (struct.pack(">BHI", 3, 1, 5000), "frame size 5008 larger than frame_max 4096"),
+    ):
+        reader = FrameReader(4096)
+        assert [f.payload for f in reader.feed(good)] == [b"abc"]
+        with pytest.raises(AmqpError, match=text) as caught:
+            reader.feed(bad)
+        assert (caught.value.code, caught.value.connection) == (501, True)

@@ -106,6 +106,43 @@ async def test_bad_headers(root: Path, headers: object, rule: str) -> None:
     assert_nothing_written(root)
 
 
+@pytest.mark.anyio
+async def test_headers_a_publish_sent_before_are_still_checked_when_they_differ(root: Path) -> None:
+    """A publish's headers encoded once are kept for the next publish with the same
+    ones (a publisher repeats them); headers that differ from them in a value, even one
+    that is not a str (or that cannot be hashed), are checked afresh and refused."""
+    good = {"k": "v", "n": "1"}
+    assert encode_headers(dict(good)) == encode_headers(good)
+    assert json.loads(encode_headers({"n": "1", "k": "v"}) or b"") == {"headers": good}
+    async with Bus(root) as bus:
+        await bus.publish("t", b"x", headers=good)
+        for bad, rule in (
+            ({"k": "v", "n": 1}, "must be str"),
+            ({"k": "v", "n": ["1"]}, "must be str"),
+            ({"k": "nul\x00", "n": "1"}, "NUL"),
+        ):
+            with pytest.raises(InvalidHeader, match=rule):
+                await bus.publish("t", b"x", headers=bad)  # type: ignore[arg-type]
+        assert [m.headers async for m in bus.browse("t")] == [good]  # nothing else written
+
+
+@pytest.mark.anyio
+async def test_each_message_has_headers_of_its_own(root: Path) -> None:
+    """Messages with the same headers read the same bytes; a handler that changes its
+    message's headers changes no other message's."""
+    inbox = Inbox()
+    async with Bus(root) as bus:
+        await bus.subscribe("t", inbox)
+        await bus.publish("t", b"1", headers={"k": "v"})
+        (first,) = await inbox.wait_for(1)
+        first.headers["k"] = "changed"  # type: ignore[index]
+        first.headers["more"] = "x"  # type: ignore[index]
+        await bus.publish("t", b"2", headers={"k": "v"})
+        _, second = await inbox.wait_for(2)
+    assert second.payload == b"2"
+    assert second.headers == {"k": "v"}
+
+
 @pytest.mark.parametrize("ttl", [0, -1, math.nan, "10", True, -math.inf])
 @pytest.mark.anyio
 async def test_bad_ttl(root: Path, ttl: object) -> None:
