@@ -140,6 +140,11 @@ class BlockingBus(Configured):
         if not self._open:
             raise UsageError("use it as `with BlockingBus(root) as bus:` before calling it")
 
+    def _check_writable(self, what: str) -> None:
+        """:meth:`_check_open`, and that this bus is not open for looking only."""
+        self._check_open()
+        self._fs.check_writable(what)
+
     # ------------------------------------------------------------------ publish
     def publish(
         self,
@@ -341,7 +346,7 @@ class BlockingBus(Configured):
         expires: float | None = None,
     ) -> QueueInfo:
         """Declare a durable queue (see :meth:`Bus.declare_queue`)."""
-        self._check_open()
+        self._check_writable(f"declaring queue {name!r}")
         options = QueueOptions(
             message_ttl=message_ttl,
             max_length=max_length,
@@ -358,22 +363,22 @@ class BlockingBus(Configured):
 
     def bind_queue(self, name: str, pattern: str) -> None:
         """Route messages matching ``pattern`` into queue ``name`` too (idempotent)."""
-        self._check_open()
+        self._check_writable(f"binding queue {name!r}")
         self._queues.bind(name, pattern)
 
     def unbind_queue(self, name: str, pattern: str) -> None:
         """Stop routing messages matching ``pattern`` into queue ``name``."""
-        self._check_open()
+        self._check_writable(f"unbinding queue {name!r}")
         self._queues.bind(name, pattern, bind=False)
 
     def purge_queue(self, name: str) -> int:
         """Remove the messages waiting in queue ``name``; returns how many."""
-        self._check_open()
+        self._check_writable(f"purging queue {name!r}")
         return self._queues.purge(name)
 
     def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         """Delete queue ``name`` and its messages; returns how many messages it held."""
-        self._check_open()
+        self._check_writable(f"deleting queue {name!r}")
         return self._queues.delete(name, if_unused=if_unused, if_empty=if_empty)
 
     def routes(self, topic: str) -> list[str]:
@@ -410,7 +415,7 @@ class BlockingBus(Configured):
     ) -> int:
         """Put a message straight into queue ``queue``, or into each of several queues;
         how many got it (see :meth:`Bus.enqueue`)."""
-        self._check_open()
+        self._check_writable("enqueueing a message")
         self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
         data = payload_bytes(payload)
         self._namer.check_size(len(data))
@@ -464,7 +469,7 @@ class BlockingBus(Configured):
     def gc(self, *, debris_age: float = 600.0) -> int:
         """Remove expired messages, quarantine foreign files, sweep crash debris, and
         delete the durable queues whose time is up (see :meth:`Bus.gc`)."""
-        self._check_open()
+        self._check_writable("gc (removing expired messages and debris)")
         n, q, debris = collect_garbage(self._fs, set(), debris_age)
         self._queues.expire_unused()
         return n + q + debris
@@ -476,7 +481,7 @@ class BlockingBus(Configured):
         ``"multi"`` or ``"all"``; a work-queue message a consumer holds stays, counted
         as locked; a bad pattern or kind raises before anything is read.
         """
-        self._check_open()
+        self._check_writable(f"purging {kind} messages matching {pattern!r}")
         pattern = check_purge(pattern, kind)
         multi, single = purge_targets(self._fs, pattern, kind)
         removed, multi_removed, locked = purge_some(self._fs, multi, single)

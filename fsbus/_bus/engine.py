@@ -460,7 +460,8 @@ class Bus(Configured):
                 self._tg = tg
                 tg.start_soon(self._offload.run)
                 tg.start_soon(self._finisher.run)
-                tg.start_soon(self._gc_loop)
+                if self._fs.read_only is None:  # (open for looking only: no gc)
+                    tg.start_soon(self._gc_loop)
                 if self._fs.locking == "rename":
                     tg.start_soon(self._renew_loop)
                 task_status.started()
@@ -545,6 +546,12 @@ class Bus(Configured):
         if self._tg is None:
             raise UsageError("use the Bus as `async with Bus(root) as bus:` before calling it")
         return self._tg
+
+    def _check_writable(self, what: str) -> anyio.abc.TaskGroup:
+        """:meth:`_check_open`, and that this bus is not open for looking only."""
+        tg = self._check_open()
+        self._fs.check_writable(what)
+        return tg
 
     # ------------------------------------------------------------------ publish
     async def publish(
@@ -828,7 +835,13 @@ class Bus(Configured):
             return await self._subscribe_queue(queue, pattern, handler, prefetch)
         if pattern is None:
             raise UsageError("give a pattern, or queue= to consume a durable queue")
-        tg = self._check_open()
+        tg = (
+            self._check_open()
+            if kind == "multi"
+            else self._check_writable(
+                f"a subscription that takes work-queue messages (kind={kind!r})"
+            )
+        )
         pattern = validate_pattern(pattern)
         if not _is_async_callable(handler):
             raise UsageError(
@@ -1120,14 +1133,8 @@ class Bus(Configured):
         self._last_update = update if update is not None else self._last_update
         self._counts["scans"] += 1
         self._retries.put_back((key for key in due if key[0] not in listings), now)
-        if decision.expired or decision.foreign:
-            await self._housekeep(decision.expired, decision.foreign)
-        if not baseline:
-            await self._route_peer_messages((*decision.new_multi, *decision.new_singles))
-        elif self._route_since is not None:
-            # a router taking over: what the old one left, since this one began to wait
-            since, self._route_since = self._route_since, None
-            await self._route_peer_messages((*decision.present_multi, *decision.singles), since)
+        if self._fs.read_only is None:  # (open for looking only: it removes and routes nothing)
+            await self._tidy_and_route(decision, baseline)
         if self._queues.progress_due():
             # as the router: what was renamed before this listing began has been seen
             await anyio.to_thread.run_sync(self._queues.note_progress, wall)
@@ -1222,6 +1229,18 @@ class Bus(Configured):
                 if view is not None and e.name in view.singles:
                     ready.append(e)
         return ready
+
+    async def _tidy_and_route(self, decision: ScanDecision, baseline: bool) -> None:
+        """After a listing: remove what it found expired, set aside what is foreign, and
+        route the peers' messages it found into the durable queues."""
+        if decision.expired or decision.foreign:
+            await self._housekeep(decision.expired, decision.foreign)
+        if not baseline:
+            await self._route_peer_messages((*decision.new_multi, *decision.new_singles))
+        elif self._route_since is not None:
+            # a router taking over: what the old one left, since this one began to wait
+            since, self._route_since = self._route_since, None
+            await self._route_peer_messages((*decision.present_multi, *decision.singles), since)
 
     async def _route_peer_messages(
         self, entries: Iterable[Entry], since: float | None = None
@@ -2162,7 +2181,7 @@ class Bus(Configured):
         once older than ``debris_age`` seconds. Returns the number of files removed or
         moved.
         """
-        self._check_open()
+        self._check_writable("gc (removing expired messages and debris)")
         in_flight = set(self._in_flight)
         n, q, debris = await anyio.to_thread.run_sync(
             lambda: collect_garbage(self._fs, in_flight, debris_age)
@@ -2209,7 +2228,7 @@ class Bus(Configured):
         (:class:`~fsbus.InvalidPattern`) before anything is read. Cancelling stops it
         between batches of messages; what it removed by then stays removed.
         """
-        self._check_open()
+        self._check_writable(f"purging {kind} messages matching {pattern!r}")
         pattern = check_purge(pattern, kind)
         multi, single = await anyio.to_thread.run_sync(purge_targets, self._fs, pattern, kind)
         counts = [0, 0, 0]
@@ -2242,7 +2261,7 @@ class Bus(Configured):
         with other options it raises :class:`~fsbus.QueueMismatch`. See the Queues page
         for the options.
         """
-        self._check_open()
+        self._check_writable(f"declaring queue {name!r}")
         options = QueueOptions(
             message_ttl=message_ttl,
             max_length=max_length,
@@ -2259,26 +2278,26 @@ class Bus(Configured):
 
     async def bind_queue(self, name: str, pattern: str) -> None:
         """Route messages matching ``pattern`` into queue ``name`` too (idempotent)."""
-        self._check_open()
+        self._check_writable(f"binding queue {name!r}")
         await anyio.to_thread.run_sync(self._queues.bind, name, pattern)
 
     async def unbind_queue(self, name: str, pattern: str) -> None:
         """Stop routing messages matching ``pattern`` into queue ``name``."""
-        self._check_open()
+        self._check_writable(f"unbinding queue {name!r}")
         await anyio.to_thread.run_sync(
             functools.partial(self._queues.bind, name, pattern, bind=False)
         )
 
     async def purge_queue(self, name: str) -> int:
         """Remove the messages waiting in queue ``name``; returns how many."""
-        self._check_open()
+        self._check_writable(f"purging queue {name!r}")
         return await anyio.to_thread.run_sync(self._queues.purge, name)
 
     async def delete_queue(
         self, name: str, *, if_unused: bool = False, if_empty: bool = False
     ) -> int:
         """Delete queue ``name`` and its messages; returns how many messages it held."""
-        self._check_open()
+        self._check_writable(f"deleting queue {name!r}")
         held = await anyio.to_thread.run_sync(
             functools.partial(self._queues.delete, name, if_unused=if_unused, if_empty=if_empty)
         )
@@ -2350,7 +2369,7 @@ class Bus(Configured):
         one refuses its own copy only: the others get theirs, then :class:`QueueFull`
         names the ones that refused (as RabbitMQ nacks a publish one queue refused).
         """
-        self._check_open()
+        self._check_writable("enqueueing a message")
         self._namer.check(topic, ttl, priority)  # the queue's bus checks the headers
         data = payload_bytes(payload)
         self._namer.check_size(len(data))
@@ -2404,7 +2423,7 @@ class Bus(Configured):
     async def _subscribe_queue(
         self, name: str, pattern: str | None, handler: Handler, prefetch: int | None
     ) -> Subscription:
-        self._check_open()
+        self._check_writable(f"consuming queue {name!r}")
         if not _is_async_callable(handler):
             raise UsageError(f"handler must be an async function (async def), not {handler!r}")
         if pattern is not None:
@@ -2544,7 +2563,7 @@ class Bus(Configured):
         consumers the queue has; for the AMQP gateway's ``get-ok``. ``check``: blocking
         work of the caller's that must pass first (the gateway's exclusivity check),
         done with the queue's own look-up, under the same rule for the event loop."""
-        self._check_open()
+        self._check_writable(f"taking a message from queue {queue!r}")
         root = self._queues.bus_root(queue)
 
         skip = frozenset(self._own_consumers.get(queue, ()))

@@ -30,6 +30,7 @@ from .._errors import (
     LockingUnsupported,
     PayloadTooLarge,
     StorageError,
+    StoragePermissionError,
     UsageError,
     storage_error,
 )
@@ -77,6 +78,8 @@ _SPLIT_READ = 1 << 16  # above this a payload is read apart from its leading byt
 _MISSING = (errno.ENOENT, errno.ESTALE)
 # Files a reader passes over: links, unreadable files, directories, sockets.
 _SKIP = (errno.ELOOP, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENXIO)
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+"""Errors opening UPDATE for writing after which the bus may still be looked at."""
 _CHUNK = 1 << 20
 _DIR = os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC
 # The Ops methods the hot paths call: an Ops that keeps them all as they are (it may
@@ -190,6 +193,9 @@ class BusFS:
         self._file_mode = config.file_mode
         self._dir_mode = config.dir_mode
         self._update_fd: int | None = None
+        self.read_only: str | None = None
+        """Why this bus can only be looked at (its UPDATE file cannot be opened for
+        writing: a read-only mount, no write permission), or None."""
         self.platform: Platform = decide(MountFacts(fstype="ext4"))
         """What this filesystem needs (``fsbus._core.platform.decide``); set by setup()."""
         self._read_fd: int | None = None  # UPDATE opened for coherent reads (O_DIRECT)
@@ -490,6 +496,8 @@ class BusFS:
         try:
             fd = self.ops.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | _O_NOFOLLOW, 0o666)
         except OSError as exc:
+            if exc.errno in _READ_ONLY and self._open_update_read_only(path, exc):
+                return
             raise storage_error("opening the UPDATE file", exc, path) from exc
         self._update_fd = fd
         if self._file_mode is not None:
@@ -506,6 +514,34 @@ class BusFS:
                 self.ops.pwrite(fd, os.urandom(size), 0)
             except OSError as exc:
                 raise storage_error("initialising the UPDATE file", exc, path) from exc
+
+    def _open_update_read_only(self, path: str, exc: OSError) -> bool:
+        """UPDATE could not be opened for writing (``exc``): whether it can be read, the
+        bus then open for looking only (:attr:`read_only`)."""
+        try:
+            fd = self.ops.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            big_enough = self.ops.fstat(fd).st_size >= self.layout.update_size
+        finally:
+            self.ops.close(fd)
+        if not big_enough:
+            return False  # never initialised: not a bus to look at
+        self.read_only = f"its UPDATE file cannot be opened for writing: {exc.strerror or exc}"
+        return True
+
+    def check_writable(self, what: str) -> None:
+        """Raise :class:`StoragePermissionError` when this bus is open for looking only
+        (:attr:`read_only`): ``what`` needs to write in its directory."""
+        if self.read_only is not None:
+            raise StoragePermissionError(
+                f"{what} writes in the bus directory, and {self.layout.root} can only be "
+                f"read here ({self.read_only}); remount it read-write or give this user "
+                "write access, or only look: stats, ls, queue ls, top, browse and "
+                "subscriptions to multi messages (kind='multi') work",
+                self.layout.root,
+            )
 
     def close(self) -> None:
         """Close the UPDATE descriptors (and the listing threads); remove the spares."""
@@ -1987,8 +2023,8 @@ class BusFS:
         a consumer must still start, and on a full disk consuming is what frees space.
         What publishing meets there, it says itself."""
         path = f"{self.layout.hosts}/{hid}"
-        if self._read_small(path) is not None:
-            return
+        if self.read_only is not None or self._read_small(path) is not None:
+            return  # (open for looking only: shown by its host id)
         try:
             self._write_file(path, hostname.encode("utf-8"), durable=False)
         except OSError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,9 +62,12 @@ def test_too_many_open_files_is_a_clear_error_and_passes(tmp_path: Path) -> None
 
 @pytest.mark.root
 @pytest.mark.anyio
-async def test_read_only_filesystem_is_refused_clearly_and_nothing_is_lost(
+async def test_a_read_only_filesystem_can_be_looked_at_and_refuses_writes_clearly(
     tmp_path: Path,
 ) -> None:
+    """A bus on a read-only mount opens for looking (counts, listings, multi messages
+    delivered), and each write is refused saying the mount is read-only; nothing on it
+    is lost, and it works in full once remounted read-write."""
     # The kernel refuses a read-only remount while files are open for writing, so the
     # bus is closed around it, as after a filesystem error remounted it read-only.
     mnt = tmp_path / "ro"
@@ -74,13 +78,23 @@ async def test_read_only_filesystem_is_refused_clearly_and_nothing_is_lost(
                 bus.publish(f"kept.{i}", str(i).encode(), single=i == 0)
         _remount(mnt, "ro")
         try:
-            with pytest.raises(StoragePermissionError, match="read-only") as caught:
-                async with Bus(mnt / "bus", config=FAST):
-                    pass
-            assert caught.value.path is not None
-            assert caught.value.path.startswith(str(mnt))
-            with pytest.raises(StoragePermissionError, match="remount it read-write"):
-                BlockingBus(mnt / "bus", config=FAST).__enter__()
+            inbox = Inbox()
+            async with Bus(mnt / "bus", config=FAST) as bus:
+                assert len([m async for m in bus.browse("#")]) == 3
+                await bus.subscribe("kept.#", inbox, existing=True, kind="multi")
+                await inbox.wait(2)
+                assert sorted(inbox.topics) == ["kept.1", "kept.2"]
+                with pytest.raises(StoragePermissionError, match="read-only") as caught:
+                    await bus.publish("new", b"x")
+                assert caught.value.path is not None
+                assert caught.value.path.startswith(str(mnt))
+                with pytest.raises(StoragePermissionError, match="can only be read here"):
+                    await bus.subscribe("kept.#", inbox)  # kind="any" takes work too
+            with BlockingBus(mnt / "bus", config=FAST) as blocking:
+                with pytest.raises(StoragePermissionError, match="remount it read-write"):
+                    blocking.publish("new", b"x", single=True)
+                with pytest.raises(StoragePermissionError, match="remount it read-write"):
+                    blocking.declare_queue("q", ["kept.#"])
         finally:
             _remount(mnt, "rw")
         inbox = Inbox()
@@ -90,6 +104,58 @@ async def test_read_only_filesystem_is_refused_clearly_and_nothing_is_lost(
             assert sorted(inbox.topics) == ["kept.0", "kept.1", "kept.2"]
             await bus.publish("after", b"3")
         await until(lambda: not any((mnt / "bus" / "messages").rglob("*@*+s+*")))
+    finally:
+        unmount(mnt)
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fsbus", "--root", str(root), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.root
+def test_the_cli_inspects_a_read_only_bus_and_refuses_to_write_there(tmp_path: Path) -> None:
+    """On a read-only mount (a monitoring host's), ``queue ls``, ``stats`` and ``ls``
+    show the bus as it is; consuming a queue and purging one exit 1 with one line that
+    says the mount is read-only and what works, and leave every message in place."""
+    mnt = tmp_path / "ro"
+    mount_tmpfs(mnt, "size=16m,mode=0755")
+    root = mnt / "bus"
+    try:
+        with BlockingBus(root) as bus:  # (the CLI's format: no -o bucket_num_chars)
+            bus.declare_queue("billing", ["orders.#"])
+            for i in range(3):
+                bus.publish(f"orders.{i}", str(i).encode())
+        _remount(mnt, "ro")
+        try:
+            (queue,) = [json.loads(line) for line in _cli(root, "queue", "ls").stdout.splitlines()]
+            assert (queue["name"], queue["depth"], queue["consumers"]) == ("billing", 3, 0)
+            stats = json.loads(_cli(root, "stats").stdout)
+            assert (stats["messages"], stats["queues"][0]["depth"]) == (3, 3)
+            listed = [json.loads(line) for line in _cli(root, "ls").stdout.splitlines()]
+            assert sorted(m["topic"] for m in listed) == ["orders.0", "orders.1", "orders.2"]
+            for args in (
+                ("subscribe", "--queue", "billing", "--count", "1", "--timeout", "5"),
+                ("queue", "purge", "billing"),
+            ):
+                proc = _cli(root, *args)
+                assert proc.returncode == 1, proc
+                (line,) = proc.stderr.splitlines()
+                assert line.startswith("fsbus: error: ")
+                for said in ("can only be read here", "Read-only file system"):
+                    assert said in line
+                for said in ("remount it read-write", "queue ls"):
+                    assert said in line
+                assert proc.stdout == ""
+        finally:
+            _remount(mnt, "rw")
+        with BlockingBus(root) as bus:
+            assert bus.queue_info("billing").depth == 3
     finally:
         unmount(mnt)
 
