@@ -163,6 +163,13 @@ class Gateway:
         return f"amqp://guest:guest@{host}:{self.port}/"
 
     async def __aenter__(self) -> Self:
+        try:
+            return await self._start()
+        except BaseException:
+            await self._stack.aclose()  # what started stops, in reverse order
+            raise
+
+    async def _start(self) -> Self:
         stack = self._stack
         await stack.enter_async_context(self.bus)
         await anyio.to_thread.run_sync(self.blocking.__enter__)

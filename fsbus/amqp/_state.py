@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from .. import StorageError, StoragePermissionError
 from ._routing import PREDECLARED, word
 
 _T = TypeVar("_T")
@@ -81,16 +82,28 @@ def try_lock(fd: int) -> bool:
     return True
 
 
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 class AmqpState:
     """The AMQP files of one bus directory."""
 
     def __init__(self, root: str) -> None:
         self.base = os.path.join(root, "fsbus", "amqp")
-        for sub in ("exchanges", "queues", "headers", "owners", "exclusive", "sac"):
-            os.makedirs(os.path.join(self.base, sub), exist_ok=True)
         self.gateway_id = uuid.uuid4().hex[:16]
         path = os.path.join(self.base, "owners", self.gateway_id)
-        self._owner_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            for sub in ("exchanges", "queues", "headers", "owners", "exclusive", "sac"):
+                os.makedirs(os.path.join(self.base, sub), exist_ok=True)
+            self._owner_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            cls = StoragePermissionError if exc.errno in _NOT_WRITABLE else StorageError
+            raise cls(
+                f"an AMQP gateway keeps its exchanges, queues and bindings in {self.base}, "
+                f"and cannot write there: {exc.strerror or exc}; serve a bus this user can "
+                "write to (a read-only bus can only be looked at: fsbus stats, queue ls)",
+                exc.filename or self.base,
+            ) from exc
         fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         # path -> (the file's identity, its "owner"); see owner_of
         self._owners: dict[str, tuple[tuple[int, int, int, int], str | None]] = {}

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig, StorageError, StoragePermissionError
+from fsbus import (
+    BlockingBus,
+    Bus,
+    BusConfig,
+    ClosedError,
+    StorageError,
+    StoragePermissionError,
+)
 
 from .conftest import NOBODY, Inbox, mount_tmpfs, run_python, unmount, until
 
@@ -156,6 +163,34 @@ def test_the_cli_inspects_a_read_only_bus_and_refuses_to_write_there(tmp_path: P
             _remount(mnt, "rw")
         with BlockingBus(root) as bus:
             assert bus.queue_info("billing").depth == 3
+    finally:
+        unmount(mnt)
+
+
+@pytest.mark.root
+@pytest.mark.anyio
+async def test_an_amqp_gateway_refuses_a_read_only_bus_and_stops_what_it_started(
+    tmp_path: Path,
+) -> None:
+    """A gateway writes its exchanges and queues in the bus directory: on a read-only
+    one it does not start, says so, and leaves nothing running (its bus is closed)."""
+    from fsbus.amqp import Gateway
+
+    mnt = tmp_path / "ro"
+    mount_tmpfs(mnt, "size=16m,mode=0755")
+    try:
+        with BlockingBus(mnt / "bus"):
+            pass
+        _remount(mnt, "ro")
+        try:
+            gateway = Gateway(mnt / "bus", port=0)
+            with pytest.raises(StoragePermissionError, match="cannot write there: Read-only"):
+                async with gateway:
+                    pass
+            with pytest.raises(ClosedError):
+                await gateway.bus.publish("t", b"x")
+        finally:
+            _remount(mnt, "rw")
     finally:
         unmount(mnt)
 
