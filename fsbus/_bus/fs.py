@@ -2120,7 +2120,7 @@ def decode_meta(data: bytes | None) -> dict[str, str]:
     which its caller may change."""
     if not data:
         return {}
-    kept = _DECODED.get(data)
+    kept = _DECODED.get(data) if type(data) is bytes else None
     if kept is not None:
         return dict(kept)
     try:
@@ -2129,10 +2129,10 @@ def decode_meta(data: bytes | None) -> dict[str, str]:
         out = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
     except (ValueError, AttributeError):
         return {}
-    if len(data) <= _DECODED_BYTES:
+    if type(data) is bytes and len(data) <= _DECODED_BYTES:
         if len(_DECODED) >= _DECODED_MAX:
             _DECODED.clear()
-        _DECODED[bytes(data)] = out
+        _DECODED[data] = out
     return dict(out)
 
 
