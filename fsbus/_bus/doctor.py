@@ -236,15 +236,27 @@ def _check_layout(path: str) -> list[DoctorCheck]:
         ]
     unwritable = [d for d in _SUBDIRS if not os.access(os.path.join(path, d), os.W_OK | os.X_OK)]
     if unwritable:
+        read_only = _read_only_mount(path)
         return [
             DoctorCheck(
                 "layout",
                 "fail",
-                f"sub-folders not writable by this user: {', '.join(unwritable)}",
-                "fix owner/mode of the bus sub-folders (every peer needs write access)",
+                f"sub-folders not writable by this user: {', '.join(unwritable)}"
+                + (" (the filesystem is mounted read-only)" if read_only else ""),
+                ("remount it read-write" if read_only else "fix owner/mode of the bus sub-folders")
+                + " (every peer needs write access); as it is, the bus can only be looked "
+                "at: stats, ls, queue ls, top and multi subscriptions work",
             )
         ]
     return [DoctorCheck("layout", "ok", "staging/, messages/, topics/, update/ present")]
+
+
+def _read_only_mount(path: str) -> bool:
+    """Whether the filesystem holding ``path`` is mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _check_writable(probe: str) -> DoctorCheck:

@@ -146,6 +146,12 @@ def test_the_cli_inspects_a_read_only_bus_and_refuses_to_write_there(tmp_path: P
             assert (stats["messages"], stats["queues"][0]["depth"]) == (3, 3)
             listed = [json.loads(line) for line in _cli(root, "ls").stdout.splitlines()]
             assert sorted(m["topic"] for m in listed) == ["orders.0", "orders.1", "orders.2"]
+            doctor = _cli(root, "doctor")
+            assert doctor.returncode == 1
+            (layout,) = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "layout"]
+            assert "mounted read-only" in layout["detail"]
+            assert layout["fix"].startswith("remount it read-write")
+            assert "can only be looked at" in layout["fix"]
             for args in (
                 ("subscribe", "--queue", "billing", "--count", "1", "--timeout", "5"),
                 ("queue", "purge", "billing"),
