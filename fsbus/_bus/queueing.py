@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .._errors import QueueFull, storage_error
+from .._errors import QueueFull, StorageError, storage_error
 from .._queues.definition import Definition
 from .._queues.store import QueueStore, copy_ttl
 from .._settings import Settings
@@ -312,19 +312,24 @@ def route(
         written: list[tuple[QueueWriter, PublishPlan]] = []
         try:
             for d, w in opened:
-                if isinstance(w, QueueWriter):
-                    written.append((w, w.publish_planned(plan_for(d, w), payload)))
-                else:
-                    w.publish(
-                        topic,
-                        payload,
-                        ttl=copy_ttl(d, ttl),
-                        durable=durable,
-                        headers=headers,
-                        priority=priority,
-                    )
-                if d.options.max_length is not None:
-                    store.trim(d)
+                try:
+                    if isinstance(w, QueueWriter):
+                        written.append((w, w.publish_planned(plan_for(d, w), payload)))
+                    else:
+                        w.publish(
+                            topic,
+                            payload,
+                            ttl=copy_ttl(d, ttl),
+                            durable=durable,
+                            headers=headers,
+                            priority=priority,
+                        )
+                    if d.options.max_length is not None:
+                        store.trim(d)
+                except (StorageError, OSError):
+                    if store.gone(d):
+                        continue  # deleted while its copy was written: as if deleted before
+                    raise
             return publish(None, None)
         except BaseException:
             for w, plan in written:
@@ -428,16 +433,23 @@ def enqueue_each(
     made = 0
     for d, w in store.open_targets(tuple(room)):
         life = copy_ttl(d, ttl)
-        if isinstance(w, QueueWriter):
-            plan = plans.get(life)
-            if plan is None:
-                plan = plans[life] = w.plan(
-                    topic, ttl=life, durable=durable, headers=headers, priority=priority
+        try:
+            if isinstance(w, QueueWriter):
+                plan = plans.get(life)
+                if plan is None:
+                    plan = plans[life] = w.plan(
+                        topic, ttl=life, durable=durable, headers=headers, priority=priority
+                    )
+                w.publish_planned(plan, payload)
+            else:
+                w.publish(
+                    topic, payload, ttl=life, durable=durable, headers=headers, priority=priority
                 )
-            w.publish_planned(plan, payload)
-        else:
-            w.publish(topic, payload, ttl=life, durable=durable, headers=headers, priority=priority)
-        store.trim(d)
+            store.trim(d)
+        except (StorageError, OSError):
+            if store.gone(d):
+                continue  # deleted while its copy was written: as if deleted before
+            raise
         made += 1
     if full:
         names = ", ".join(repr(d.name) for d in full)

@@ -586,6 +586,19 @@ class QueueStore:
         d = self._defs.get(name)
         return d if d is not None else self.get(name)
 
+    def gone(self, d: Definition) -> bool:
+        """Whether queue ``d`` was deleted since it was read (its definition is gone, or
+        is another queue's of the same name): a copy that failed to reach it then
+        reached no queue, rather than failing the publish."""
+        try:
+            os.stat(f"{self.dir(d.name)}/{_DEF}")
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # cannot tell: not gone
+        now = self._read(d.name)
+        return now is None or (bool(d.uid) and now.uid != d.uid)
+
     def existing(self, names: Iterable[str]) -> tuple[Definition, ...]:
         """The queues of ``names`` that exist now (as :meth:`current` knows them), each
         once, in the order given; a missing one is left out, an invalid name raises."""

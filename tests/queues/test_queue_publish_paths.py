@@ -501,3 +501,42 @@ def _payloads(bus: BlockingBus, queue: str) -> list[bytes | None]:
     """The payloads of ``queue``'s messages, in the order they were published."""
     infos = sorted(bus.browse("#", queue=queue), key=lambda i: (i.published_at or 0, i.name))
     return [bus.read_payload(i) for i in infos]
+
+
+class DeletedWhileCopied(Ops):
+    """Another bus deletes queue ``queue`` just as this one creates its copy there (the
+    copy's staging file), once."""
+
+    def __init__(self) -> None:
+        self.deleter: BlockingBus | None = None
+        self.queue = ""
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        marker = f"/fsbus/queues/{self.queue}/bus/staging/"
+        if self.deleter is not None and flags & os.O_CREAT and marker in path:
+            deleter, self.deleter = self.deleter, None
+            deleter.delete_queue(self.queue)
+        return super().open(path, flags, mode)
+
+
+@pytest.mark.parametrize("how", ["enqueue", "publish"])
+def test_a_queue_deleted_while_its_copy_is_written_fails_no_publish(root: Path, how: str) -> None:
+    """A queue deleted by another bus while a publish writes its copy there (an AMQP
+    queue's ``x-expires`` running out under a publish) got no copy, as if it had been
+    deleted before: the publish succeeds, and the other queues have theirs (it used to
+    raise a StorageError, which the AMQP gateway turned into a nack)."""
+    seam = DeletedWhileCopied()
+    with BlockingBus(root, ops=seam) as bus, BlockingBus(root) as deleter:
+        for q in ("a", "doomed", "z"):
+            bus.declare_queue(q, ["t.#"])
+        bus.publish("t.x", b"before")
+        seam.deleter, seam.queue = deleter, "doomed"
+        if how == "enqueue":
+            assert bus.enqueue(["a", "doomed", "z"], "t.x", b"during") == 2
+        else:
+            bus.publish("t.x", b"during")
+        assert seam.deleter is None  # the deletion ran under the copy's write
+        assert [q.name for q in deleter.queues()] == ["a", "z"]
+        for q in ("a", "z"):
+            assert [payload for _t, payload, _h in _drain(deleter, q, 2)] == [b"before", b"during"]
+        assert _staged(root) == []
