@@ -222,6 +222,11 @@ class _Staged:
                 fs.ops.fsync(fd)
             finally:
                 fs.ops.close(fd)
+        except FileNotFoundError:
+            # Its queue was deleted since the copy was placed (nothing else removes a
+            # bucket): nothing of it is left to sync, and the publish, visible by now,
+            # must not fail (retried, it would be there twice).
+            return
         except OSError as exc:
             raise storage_error("syncing a queue's bucket directory", exc, path) from exc
 

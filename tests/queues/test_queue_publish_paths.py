@@ -540,3 +540,40 @@ def test_a_queue_deleted_while_its_copy_is_written_fails_no_publish(root: Path, 
         for q in ("a", "z"):
             assert [payload for _t, payload, _h in _drain(deleter, q, 2)] == [b"before", b"during"]
         assert _staged(root) == []
+
+
+class DeletedBeforeItsBucketSync(Ops):
+    """Another bus deletes queue ``queue`` just before this one syncs the bucket
+    directory of its durable copy there (the message and its copies visible by then)."""
+
+    def __init__(self) -> None:
+        self.deleter: BlockingBus | None = None
+        self.queue = ""
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        bucket = f"/fsbus/queues/{self.queue}/bus/messages/"
+        if self.deleter is not None and not flags & os.O_CREAT and bucket in path:
+            if os.path.isdir(path):
+                deleter, self.deleter = self.deleter, None
+                deleter.delete_queue(self.queue)
+        return super().open(path, flags, mode)
+
+
+def test_a_durable_publish_whose_queue_goes_before_its_last_sync_does_not_fail(
+    root: Path,
+) -> None:
+    """The last step of a durable publish syncs its copies' bucket directories, after
+    the message and its copies are visible: a queue deleted just before that step leaves
+    nothing there to sync, and the publish returns (it raised, and a publisher retrying
+    it would have published it twice)."""
+    seam = DeletedBeforeItsBucketSync()
+    with BlockingBus(root, ops=seam) as bus, BlockingBus(root) as deleter:
+        for q in ("a", "doomed"):
+            bus.declare_queue(q, ["t.#"])
+        seam.deleter, seam.queue = deleter, "doomed"
+        bus.publish("t.x", b"durable", durable=True)
+        assert seam.deleter is None  # the deletion ran before the bucket's sync
+        assert [q.name for q in deleter.queues()] == ["a"]
+        assert [payload for _t, payload, _h in _drain(deleter, "a", 1)] == [b"durable"]
+        assert deleter.queue_info("a").depth == 0
+        assert _staged(root) == []
