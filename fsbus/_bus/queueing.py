@@ -357,11 +357,17 @@ def _durable_route(
     staged: list[_Staged] = []
     later: list[tuple[Definition, QueueWriter]] = []
     failed: list[BaseException] = []
+    gone: set[str] = set()
     try:
         for d, w in writers:
             p = plan_for(d, w)
             if p.spill is None and p.meta is None:
-                staged.append(w.stage(p, payload))
+                try:
+                    staged.append(w.stage(p, payload))
+                except (StorageError, OSError):
+                    if not store.gone(d):
+                        raise
+                    gone.add(d.name)  # deleted as its copy was staged: as if deleted before
             else:
                 later.append((d, w))
 
@@ -398,7 +404,8 @@ def _durable_route(
     for d, w in later:
         w.publish_planned(plan_for(d, w), payload)
     for d, _ in writers:
-        store.trim(d)
+        if d.name not in gone:
+            store.trim(d)
     return out
 
 

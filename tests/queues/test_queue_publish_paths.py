@@ -519,7 +519,7 @@ class DeletedWhileCopied(Ops):
         return super().open(path, flags, mode)
 
 
-@pytest.mark.parametrize("how", ["enqueue", "publish"])
+@pytest.mark.parametrize("how", ["enqueue", "publish", "durable publish"])
 def test_a_queue_deleted_while_its_copy_is_written_fails_no_publish(root: Path, how: str) -> None:
     """A queue deleted by another bus while a publish writes its copy there (an AMQP
     queue's ``x-expires`` running out under a publish) got no copy, as if it had been
@@ -534,7 +534,7 @@ def test_a_queue_deleted_while_its_copy_is_written_fails_no_publish(root: Path, 
         if how == "enqueue":
             assert bus.enqueue(["a", "doomed", "z"], "t.x", b"during") == 2
         else:
-            bus.publish("t.x", b"during")
+            bus.publish("t.x", b"during", durable=how == "durable publish")
         assert seam.deleter is None  # the deletion ran under the copy's write
         assert [q.name for q in deleter.queues()] == ["a", "z"]
         for q in ("a", "z"):
