@@ -126,6 +126,16 @@ class BusConfig(BaseModel):
         "flock stays on each client (sshfs, NFS with nolock or local_lock, BeeGFS without "
         "tuneUseGlobalFileLocks) or another consumer already claims by rename, else flock.",
     )
+    durable_log: Literal["auto", "on", "off"] = Field(
+        D.durable_log,
+        description="How durable publishes are made durable: 'on' appends a record of "
+        "each (its files' bytes) to a log the process wrote ahead and syncs that, one "
+        "data sync instead of a journal commit, and a bus that opens after the machine "
+        "restarted writes back what the records of dead processes hold; 'off' syncs "
+        "each file and its folder; 'auto' is 'on' where that pays (a local ext4 with a "
+        "journal: fsbus doctor says) and 'off' elsewhere. Never on a mount other hosts "
+        "share.",
+    )
     claim_lease: float = Field(
         D.claim_lease,
         gt=0,

@@ -42,6 +42,7 @@ class Defaults:
     gc_interval: float = 10.0
     locking: Literal["auto", "flock", "rename"] = "auto"
     claim_lease: float = 60.0
+    durable_log: Literal["auto", "on", "off"] = "auto"
     file_mode: int | None = None
     dir_mode: int | None = None
     changed: frozenset[str] = frozenset()

@@ -426,6 +426,8 @@ class Bus(Configured):
 
     def _setup(self) -> None:
         self._fs.setup()
+        self._fs.use_durable_log()
+        self._queues.log_source = self._fs.log_source
         self._fs.register_host(self._namer.host, self._namer.hostname)
 
     def _follow_platform(self) -> None:

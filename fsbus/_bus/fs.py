@@ -35,11 +35,13 @@ from .._errors import (
     storage_error,
 )
 from .._settings import Settings
+from . import wal
 from .layout import Layout
 from .namer import pid_tag
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan, unframe_headers
 from .scan import BAD_SPILL, sweep_due
+from .wal import DurableLog, note
 
 __all__ = [
     "BusFS",
@@ -206,6 +208,11 @@ class BusFS:
         self._read_buf: mmap.mmap | None = None
         self._stamp_reopen = False
         self._place_first = False  # (durable publishes: see places_first)
+        self.log_source: Callable[[], DurableLog | None] | None = None
+        """Where durable publishes here are made durable by a record in the process's
+        durable log (:mod:`fsbus._bus.wal`) instead of syncs: set by the bus that opens
+        this one (:meth:`use_durable_log`) and given to its queues' buses; None syncs."""
+        self._log_release: Callable[[], None] | None = None
         self._lister: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
         self._rand = random.Random()
@@ -543,8 +550,77 @@ class BusFS:
                 self.layout.root,
             )
 
+    def use_durable_log(self) -> None:
+        """After :meth:`setup`, for a bus (not a queue's): write back what the durable
+        logs of dead processes hold that a restart of the machine lost, and make
+        durable publishes here go through this process's log if ``durable_log`` says so
+        (:mod:`fsbus._bus.wal`; the log itself is made by the first such publish)."""
+        if self.read_only is not None:
+            return
+        mode = self.config.durable_log
+        lay = self.layout
+        self.recover_logs()
+        if mode == "on" and self.platform.shared:
+            raise UsageError(
+                f"durable_log='on' on {self.platform.fstype or 'a shared filesystem'} at "
+                f"{lay.root}: other hosts share this mount, and a durable log is written "
+                "back by its own machine only; use durable_log='auto' or 'off' here"
+            )
+        if mode == "off" or (mode == "auto" and not self.platform.durable_log):
+            return
+        if self.locking == "rename":
+            return  # a claim moves the message out of the files a record names
+
+        root, ops = lay.root, self.ops
+        held: list[DurableLog] = []
+        failed: list[StorageError] = []
+        lock = threading.Lock()
+
+        def source() -> DurableLog | None:
+            if held and held[0].pid == os.getpid():
+                return held[0]
+            with lock:
+                if held and held[0].pid != os.getpid():
+                    held.clear()  # a forked child: the log is its parent's
+                if not held and not failed:
+                    try:
+                        held.append(wal.acquire(root, ops, self._file_mode, self._dir_mode))
+                    except StorageError as exc:
+                        # (a folder made by another user, say): the files are synced
+                        failed.append(exc)
+                        log.warning(
+                            "durable publishes on %s sync their files instead of using a "
+                            "durable log: %s",
+                            root,
+                            exc,
+                        )
+            return held[0] if held else None
+
+        def give_back() -> None:
+            if held and held[0].pid == os.getpid():
+                wal.release(held.pop())
+
+        self.log_source = source
+        self._log_release = give_back
+
+    def recover_logs(self) -> int:
+        """The durable logs of dead processes here, dealt with (:func:`wal.recover`):
+        when a bus opens, and at each gc (a log left long after its process died
+        would, after a power cut, bring back the messages consumed since). Returns
+        the files written back. Not on a mount other hosts share: a log there is
+        another machine's (its flock is not seen from here), and only its own
+        machine can tell whether it is dead."""
+        if self.read_only is not None or self.platform.shared:
+            return 0
+        lay = self.layout
+        return wal.recover(lay.root, self.ops, lay.staging, lay.quarantine)
+
     def close(self) -> None:
-        """Close the UPDATE descriptors (and the listing threads); remove the spares."""
+        """Close the UPDATE descriptors (and the listing threads); remove the spares;
+        give back the durable log."""
+        release, self._log_release = self._log_release, None
+        if release is not None:
+            release()
         self.drop_spares()
         if self._update_fd is not None:
             fd, self._update_fd = self._update_fd, None
@@ -614,6 +690,11 @@ class BusFS:
         visible (before its syncs, if it places first); what it raises takes the
         message back and is raised.
         """
+        if plan.durable and self.log_source is not None:
+            durable_log = self.log_source()
+            if durable_log is not None:
+                plain = plan._replace(durable=False)
+                return durable_log.durably(lambda: self.publish(plain, payload, go, then))
         if isinstance(payload, bytes):
             return self._publish_bytes(plan, payload, go, then)
         staged = self.begin(plan)
@@ -870,10 +951,12 @@ class BusFS:
                 p = lay.topic_path(plan.bucket, plan.name)
                 self._write_file(p, plan.spill.encode("ascii"), plan.durable, exclusive=True)
                 written.append(p)
+                note(p)
             if plan.meta is not None:
                 p = lay.meta_path(plan.bucket, plan.name)
                 self._write_file(p, plan.meta, plan.durable, exclusive=True)
                 written.append(p)
+                note(p)
             if plan.durable:
                 # The sidecars' names are durable before the message's: a power cut
                 # after the rename must not leave it without its topic or headers.
@@ -1035,6 +1118,7 @@ class BusFS:
             )
         else:
             self._rename(staged, final)
+        note(final)
 
     def abort(self, plan: PublishPlan, fd: int) -> None:
         """Give up a staged message: close and remove the staging file."""

@@ -12,6 +12,7 @@
     <root>/fsbus/hosts/<host id>           the host name behind a host id
     <root>/fsbus/quarantine/               foreign or corrupt files moved aside
     <root>/fsbus/spares/                   empty staging files publishers made ahead
+    <root>/fsbus/wal/<host>-<pid>-<n>.log  a process's durable log (see wal.py)
     <root>/streams/<name>/                 streams (see the streams modules)
 
 The first four are qlobber-fsq 14's layout; peers ignore the rest. The bucket

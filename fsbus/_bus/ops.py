@@ -7,10 +7,12 @@ without mocking the rest of the system. The default instance is a thin pass-thro
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from .._core.mounts import MountReader
 
@@ -81,6 +83,16 @@ class Ops(MountReader):
         """``os.fsync``."""
         os.fsync(fd)
 
+    def syncfs(self, fd: int) -> None:
+        """``syncfs(2)``: everything written to the filesystem holding ``fd`` on disk
+        (``os.sync``, every filesystem, where there is no syncfs)."""
+        _syncfs(fd)
+
+    def boot_id(self) -> str:
+        """This kernel's boot id ("" where there is none): it changes when the machine
+        restarts, so a test can show the bus a restart by returning another."""
+        return (self.read_text("/proc/sys/kernel/random/boot_id") or "").strip()
+
     def ftruncate(self, fd: int, size: int) -> None:
         """``os.ftruncate``."""
         os.ftruncate(fd, size)
@@ -130,6 +142,26 @@ class Ops(MountReader):
             if data:
                 os.write(dst_fd, data)
             return len(data)
+
+
+_libc_syncfs: Any = None
+
+
+def _syncfs(fd: int) -> None:
+    global _libc_syncfs
+    if _libc_syncfs is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).syncfs
+            fn.argtypes = (ctypes.c_int,)
+            _libc_syncfs = fn
+        except (OSError, AttributeError):
+            _libc_syncfs = False
+    if _libc_syncfs is False:
+        os.sync()
+        return
+    if _libc_syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 DEFAULT_OPS = Ops()

@@ -294,6 +294,24 @@ def route(
     sidecar (a long topic) is written after the message, one at a time; headers go
     inline in a queue's copies, which are staged like any other.
     """
+    durable_log = main.log_source() if durable and main.log_source is not None else None
+    if durable_log is not None:
+        # Made durable by one record in the durable log: written as a plain publish
+        # (the message's own publish joins the record).
+        return durable_log.durably(
+            lambda: route(
+                store,
+                targets,
+                topic,
+                payload,
+                ttl=ttl,
+                durable=False,
+                headers=headers,
+                priority=priority,
+                publish=publish,
+                main=main,
+            )
+        )
     opened = store.open_targets(targets)
     if not opened:
         return publish(None, None)
@@ -478,6 +496,9 @@ def open_store(layout: Layout, config: Settings, ops: Ops | None = None) -> Queu
     operations through ``ops``, as the bus does."""
 
     def opener(root: str, sub_config: Settings) -> QueueWriter:
-        return QueueWriter(root, sub_config, ops)
+        w = QueueWriter(root, sub_config, ops)
+        w._fs.log_source = store.log_source  # (the bus's durable log, if it uses one)
+        return w
 
-    return QueueStore(layout.private, config, layout.quarantine, opener, layout.messages)
+    store = QueueStore(layout.private, config, layout.quarantine, opener, layout.messages)
+    return store

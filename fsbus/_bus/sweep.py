@@ -49,4 +49,5 @@ def collect_garbage(
     q = sum(fs.quarantine(buckets[bi], name, now_ms) for bi, name in c.foreign)
     listed = len(c.singles) + c.multis + len(c.expired) + len(c.foreign)
     debris = fs.sweep_debris(time.time(), debris_age, listed)
+    fs.recover_logs()  # (the logs of processes that died since)
     return n, q, debris

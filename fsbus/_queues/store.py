@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from .._core.trie import TopicTrie
 from .._errors import (
@@ -118,6 +118,8 @@ class QueueStore:
         self._messages = messages
         self._opener = opener
         self.config = config
+        self.log_source: Callable[[], Any] | None = None
+        """Given to the queues' buses as they open: the bus's durable log, if it uses one."""
         self._quarantine = quarantine
         self._lock = threading.Lock()
         self._next_check = 0.0
@@ -145,6 +147,9 @@ class QueueStore:
             bucket_num_chars=1,
             locking=config.locking,
             count_deliveries=True,
+            # a queue's bus keeps no durable log of its own: its copies are recorded in
+            # the log of the bus that publishes them (log_source)
+            durable_log="off",
         )
 
     # ------------------------------------------------------------------ paths

@@ -18,6 +18,7 @@ import pytest
 from fsbus import (
     BlockingBus,
     Bus,
+    BusConfig,
     DiskFull,
     StorageError,
     StoragePermissionError,
@@ -25,6 +26,9 @@ from fsbus import (
 from tests.journaled import JournaledExt4, UnorderedMount
 
 from .conftest import ERRNO_NAMES, FailingOps, Inbox, RecordingOps, files_under, message_files
+
+# These tests are about the syncs of a durable publish made file by file.
+SYNCS = BusConfig(durable_log="off")
 
 LONG_TOPIC = "durable." + "t" * 150
 
@@ -48,7 +52,7 @@ async def test_durable_publish_syncs_file_sidecars_then_directories_in_order(
     src = tmp_path / "payload"
     src.write_bytes(b"must survive power loss")
     payload: bytes | Path = src if kind == "path" else src.read_bytes()
-    async with Bus(root, ops=ops) as bus:
+    async with Bus(root, ops=ops, config=SYNCS) as bus:
         ops.calls.clear()
         info = await bus.publish(LONG_TOPIC, payload, single=True, durable=True, headers={"h": "1"})
         # Present as soon as publish returns.
@@ -87,7 +91,7 @@ async def test_durable_page_on_a_journaled_mount_is_placed_then_synced(root: Pat
     metadata in order, so the bucket made for it needs no sync of its own: the
     bucket's sync commits its making too."""
     ops = JournaledRecording()
-    async with Bus(root, ops=ops) as bus:
+    async with Bus(root, ops=ops, config=SYNCS) as bus:
         ops.calls.clear()
         info = await bus.publish("d", b"x" * 4095, durable=True)  # a file of 4,096
     n, b = info.name, info.bucket
@@ -103,7 +107,7 @@ async def test_durable_page_on_a_journaled_mount_is_placed_then_synced(root: Pat
 async def test_durable_over_a_page_on_a_journaled_mount_is_synced_first(root: Path) -> None:
     """Larger: its data is synced before the rename, so that no cut shows part of it."""
     ops = JournaledRecording()
-    async with Bus(root, ops=ops) as bus:
+    async with Bus(root, ops=ops, config=SYNCS) as bus:
         ops.calls.clear()
         info = await bus.publish("d", b"x" * 4096, durable=True)
     n, b = info.name, info.bucket
@@ -124,7 +128,7 @@ async def test_durable_short_topic_syncs_file_then_bucket(root: Path) -> None:
     """Elsewhere (btrfs here, see test_platform) a durable message is synced before its
     rename, so that no power cut shows it torn."""
     ops = UnorderedRecording()
-    async with Bus(root, ops=ops) as bus:
+    async with Bus(root, ops=ops, config=SYNCS) as bus:
         ops.calls.clear()
         info = await bus.publish("d", b"x", durable=True)
     n, b = info.name, info.bucket
@@ -145,7 +149,7 @@ async def test_durable_async_iterator_payload_is_synced(root: Path) -> None:
         yield b"a"
         yield b"b"
 
-    async with Bus(root, ops=ops) as bus:
+    async with Bus(root, ops=ops, config=SYNCS) as bus:
         ops.calls.clear()
         info = await bus.publish("d", chunks(), durable=True)
     ops_done = [op for op, _ in sync_calls(ops, root)]
@@ -196,7 +200,7 @@ async def test_storage_faults_raise_clear_errors_and_leave_nothing_partial(
 ) -> None:
     ops = FailingOps(op, err)
     inbox = Inbox()
-    async with Bus(root, ops=ops) as bus:
+    async with Bus(root, ops=ops, config=SYNCS) as bus:
         await bus.subscribe("#", inbox)
         ops.armed = True
         with pytest.raises(cls, match=hint) as caught:
@@ -248,7 +252,7 @@ async def test_storage_fault_while_streaming_an_async_iterator(root: Path) -> No
 
 def test_blocking_publish_faults_are_the_same_errors(root: Path) -> None:
     ops = FailingOps("write", errno.ENOSPC)
-    with BlockingBus(root, ops=ops) as bus:
+    with BlockingBus(root, ops=ops, config=SYNCS) as bus:
         ops.armed = True
         with pytest.raises(DiskFull, match="full") as caught:
             bus.publish(LONG_TOPIC, b"x", headers={"a": "b"})

@@ -13,11 +13,22 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import BlockingBus, Bus, QueueFull, QueueNotFound, StorageError, UsageError
+from fsbus import (
+    BlockingBus,
+    Bus,
+    BusConfig,
+    QueueFull,
+    QueueNotFound,
+    StorageError,
+    UsageError,
+)
 from fsbus._bus.ops import Ops
 from tests.journaled import JournaledExt4, UnorderedMount
 
 from .conftest import WAIT
+
+# The publish paths made durable file by file (the durable log: test_durable_log.py).
+SYNCS = BusConfig(durable_log="off")
 
 LONG_TOPIC = "orders." + "x" * 300
 """Too long for a file name: its copies carry a spill sidecar."""
@@ -136,7 +147,7 @@ def test_a_durable_publish_that_fails_to_sync_leaves_no_copy(root: Path, mount: 
         setup.declare_queue("a", ["t.#"])
         setup.declare_queue("b", ["t.#"])
     ops = _JournaledFailingSync() if mount == "place-first" else _UnorderedFailingSync()
-    with BlockingBus(root, ops=ops) as bus:
+    with BlockingBus(root, ops=ops, config=SYNCS) as bus:
         with pytest.raises(StorageError):
             bus.publish("t.x", b"lost", durable=True)
         assert ops.failed == 1
@@ -187,7 +198,7 @@ def _three_queues(root: Path, ops: Recording) -> Iterator[BlockingBus]:
     with BlockingBus(root) as setup:
         for q in "abc":
             setup.declare_queue(q, ["t.#"])
-    with BlockingBus(root, ops=ops) as bus:
+    with BlockingBus(root, ops=ops, config=SYNCS) as bus:
         ops.events.clear()
         yield bus
 
@@ -278,7 +289,7 @@ def test_a_durable_publish_stamps_after_its_last_sync(root: Path, mount: str, qu
         for q in "abc"[:queues]:
             setup.declare_queue(q, ["t.#"])
     ops = _JournaledRecording() if mount == "place-first" else _UnorderedRecording()
-    with BlockingBus(root, ops=ops) as bus:
+    with BlockingBus(root, ops=ops, config=SYNCS) as bus:
         bus.publish("t.x", b"first", durable=True)  # opens each queue's bus
         ops.events.clear()
         bus.publish("t.x", b"kept", durable=True)
@@ -308,7 +319,7 @@ async def test_an_awaited_durable_publish_stamps_after_its_last_sync(root: Path)
         for q in "abc":
             setup.declare_queue(q, ["t.#"])
     ops = _JournaledRecording()
-    async with Bus(root, ops=ops) as bus:
+    async with Bus(root, ops=ops, config=SYNCS) as bus:
         await bus.publish("t.x", b"first", durable=True)
         ops.events.clear()
         await bus.publish("t.x", b"kept", durable=True)
@@ -339,7 +350,7 @@ def test_a_copy_that_fails_to_sync_withdraws_the_message(root: Path, mount: str)
                 raise OSError(errno.EIO, "Input/output error")
             super().fdatasync(fd)
 
-    with BlockingBus(root, ops=FailOnCopies()) as bus:
+    with BlockingBus(root, ops=FailOnCopies(), config=SYNCS) as bus:
         with pytest.raises(StorageError, match="queue's copy"):
             bus.publish("t.x", b"lost", durable=True)
         assert bus.queue_info("a").depth == 0
@@ -526,7 +537,7 @@ def test_a_queue_deleted_while_its_copy_is_written_fails_no_publish(root: Path, 
     deleted before: the publish succeeds, and the other queues have theirs (it used to
     raise a StorageError, which the AMQP gateway turned into a nack)."""
     seam = DeletedWhileCopied()
-    with BlockingBus(root, ops=seam) as bus, BlockingBus(root) as deleter:
+    with BlockingBus(root, ops=seam, config=SYNCS) as bus, BlockingBus(root) as deleter:
         for q in ("a", "doomed", "z"):
             bus.declare_queue(q, ["t.#"])
         bus.publish("t.x", b"before")
@@ -567,7 +578,7 @@ def test_a_durable_publish_whose_queue_goes_before_its_last_sync_does_not_fail(
     nothing there to sync, and the publish returns (it raised, and a publisher retrying
     it would have published it twice)."""
     seam = DeletedBeforeItsBucketSync()
-    with BlockingBus(root, ops=seam) as bus, BlockingBus(root) as deleter:
+    with BlockingBus(root, ops=seam, config=SYNCS) as bus, BlockingBus(root) as deleter:
         for q in ("a", "doomed"):
             bus.declare_queue(q, ["t.#"])
         seam.deleter, seam.queue = deleter, "doomed"
