@@ -265,13 +265,26 @@ class BlockingBus(Configured):
         headers: dict[str, str] | None = None,
         priority: int | None = None,
     ) -> list[PublishInfo]:
-        """Publish many (topic, payload) pairs with the same options."""
-        return [
-            self.publish(
-                t, p, single=single, ttl=ttl, durable=durable, headers=headers, priority=priority
-            )
-            for t, p in items
-        ]
+        """Publish many (topic, payload) pairs with the same options.
+
+        Durable ones through the durable log are one record and one sync (if it cannot
+        be written, every message of the call is taken back and the error raised)."""
+
+        def each() -> list[PublishInfo]:
+            return [
+                self.publish(
+                    t,
+                    p,
+                    single=single,
+                    ttl=ttl,
+                    durable=durable,
+                    headers=headers,
+                    priority=priority,
+                )
+                for t, p in items
+            ]
+
+        return self._fs.durably(each) if durable else each()
 
     def _publish_file(self, plan: PublishPlan, fileobj: IO[bytes]) -> int:
         fd = self._fs.begin(plan)

@@ -758,7 +758,10 @@ class Bus(Configured):
                         rooms_checked=True,  # all of them, before anything was published
                     )
 
-            await anyio.to_thread.run_sync(route_all)
+            # (durable: one record of the durable log for every copy, where it is used)
+            await anyio.to_thread.run_sync(
+                functools.partial(self._fs.durably, route_all) if durable else route_all
+            )
         self._counts["published"] += len(out)
         return out
 

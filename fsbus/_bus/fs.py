@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .._core.mounts import detect
 from .._core.platform import MountFacts, Platform, decide
@@ -41,7 +42,7 @@ from .namer import pid_tag
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan, unframe_headers
 from .scan import BAD_SPILL, sweep_due
-from .wal import DurableLog, note
+from .wal import DurableLog, hold_stamp, note
 
 __all__ = [
     "BusFS",
@@ -56,6 +57,8 @@ __all__ = [
     "locks_stay_local",
     "probe_locking",
 ]
+
+T = TypeVar("T")
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -803,7 +806,9 @@ class BusFS:
         except OSError as exc:
             self._unlink_quiet(path)
             raise storage_error("publishing a message", exc, exc.filename or path) from exc
-        if own:
+        if hold_stamp(self.stamp_own if own else self.stamp, bucket_index):
+            pass  # a durable publish through the durable log: stamped once recorded
+        elif own:
             self.stamp_own(bucket_index)
         else:
             self.stamp(bucket_index)
@@ -897,14 +902,36 @@ class BusFS:
             raise
 
     def publish_many(self, items: Iterable[tuple[PublishPlan, bytes]]) -> list[int | BaseException]:
-        """Publish several messages in one call; each result is a size or the error."""
+        """Publish several messages in one call; each result is a size or the error.
+
+        Durable ones through the durable log are one record (:meth:`durably`): if it
+        cannot be written, every message of the call is taken back and has its error."""
+        items = list(items)
         out: list[int | BaseException] = []
-        for plan, payload in items:
-            try:
-                out.append(self.publish(plan, payload))
-            except Exception as exc:
-                out.append(exc)
+
+        def each() -> None:
+            for plan, payload in items:
+                try:
+                    out.append(self.publish(plan, payload))
+                except Exception as exc:
+                    out.append(exc)
+
+        if not any(plan.durable for plan, _ in items):
+            each()
+            return out
+        try:
+            self.durably(each)
+        except StorageError as exc:
+            return [exc] * len(items)
         return out
+
+    def durably(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (publishes) as one record of the process's durable log, one sync
+        for all of them (:meth:`~fsbus._bus.wal.DurableLog.durably`), where this bus
+        uses one; else just run it (each durable publish then syncs its own files)."""
+        source = self.log_source
+        durable_log = source() if source is not None else None
+        return fn() if durable_log is None else durable_log.durably(fn)
 
     def begin(self, plan: PublishPlan) -> int:
         """Create the staging file (O_EXCL) with its leading byte; returns the fd."""
@@ -1063,7 +1090,7 @@ class BusFS:
         held = getattr(self._held, "plans", None)
         if held is not None:
             held.append(plan)
-        else:
+        elif not hold_stamp(self._stamp_now, plan):
             self._stamp_now(plan)
 
     def _stamp_now(self, plan: PublishPlan) -> None:

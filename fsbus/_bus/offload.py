@@ -380,7 +380,25 @@ class Offload:
                 item.event.set()
 
     def _run_batch(self, batch: list[_Item]) -> None:
-        """In the worker thread: publish each item not withdrawn, timing each."""
+        """In the worker thread: publish each item not withdrawn, timing each.
+
+        Where durable publishes go through the durable log, a batch holding more than
+        one is a group commit: the batch is one record and one sync of the log (each
+        caller answered after it), and if that fails every publish of the batch is
+        taken back and raises its error."""
+        if sum(1 for item in batch if item.plan.durable) < 2:
+            self._run_items(batch, answer=True)
+            return
+        try:
+            self._fs.durably(lambda: self._run_items(batch, answer=False))
+        except BaseException as exc:
+            for item in batch:
+                if not isinstance(item.result, BaseException):
+                    item.result = exc  # (taken back with the record)
+        for item in batch:
+            self._answer_cancelled(item)
+
+    def _run_items(self, batch: list[_Item], *, answer: bool) -> None:
         publish = self._fs.publish
         for item in batch:
             if item.cancelled:  # given up while queued: nothing was written
@@ -392,12 +410,16 @@ class Offload:
                 except BaseException as exc:
                     item.result = exc
                 item.took = perf_counter() - t0
-            with self._lock:
-                item.done = True
-                waiting = item.cancelled and item.committing
-            if waiting:
-                # Its caller was cancelled during the rename and waits for it alone.
-                anyio.from_thread.run_sync(item.event.set)
+            if answer:
+                self._answer_cancelled(item)
+
+    def _answer_cancelled(self, item: _Item) -> None:
+        with self._lock:
+            item.done = True
+            waiting = item.cancelled and item.committing
+        if waiting:
+            # Its caller was cancelled during the rename and waits for it alone.
+            anyio.from_thread.run_sync(item.event.set)
 
     def _settle(self, batch: list[_Item]) -> None:
         """On the loop, after a hop: answer the callers, choose the path from the times."""

@@ -59,12 +59,13 @@ import fcntl
 import logging
 import os
 import secrets
+import stat
 import struct
 import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._errors import StorageError, storage_error
 from .ops import Ops
@@ -83,6 +84,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+A = TypeVar("A")
 log = logging.getLogger("fsbus.fs")
 
 LOG_SIZE = 16 << 20
@@ -229,6 +231,23 @@ def note(path: str) -> None:
         paths.append(path)
 
 
+def _stamp_all(stamps: list[tuple[Callable[[Any], object], Any]]) -> None:
+    for stamp, arg in stamps:
+        stamp(arg)
+
+
+def hold_stamp(stamp: Callable[[A], object], arg: A) -> bool:
+    """Called by the bus for the stamp that wakes subscribers of a file it placed:
+    while a durable publish runs in this thread, held (True) and written once its record
+    is synced, so that no subscriber is woken for a message a power cut could take back
+    or a failed record takes back; else False (the caller stamps now)."""
+    stamps = getattr(_scope, "stamps", None)
+    if stamps is None:
+        return False
+    stamps.append((stamp, arg))
+    return True
+
+
 # ---------------------------------------------------------------- the log
 
 
@@ -333,19 +352,27 @@ class DurableLog:
         if getattr(_scope, "paths", None) is not None:
             return fn()
         paths: list[str] = []
-        _scope.paths = paths
+        stamps: list[tuple[Callable[[Any], object], Any]] = []
+        _scope.paths, _scope.stamps = paths, stamps
         try:
             out = fn()
-        finally:
-            _scope.paths = None
-        if paths:
-            try:
-                self.commit(paths)
-            except BaseException:
-                for p in paths:
-                    with contextlib.suppress(OSError):
-                        self.ops.unlink(p)
-                raise
+            if paths:
+                try:
+                    self.commit(paths)
+                except BaseException:
+                    for p in paths:
+                        with contextlib.suppress(OSError):
+                            self.ops.unlink(p)
+                    raise
+        except BaseException:
+            _scope.paths = _scope.stamps = None
+            # Stamped all the same (a stamp for a file taken back costs a listing); an
+            # error of a stamp does not hide the publish's own.
+            with contextlib.suppress(StorageError):
+                _stamp_all(stamps)
+            raise
+        _scope.paths = _scope.stamps = None
+        _stamp_all(stamps)
         return out
 
     def commit(self, paths: list[str]) -> None:
@@ -535,6 +562,17 @@ def recover(root: str, ops: Ops, staging: str, quarantine: str) -> int:
         if path in mine:
             continue
         try:
+            st = ops.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise storage_error("looking at a durable log", exc, path) from exc
+        if not stat.S_ISREG(st.st_mode):
+            # a link, a folder, a pipe: no process of fsbus made it; it would make
+            # every bus that opens here fail, so it goes where foreign files go
+            _quarantine(ops, path, quarantine, "it is not a durable log fsbus wrote")
+            continue
+        try:
             fd = ops.open(path, os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW)
         except FileNotFoundError:
             continue
@@ -550,7 +588,10 @@ def recover(root: str, ops: Ops, staging: str, quarantine: str) -> int:
             st = ops.fstat(fd)
             if st.st_nlink == 0:
                 continue  # recovered and removed by another process just now
-            written += _recover_one(root, ops, fd, path, st.st_size, staging, quarantine)
+            try:
+                written += _recover_one(root, ops, fd, path, st.st_size, staging, quarantine)
+            except OSError as exc:
+                raise storage_error("reading a durable log", exc, path) from exc
         finally:
             ops.close(fd)
     return written
@@ -637,7 +678,7 @@ def _restore(root: str, ops: Ops, rel: str, data: bytes, staging: str) -> int:
     folder = os.path.dirname(target)
     if have is None and not _exists(ops, folder) and not _exists(ops, os.path.dirname(folder)):
         return 0  # its queue (or its bus) is gone
-    tmp = f"{staging}/{os.path.basename(target)}.restored"
+    tmp = f"{staging}/restored-{secrets.token_hex(8)}"  # (a message's name may be 251 bytes)
     try:
         with contextlib.suppress(FileExistsError):
             ops.mkdir(folder, 0o777)  # (a bucket made for it, lost with it)
