@@ -426,9 +426,13 @@ class Bus(Configured):
 
     def _setup(self) -> None:
         self._fs.setup()
-        self._fs.use_durable_log()
-        self._queues.log_source = self._fs.log_source
-        self._fs.register_host(self._namer.host, self._namer.hostname)
+        try:
+            self._fs.use_durable_log()
+            self._queues.log_source = self._fs.log_source
+            self._fs.register_host(self._namer.host, self._namer.hostname)
+        except BaseException:
+            self._fs.close()  # (the UPDATE descriptor setup opened)
+            raise
 
     def _follow_platform(self) -> None:
         """Watch and poll as the filesystem needs (read by setup), unless configured."""

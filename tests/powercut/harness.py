@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ class PowerCut:
 
     def __init__(self, mountpoint: str | os.PathLike[str]) -> None:
         self.mountpoint = str(mountpoint)
+        self._lock = threading.Lock()  # one command at a time (a test's thread and the bus's)
         os.makedirs(self.mountpoint, exist_ok=True)
         self._log = open(os.path.join(os.path.dirname(self.mountpoint), "powerfs.log"), "wb")
         self.proc = subprocess.Popen(
@@ -59,9 +61,10 @@ class PowerCut:
     def command(self, cmd: str, **args: Any) -> Any:
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        with self._lock:
+            self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("powerfs exited")
         reply = json.loads(line)
