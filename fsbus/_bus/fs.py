@@ -42,6 +42,7 @@ from .namer import pid_tag
 from .ops import DEFAULT_OPS, Ops
 from .plan import PublishPlan, unframe_headers
 from .scan import BAD_SPILL, sweep_due
+from .wal import ACTIVE as LOGGING
 from .wal import DurableLog, hold_stamp, note
 
 __all__ = [
@@ -806,7 +807,7 @@ class BusFS:
         except OSError as exc:
             self._unlink_quiet(path)
             raise storage_error("publishing a message", exc, exc.filename or path) from exc
-        if hold_stamp(self.stamp_own if own else self.stamp, bucket_index):
+        if LOGGING[0] and hold_stamp(self.stamp_own if own else self.stamp, bucket_index):
             pass  # a durable publish through the durable log: stamped once recorded
         elif own:
             self.stamp_own(bucket_index)
@@ -1090,7 +1091,7 @@ class BusFS:
         held = getattr(self._held, "plans", None)
         if held is not None:
             held.append(plan)
-        elif not hold_stamp(self._stamp_now, plan):
+        elif not (LOGGING[0] and hold_stamp(self._stamp_now, plan)):
             self._stamp_now(plan)
 
     def _stamp_now(self, plan: PublishPlan) -> None:
@@ -1145,7 +1146,8 @@ class BusFS:
             )
         else:
             self._rename(staged, final)
-        note(final)
+        if LOGGING[0]:
+            note(final)
 
     def abort(self, plan: PublishPlan, fd: int) -> None:
         """Give up a staged message: close and remove the staging file."""

@@ -9,11 +9,8 @@ durable queues) to its process's log and syncs the log. The log was written in f
 (zeros) and synced when it was made, so a record overwrites blocks the log already
 owns: the sync writes that data and commits nothing.
 
-Layout (``<root>/fsbus/wal/<host>-<pid>-<random>.log``, :data:`LOG_SIZE` bytes)::
-
-    0, 512     two header slots: magic, version, generation, checkpoint, boot id, crc
-    4096 ...   records: body length, crc32, sequence number, then the body (the
-               files: relative path and bytes each), one after the other
+A log is ``<root>/fsbus/wal/<host>-<pid>-<random>.log``, :data:`LOG_SIZE` bytes: two
+header slots, then the records, one after the other (:mod:`fsbus._bus.logformat`).
 
 *Checkpoints.* Once a second while records come (and when the log is full), the owner
 calls ``syncfs`` on the bus's filesystem, which puts every file placed so far on disk,
@@ -54,33 +51,49 @@ were.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
 import secrets
-import stat
-import struct
 import threading
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._errors import StorageError, storage_error
+from . import logrecovery
+from .logformat import (
+    ALL_DONE,
+    HEADER,
+    SLOT,
+    Header,
+    Record,
+    decode_header,
+    decode_records,
+    encode_header,
+    encode_record,
+    safe_relative,
+)
 from .ops import Ops
 
 __all__ = [
+    "ACTIVE",
+    "ALL_DONE",
+    "HEADER",
     "LOG_SIZE",
     "MAX_RECORD",
     "DurableLog",
+    "Header",
     "Record",
     "acquire",
+    "decode_header",
     "decode_records",
+    "encode_header",
     "encode_record",
+    "hold_stamp",
     "note",
     "recover",
     "release",
+    "safe_relative",
 ]
 
 T = TypeVar("T")
@@ -89,138 +102,25 @@ log = logging.getLogger("fsbus.fs")
 
 LOG_SIZE = 16 << 20
 """Bytes of a log file: about 30,000 records of a 100-byte message with one copy."""
-HEADER = 4096
-"""Bytes before the first record (the two header slots, then padding)."""
-SLOT = 512
 MAX_RECORD = 1 << 20
 """A publish whose files hold more bytes than this syncs them instead (their bytes
 would be written twice)."""
 CHECKPOINT_EVERY = 1.0
 """Seconds between checkpoints while records come: bounds what a power cut replays."""
-ALL_DONE = (1 << 64) - 1
-"""The checkpoint of a log that was recovered: nothing in it is replayed again."""
-MAGIC = b"FSBUSWAL"
-VERSION = 1
-_HEAD = struct.Struct("<8sIQQ40sI")  # magic, version, generation, checkpoint, boot id, pid
-_REC = struct.Struct("<IIQ")  # body length, crc32 of sequence + body, sequence
-_SEQ = struct.Struct("<Q")
-_ENTRY = struct.Struct("<HI")  # path length, data length
 _ZEROS = bytes(1 << 20)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-# ---------------------------------------------------------------- the format (pure)
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One durable publish: the files it placed, relative to the bus root."""
-
-    seq: int
-    files: tuple[tuple[str, bytes], ...]
-
-
-def encode_record(seq: int, files: list[tuple[str, bytes]]) -> bytes:
-    """A record as written into the log."""
-    parts = [struct.pack("<I", len(files))]
-    for rel, data in files:
-        path = rel.encode("utf-8")
-        parts += (_ENTRY.pack(len(path), len(data)), path, data)
-    body = b"".join(parts)
-    crc = zlib.crc32(body, zlib.crc32(_SEQ.pack(seq)))
-    return _REC.pack(len(body), crc, seq) + body
-
-
-def decode_records(buf: bytes | memoryview, start: int = HEADER) -> Iterator[Record]:
-    """The records of a log's bytes, in order, up to the first that is torn, fails its
-    crc, or does not follow the one before (the older records a wrapped log left)."""
-    view = memoryview(buf)
-    pos = start
-    prev = 0
-    while pos + _REC.size <= len(view):
-        length, crc, seq = _REC.unpack_from(view, pos)
-        end = pos + _REC.size + length
-        if length < 4 or end > len(view) or seq <= prev:
-            return
-        body = view[pos + _REC.size : end]
-        if zlib.crc32(body, zlib.crc32(_SEQ.pack(seq))) != crc:
-            return
-        files = _decode_body(body)
-        if files is None:
-            return
-        yield Record(seq, files)
-        prev = seq
-        pos = end
-
-
-def _decode_body(body: memoryview) -> tuple[tuple[str, bytes], ...] | None:
-    (count,) = struct.unpack_from("<I", body, 0)
-    pos = 4
-    files: list[tuple[str, bytes]] = []
-    for _ in range(count):
-        if pos + _ENTRY.size > len(body):
-            return None
-        plen, dlen = _ENTRY.unpack_from(body, pos)
-        pos += _ENTRY.size
-        if pos + plen + dlen > len(body):
-            return None
-        try:
-            rel = bytes(body[pos : pos + plen]).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        files.append((rel, bytes(body[pos + plen : pos + plen + dlen])))
-        pos += plen + dlen
-    return tuple(files)
-
-
-@dataclass(frozen=True, slots=True)
-class Header:
-    generation: int
-    checkpoint: int
-    boot_id: str
-    pid: int
-
-
-def encode_header(h: Header) -> bytes:
-    raw = _HEAD.pack(
-        MAGIC, VERSION, h.generation, h.checkpoint, h.boot_id.encode("ascii")[:40], h.pid
-    )
-    return raw + struct.pack("<I", zlib.crc32(raw))
-
-
-def decode_header(buf: bytes) -> Header | None:
-    """The valid header slot with the higher generation, or None (not a log, or never
-    got as far as its first header)."""
-    best: Header | None = None
-    for off in (0, SLOT):
-        raw = buf[off : off + _HEAD.size + 4]
-        if len(raw) < _HEAD.size + 4:
-            continue
-        (crc,) = struct.unpack_from("<I", raw, _HEAD.size)
-        if zlib.crc32(raw[: _HEAD.size]) != crc:
-            continue
-        magic, version, gen, ckpt, boot, pid = _HEAD.unpack_from(raw)
-        if magic != MAGIC or version != VERSION:
-            continue
-        h = Header(gen, ckpt, boot.rstrip(b"\0").decode("ascii", "replace"), pid)
-        if best is None or h.generation > best.generation:
-            best = h
-    return best
-
-
-def safe_relative(rel: str) -> bool:
-    """Whether a record's path stays inside the bus (a hostile log names nothing else)."""
-    if not rel or rel.startswith("/") or "\0" in rel:
-        return False
-    parts = rel.split("/")
-    return all(p not in ("", ".", "..") for p in parts)
 
 
 # ---------------------------------------------------------------- the scope
 
 
 _scope = threading.local()
+ACTIVE = [0]
+"""How many durable publishes run in a durable log's scope now, in any thread: while 0
+(a bus that publishes nothing durable through a log), the bus's hot path skips
+:func:`note` and :func:`hold_stamp` with one look."""
+_active_lock = threading.Lock()
 
 
 def note(path: str) -> None:
@@ -229,6 +129,12 @@ def note(path: str) -> None:
     paths = getattr(_scope, "paths", None)
     if paths is not None:
         paths.append(path)
+
+
+def _leave() -> None:
+    _scope.paths = _scope.stamps = None
+    with _active_lock:
+        ACTIVE[0] -= 1
 
 
 def _stamp_all(stamps: list[tuple[Callable[[Any], object], Any]]) -> None:
@@ -354,6 +260,8 @@ class DurableLog:
         paths: list[str] = []
         stamps: list[tuple[Callable[[Any], object], Any]] = []
         _scope.paths, _scope.stamps = paths, stamps
+        with _active_lock:
+            ACTIVE[0] += 1
         try:
             out = fn()
             if paths:
@@ -365,13 +273,13 @@ class DurableLog:
                             self.ops.unlink(p)
                     raise
         except BaseException:
-            _scope.paths = _scope.stamps = None
+            _leave()
             # Stamped all the same (a stamp for a file taken back costs a listing); an
             # error of a stamp does not hide the publish's own.
             with contextlib.suppress(StorageError):
                 _stamp_all(stamps)
             raise
-        _scope.paths = _scope.stamps = None
+        _leave()
         _stamp_all(stamps)
         return out
 
@@ -542,169 +450,6 @@ def release(wal: DurableLog) -> None:
         wal.close()
 
 
-# ---------------------------------------------------------------- recovery
-
-
-def recover(root: str, ops: Ops, staging: str, quarantine: str) -> int:
-    """Deal with the logs of dead processes on the bus at ``root`` (see the module's
-    docstring); returns how many files were written again."""
-    wal_dir = f"{root}/fsbus/wal"
-    try:
-        names = ops.listdir(wal_dir)
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise storage_error("listing the durable logs", exc, wal_dir) from exc
-    mine = {w.path for w in _logs.values()}
-    written = 0
-    for name in sorted(names):
-        path = f"{wal_dir}/{name}"
-        if path in mine:
-            continue
-        try:
-            st = ops.lstat(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise storage_error("looking at a durable log", exc, path) from exc
-        if not stat.S_ISREG(st.st_mode):
-            # a link, a folder, a pipe: no process of fsbus made it; it would make
-            # every bus that opens here fail, so it goes where foreign files go
-            _quarantine(ops, path, quarantine, "it is not a durable log fsbus wrote")
-            continue
-        try:
-            fd = ops.open(path, os.O_RDWR | _O_CLOEXEC | _O_NOFOLLOW)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise storage_error("opening a durable log", exc, path) from exc
-        try:
-            try:
-                ops.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    continue  # its process lives
-                raise storage_error("locking a durable log", exc, path) from exc
-            st = ops.fstat(fd)
-            if st.st_nlink == 0:
-                continue  # recovered and removed by another process just now
-            try:
-                written += _recover_one(root, ops, fd, path, st.st_size, staging, quarantine)
-            except OSError as exc:
-                raise storage_error("reading a durable log", exc, path) from exc
-        finally:
-            ops.close(fd)
-    return written
-
-
-def _recover_one(
-    root: str, ops: Ops, fd: int, path: str, size: int, staging: str, quarantine: str
-) -> int:
-    head = ops.pread(fd, HEADER, 0)
-    header = decode_header(head)
-    if header is None:
-        if any(head):
-            _quarantine(ops, path, quarantine, "it is not a durable log fsbus wrote")
-        else:
-            # its process died while making it: it never held a record
-            with contextlib.suppress(FileNotFoundError):
-                ops.unlink(path)
-        return 0
-    written = 0
-    if header.boot_id != ops.boot_id():
-        buf = _read_all(ops, fd, size)
-        for rec in decode_records(buf):
-            if rec.seq <= header.checkpoint:
-                continue
-            for rel, data in rec.files:
-                if not safe_relative(rel):
-                    log.warning("durable log %s names %r, outside the bus: skipped", path, rel)
-                    continue
-                written += _restore(root, ops, rel, data, staging)
-        if written:
-            log.warning(
-                "%d message file(s) written again from durable log %s after a "
-                "restart of the machine (they were not on disk yet); a message consumed "
-                "in the second before it may be delivered again",
-                written,
-                path,
-            )
-    try:
-        ops.syncfs(fd)
-        # Done, for good: should a power cut bring the log back (its removal is not
-        # synced), it has nothing left to replay.
-        done = Header(header.generation + 1, ALL_DONE, header.boot_id, header.pid)
-        ops.pwrite(fd, encode_header(done), (done.generation % 2) * SLOT)
-        ops.fdatasync(fd)
-    except OSError as exc:
-        raise storage_error("syncing the bus after a durable log's recovery", exc, path) from exc
-    with contextlib.suppress(FileNotFoundError):
-        ops.unlink(path)
-    return written
-
-
-def _read_all(ops: Ops, fd: int, size: int) -> bytes:
-    chunks: list[bytes] = []
-    pos = 0
-    while pos < size:
-        b = ops.pread(fd, min(1 << 20, size - pos), pos)
-        if not b:
-            break
-        chunks.append(b)
-        pos += len(b)
-    return b"".join(chunks)
-
-
-def _restore(root: str, ops: Ops, rel: str, data: bytes, staging: str) -> int:
-    """Put one file of a record back if it is not there whole; 1 if it was written."""
-    target = f"{root}/{rel}"
-    try:
-        fd = ops.open(target, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW)
-    except FileNotFoundError:
-        have = None
-    except OSError as exc:
-        log.warning("%s, named by a durable log, left alone: %s", target, exc)
-        return 0  # not a file we can read (a link planted there)
-    else:
-        try:
-            have = _read_fd(ops, fd)
-        except OSError as exc:
-            log.warning("%s, named by a durable log, left alone: %s", target, exc)
-            return 0  # a folder where the file was
-        finally:
-            ops.close(fd)
-    if have is not None and len(have) == len(data) and have[1:] == data[1:]:
-        return 0  # there whole (its leading byte may count a delivery since)
-    folder = os.path.dirname(target)
-    if have is None and not _exists(ops, folder) and not _exists(ops, os.path.dirname(folder)):
-        return 0  # its queue (or its bus) is gone
-    tmp = f"{staging}/restored-{secrets.token_hex(8)}"  # (a message's name may be 251 bytes)
-    try:
-        with contextlib.suppress(FileExistsError):
-            ops.mkdir(folder, 0o777)  # (a bucket made for it, lost with it)
-        wfd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | _O_NOFOLLOW)
-        try:
-            pos = 0
-            while pos < len(data):
-                pos += ops.write(wfd, memoryview(data)[pos:])
-        finally:
-            ops.close(wfd)
-        ops.rename(tmp, target)
-    except OSError as exc:
-        # the log stays: the next bus to open tries again
-        raise storage_error("writing back a message from a durable log", exc, target) from exc
-    return 1
-
-
-def _read_fd(ops: Ops, fd: int) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        b = ops.read(fd, 1 << 16)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
-
-
 def _fsync_dir(ops: Ops, path: str) -> None:
     fd = ops.open(path, os.O_RDONLY | _O_CLOEXEC)
     try:
@@ -713,19 +458,11 @@ def _fsync_dir(ops: Ops, path: str) -> None:
         ops.close(fd)
 
 
-def _exists(ops: Ops, path: str) -> bool:
-    try:
-        ops.lstat(path)
-    except FileNotFoundError:
-        return False
-    return True
+# ---------------------------------------------------------------- recovery
 
 
-def _quarantine(ops: Ops, path: str, quarantine: str, why: str) -> None:
-    dest = f"{quarantine}/{os.path.basename(path)}"
-    try:
-        ops.rename(path, dest)
-    except OSError as exc:
-        log.warning("durable log %s: %s, and moving it aside failed: %s", path, why, exc)
-        return
-    log.warning("%s: %s; moved to %s", path, why, dest)
+def recover(root: str, ops: Ops, staging: str, quarantine: str) -> int:
+    """Deal with the logs of dead processes on the bus at ``root``
+    (:func:`fsbus._bus.logrecovery.recover`; this process's own are left alone)."""
+    mine = {w.path for w in _logs.values()}
+    return logrecovery.recover(root, ops, staging, quarantine, mine)
