@@ -582,7 +582,7 @@ class BusFS:
 
         def source() -> DurableLog | None:
             if held and held[0].pid == os.getpid():
-                return held[0]
+                return None if held[0].broken else held[0]
             with lock:
                 if held and held[0].pid != os.getpid():
                     held.clear()  # a forked child: the log is its parent's
@@ -598,7 +598,7 @@ class BusFS:
                             root,
                             exc,
                         )
-            return held[0] if held else None
+            return held[0] if held and not held[0].broken else None
 
         def give_back() -> None:
             if held and held[0].pid == os.getpid():

@@ -173,7 +173,9 @@ class DurableLog:
         self.pid = os.getpid()
         self.users = 0
         self._fd = -1
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # writing records, the header
+        self._sync_lock = threading.Lock()  # syncing them (see _sync_upto)
+        self._synced = 0  # the last record known on disk
         self._offset = HEADER
         self._seq = 0
         self._checkpointed = 0
@@ -301,12 +303,7 @@ class DurableLog:
             return
         with self._lock:
             if self._failed is not None:
-                raise StorageError(
-                    f"the durable log {self.path} failed its last checkpoint "
-                    f"({self._failed}); see the log for the cause, and close and open "
-                    "the bus again",
-                    self.path,
-                )
+                raise self._broken()
             seq = self._seq + 1
             rec = encode_record(seq, files)
             try:
@@ -314,13 +311,50 @@ class DurableLog:
                     self._checkpoint_locked()
                     self._offset = HEADER
                 self.ops.pwrite(self._fd, rec, self._offset)
-                self.ops.fdatasync(self._fd)
             except OSError as exc:
                 raise storage_error("writing the durable log", exc, self.path) from exc
             self._offset += len(rec)
             self._seq = seq
+        self._sync_upto(seq)
         if self._thread is None:
             self._start_checkpoints()
+
+    def _sync_upto(self, seq: int) -> None:
+        """Record ``seq`` (and every one written before it) on disk: a group commit.
+        Threads that wrote their records while another thread's sync ran share the
+        next sync; one whose record a sync already covered returns at once. (A record
+        whose sync failed stays written: its publish raises, and after a power cut its
+        files may come back, as a publish that raises may have been delivered.)"""
+        with self._sync_lock:
+            if self._synced >= seq:
+                return
+            if self._failed is not None:
+                raise self._broken()
+            upto = self._seq  # (written before this sync starts: it covers them)
+            try:
+                self.ops.fdatasync(self._fd)
+            except OSError as exc:
+                # After a failed sync the kernel may count what it did not write as
+                # written: no later sync of this log proves anything. It is broken;
+                # the bus's durable publishes sync their own files from now on.
+                self._failed = exc
+                log.error("syncing the durable log %s failed: %s", self.path, exc)
+                raise storage_error("writing the durable log", exc, self.path) from exc
+            self._synced = upto
+
+    @property
+    def broken(self) -> bool:
+        """Whether a sync or a checkpoint of this log failed: nothing more goes in it
+        (the bus's durable publishes sync their files instead)."""
+        return self._failed is not None
+
+    def _broken(self) -> StorageError:
+        return StorageError(
+            f"the durable log {self.path} failed ({self._failed}); this publish is not "
+            "on disk: publish it again (the bus's durable publishes now sync their own "
+            "files), and check the disk",
+            self.path,
+        )
 
     def _read(self, path: str) -> bytes | None:
         ops = self.ops

@@ -4,6 +4,9 @@ one record and one sync of the log, and a record that fails takes all of them ba
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -119,3 +122,56 @@ async def test_concurrent_awaited_durable_publishes_are_each_recorded_once(root:
         assert len(records) == _log_syncs(ops) <= N
         assert _files_synced(ops) == []
         assert len([m async for m in bus.browse("t.#")]) == N
+
+
+class _FirstLogSyncWaits(SyncRecording):
+    """The first sync of the durable log (after ``armed``) waits until ``until()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.until: Callable[[], bool] = lambda: True
+
+    def fdatasync(self, fd: int) -> None:
+        if self.armed and is_log(self.paths.get(fd, "")):
+            self.armed = False
+            deadline = time.monotonic() + 30
+            while not self.until():
+                assert time.monotonic() < deadline, "the other publishes never wrote"
+                time.sleep(0.001)
+        super().fdatasync(fd)
+
+
+def test_durable_publishes_from_threads_share_a_sync_of_the_log(root: Path) -> None:
+    """A group commit across threads: while one thread's sync of the log runs, the
+    others write their records; the next sync covers all of them. Each publish still
+    returns only once its record is on disk, and each is one record."""
+    threads = 8
+    ops = _FirstLogSyncWaits()
+    with BlockingBus(root, config=ON, ops=ops) as bus:
+        bus.publish("warm", b"x", durable=True)  # makes the log
+        (log,) = [w for w in wal._logs.values() if w.root == str(root)]
+        ops.clear()
+        ops.until = lambda: log._seq == 1 + threads
+        ops.armed = True
+        errors: list[BaseException] = []
+
+        def publish(i: int) -> None:
+            try:
+                bus.publish("t.x", b"thread %d" % i, durable=True)
+            except BaseException as exc:  # pragma: no cover (reported below)
+                errors.append(exc)
+
+        workers = [threading.Thread(target=publish, args=(i,)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=60)
+        assert not errors
+        records = records_of(root)[1:]
+        assert sorted(b for rec in records for b in _bodies(rec)) == sorted(
+            b"thread %d" % i for i in range(threads)
+        )
+        assert len(records) == threads
+        assert _log_syncs(ops) <= 2  # the first thread's, then one for all the others
+        assert log._synced == 1 + threads
