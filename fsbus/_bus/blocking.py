@@ -93,13 +93,8 @@ class BlockingBus(Configured):
         if self._open or self._closed:
             raise UsageError("a BlockingBus can be entered once; create a new one")
         self._fs.setup()
-        try:
-            self._fs.use_durable_log()
-            self._queues.log_source = self._fs.log_source
-            self._fs.register_host(self._namer.host, self._namer.hostname)
-        except BaseException:
-            self._fs.close()  # (the UPDATE descriptor setup opened)
-            raise
+        self._fs.finish_setup(self._namer.host, self._namer.hostname)
+        self._queues.log_source = self._fs.log_source
         self._open = True
         return self
 

@@ -426,13 +426,8 @@ class Bus(Configured):
 
     def _setup(self) -> None:
         self._fs.setup()
-        try:
-            self._fs.use_durable_log()
-            self._queues.log_source = self._fs.log_source
-            self._fs.register_host(self._namer.host, self._namer.hostname)
-        except BaseException:
-            self._fs.close()  # (the UPDATE descriptor setup opened)
-            raise
+        self._fs.finish_setup(self._namer.host, self._namer.hostname)
+        self._queues.log_source = self._fs.log_source
 
     def _follow_platform(self) -> None:
         """Watch and poll as the filesystem needs (read by setup), unless configured."""
@@ -575,9 +570,11 @@ class Bus(Configured):
 
         ``payload`` is bytes, str (UTF-8), a path to a file (streamed, not loaded) or an
         async iterable of byte chunks. ``single`` makes it a work-queue message that
-        exactly one consumer handles; ``ttl`` is in seconds; ``durable`` syncs the file
-        and its directory so the message survives power loss once this returns;
-        ``priority`` (0-255, lower first) orders work-queue messages.
+        exactly one consumer handles; ``ttl`` is in seconds; ``durable`` makes the
+        message survive power loss once this returns (its file and directory synced, or
+        on a local journaled ext4 one record of it synced in the process's durable log:
+        ``BusConfig.durable_log``); ``priority`` (0-255, lower first) orders work-queue
+        messages.
 
         A message is all or nothing on disk. Its file operations run on the event loop
         while the filesystem is fast and in a worker thread while it is slow (durable

@@ -607,6 +607,16 @@ class BusFS:
         self.log_source = source
         self._log_release = give_back
 
+    def finish_setup(self, host: str, hostname: str) -> None:
+        """After :meth:`setup`, for a bus (not a queue's): :meth:`use_durable_log`,
+        then this host's record; if either fails, what setup opened is closed."""
+        try:
+            self.use_durable_log()
+            self.register_host(host, hostname)
+        except BaseException:
+            self.close()  # (the UPDATE descriptor setup opened)
+            raise
+
     def recover_logs(self) -> int:
         """The durable logs of dead processes here, dealt with (:func:`wal.recover`):
         when a bus opens, and at each gc (a log left long after its process died

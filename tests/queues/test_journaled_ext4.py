@@ -22,6 +22,7 @@ import pytest
 
 from fsbus import BlockingBus, BusConfig
 from fsbus._core.mounts import detect, mount_facts
+from tests.peer_process import JsonLinesPeer
 
 from .test_queue_processes import FAST, Spawn, check_counts, handled, wait_all, wait_empty
 
@@ -109,10 +110,9 @@ def test_a_durable_publish_through_the_log_commits_no_journal_transaction(
         assert commits >= n * 0.9  # (one a publish: what the log saves)
 
 
-@pytest.mark.parametrize("mode", ["auto", "off"], ids=["log", "placed-first"])
-def test_durable_messages_into_two_queues(root: Path, spawn: Spawn, mode: str) -> None:
-    """Two queues, two consumers each, 300 durable messages from another process: every
-    one handled once per queue, and the queues empty after."""
+def _two_queues_consumed(root: Path, spawn: Spawn) -> dict[str, list[JsonLinesPeer]]:
+    """Queues billing (``orders.*``) and audit (``orders.#``), two consumer processes
+    each, ready."""
     with BlockingBus(root) as bus:
         bus.declare_queue("billing", ["orders.*"])
         bus.declare_queue("audit", ["orders.#"])
@@ -122,6 +122,14 @@ def test_durable_messages_into_two_queues(root: Path, spawn: Spawn, mode: str) -
     for group in groups.values():
         for c in group:
             c.wait_count("ready", 1)
+    return groups
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"], ids=["log", "placed-first"])
+def test_durable_messages_into_two_queues(root: Path, spawn: Spawn, mode: str) -> None:
+    """Two queues, two consumers each, 300 durable messages from another process: every
+    one handled once per queue, and the queues empty after."""
+    groups = _two_queues_consumed(root, spawn)
     ids = [str(i) for i in range(300)]
     config = {**FAST, "durable_log": mode}
     pub = spawn("pub", messages=[["orders.new", i] for i in ids], durable=True, config=config)
@@ -140,15 +148,7 @@ def test_a_killed_publishers_log_is_retired_and_its_messages_all_arrive(
     """A publisher killed with SIGKILL mid-flow leaves its durable log behind; the
     running consumers' gc finds it dead (same boot: syncfs, removed), and every message
     it said was published is handled in each queue; a duplicate only as a redelivery."""
-    with BlockingBus(root) as bus:
-        bus.declare_queue("billing", ["orders.*"])
-        bus.declare_queue("audit", ["orders.#"])
-    groups = {
-        q: [spawn("consumer", queue=q, config=FAST) for _ in range(2)] for q in ("billing", "audit")
-    }
-    for group in groups.values():
-        for c in group:
-            c.wait_count("ready", 1)
+    groups = _two_queues_consumed(root, spawn)
     sent = [str(i) for i in range(5000)]
     pub = spawn("pub", messages=[["orders.new", i] for i in sent], durable=True, config=FAST)
     pub.wait_count("published", 300)
