@@ -116,8 +116,12 @@ def test_durable_publish_placed_first_on_a_journaled_filesystem(
     tally = Tally()
     for final in (False, True):
         pfs.load("empty")
-        with BlockingBus(root, config=BUS_CONFIG, ops=_Journaled()) as bus:
+        # (the file-by-file path: on such a mount the bus would use its durable log,
+        # tested in test_log_cuts.py)
+        config = BUS_CONFIG.model_copy(update={"durable_log": "off"})
+        with BlockingBus(root, config=config, ops=_Journaled()) as bus:
             assert bus._fs.platform.durable_order == "place_first"
+            assert bus._fs.log_source is None
             pfs.sync()
             pfs.command("trace_start")
             publish_all(bus, [item], True, set())
