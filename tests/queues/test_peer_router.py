@@ -166,6 +166,51 @@ async def test_the_router_lists_once_for_many_publishes_and_still_routes_peers(
     assert Counter(inbox.payloads) == Counter([b"peer", *(b"%d" % i for i in range(n))])
 
 
+@pytest.mark.anyio
+async def test_a_router_that_finds_no_peers_message_lists_seldom_until_one_comes(
+    root: Path,
+) -> None:
+    """While fsbus publishers keep every bucket changing and no peer publishes, each
+    listing of the router that finds nothing to route doubles its gap before the next,
+    up to ``_ROUTE_GAP_MOST``, poll ticks included (its listings of the main bus took a
+    third of four queue consumers' CPU). A peer's message that comes is still routed,
+    once, within that gap, and the gap is short again after it."""
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    inbox = Inbox()
+    stop = threading.Event()
+    published = [0]
+
+    def publish_until_stopped() -> None:
+        with BlockingBus(root) as pub:
+            while not stop.is_set():
+                pub.publish("other.fsbus", b"x")  # bound to no queue: nothing to route
+                published[0] += 1
+
+    async with Bus(root, config=BusConfig()) as router, anyio.create_task_group() as tg:
+        await router.subscribe(None, inbox, queue="q")
+        await wait_until(lambda: scans(router) > 0)
+        tg.start_soon(anyio.to_thread.run_sync, publish_until_stopped)
+        try:
+            await wait_until(lambda: router._route_gap == engine._ROUTE_GAP_MOST)
+            before, count_before, t0 = scans(router), published[0], time.monotonic()
+            await wait_until(lambda: time.monotonic() - t0 >= 1.0)
+            listed = scans(router) - before
+            assert published[0] - count_before > 100  # every bucket kept changing
+            # every 0.5 s at most (a poll tick every 0.1 s listed at each before)
+            assert listed <= 1.0 / engine._ROUTE_GAP_MOST + 2, listed
+            t1 = time.monotonic()
+            await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
+            await inbox.wait_for(1)
+            assert time.monotonic() - t1 < engine._ROUTE_GAP_MOST + 1.0
+            # short again: back to _ROUTE_GAP, doubled by a listing or two since at most
+            assert router._route_gap < engine._ROUTE_GAP_MOST
+        finally:
+            stop.set()
+    assert inbox.payloads == [b"peer"]
+    assert await anyio.to_thread.run_sync(depth, root) == 0
+
+
 class SlowMainListings(Ops):
     """Every listing of one of the main bus's buckets takes 3 ms (queues' buses not)."""
 

@@ -9,8 +9,10 @@ no others.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -106,3 +108,162 @@ async def test_a_dead_consumers_file_takes_no_part(root: Path) -> None:
             await bus.publish("jobs.run", str(i).encode())
         await inbox.wait_for(50)
     assert Counter(inbox.payloads) == Counter(str(i).encode() for i in range(50))
+
+
+@pytest.mark.anyio
+async def test_a_consumer_that_comes_to_a_backlog_takes_its_part_of_it(root: Path) -> None:
+    """Each consumer claims from its own part of the buckets first. Before, every
+    consumer took the oldest messages first, so one that came to a backlog another was
+    draining raced it for the same few at the head and lost every claim: it got nothing
+    until the backlog was gone."""
+    n = 1200
+    gate = anyio.Event()
+    one_got: list[bytes] = []
+
+    async def one_handler(msg: Message) -> None:
+        one_got.append(msg.payload)
+        await gate.wait()  # drains once the other consumer has its part
+        await anyio.sleep(0.002)  # (some work per message)
+
+    async def two_handler(msg: Message) -> None:
+        two_got.append(msg.payload)
+        await anyio.sleep(0.002)
+
+    two_got: list[bytes] = []
+    async with Bus(root) as one, Bus(root) as two:
+        await one.declare_queue("work", ["jobs.#"])
+        for i in range(n):
+            await one.publish("jobs.run", str(i).encode())
+        await one.subscribe(None, one_handler, queue="work")
+        await wait_until(lambda: len(one_got) >= 16)  # one is draining the head
+        await two.subscribe(None, two_handler, queue="work")
+        await wait_until(lambda: share(one, "work") and share(two, "work"))
+        gate.set()
+        await wait_until(lambda: one.statistics().acked + two.statistics().acked >= n)
+        assert (await one.queue_info("work")).depth == 0
+    assert Counter([*one_got, *two_got]) == Counter(str(i).encode() for i in range(n))
+    # Half the buckets are two's: it takes a fair part (it took none before).
+    assert len(two_got) >= n // 4, (len(one_got), len(two_got))
+
+
+@pytest.mark.anyio
+async def test_fresh_work_in_another_consumers_part_is_left_to_it_for_a_while(
+    root: Path,
+) -> None:
+    """A consumer with nothing of its own to do leaves a message just published into
+    another consumer's part to that consumer (racing it for each one lost most claims)
+    and takes it only once it has waited there engine._STEAL_AGE_MS: a consumer that
+    holds its part (hung here) holds it back that long, never for good."""
+    release = anyio.Event()
+    held: list[bytes] = []
+
+    async def hung(msg: Message) -> None:
+        held.append(msg.payload)
+        await release.wait()
+
+    took: dict[bytes, tuple[str, float]] = {}
+
+    async def other(msg: Message) -> None:
+        took[msg.payload] = (msg.bucket, time.time())
+
+    published: dict[bytes, float] = {}
+    n = 60
+    async with Bus(root) as one, Bus(root) as two:
+        await one.declare_queue("work", ["jobs.#"])
+        await one.subscribe(None, hung, queue="work", prefetch=1)
+        await one.publish("jobs.run", b"first")
+        await wait_until(lambda: held == [b"first"])  # one can take nothing more
+        await two.subscribe(None, other, queue="work")
+        await wait_until(lambda: share(one, "work") and share(two, "work"))
+        ones = share(one, "work")
+        assert ones is not None
+        buckets = one._queue_buses["work"].bus.layout.buckets
+        for i in range(n):
+            body = str(i).encode()
+            published[body] = time.time()
+            await one.publish("jobs.run", body)
+        await wait_until(lambda: len(took) == n)
+        release.set()
+        await wait_until(lambda: one.statistics().acked + two.statistics().acked >= n + 1)
+    mine = [b for b, (bucket, _) in took.items() if buckets.index(bucket) not in ones]
+    theirs = [b for b, (bucket, _) in took.items() if buckets.index(bucket) in ones]
+    assert mine
+    assert theirs  # 60 messages over 16 buckets: one's half holds some
+    age = engine._STEAL_AGE_MS / 1000
+    for body in theirs:
+        # (millisecond publish times, read by a clock of the same host)
+        assert took[body][1] - published[body] >= age - 0.002, body
+    assert held == [b"first"]
+
+
+@pytest.mark.anyio
+async def test_a_consumer_that_just_found_work_lists_again_only_after_a_gap(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a busy flow a consumer leaves engine._BATCH_GAP between a listing that found
+    work and the next one a filesystem event brings (so each listing finds several
+    messages, not one); a message that comes after a quiet spell is listed at once."""
+    gap = 1.0
+    monkeypatch.setattr(engine, "_BATCH_GAP", gap)
+    monkeypatch.setattr(engine, "SHARE_EVERY", 30.0)  # (a look at the consumers lists too)
+    got: dict[bytes, float] = {}
+
+    async def handler(msg: Message) -> None:
+        got[msg.payload] = time.monotonic()
+
+    quiet_polls = BusConfig(poll_interval=30.0)  # no poll tick lists meanwhile
+    async with Bus(root, config=quiet_polls) as bus:
+        await bus.declare_queue("work", ["jobs.#"])
+        await bus.subscribe(None, handler, queue="work")
+        sent = {b"1": time.monotonic()}
+        await bus.publish("jobs.run", b"1")
+        await wait_until(lambda: b"1" in got)
+        sent[b"2"] = time.monotonic()
+        await bus.publish("jobs.run", b"2")  # its stamp comes within the gap
+        await wait_until(lambda: b"2" in got)
+        # listed no sooner than the gap after the listing that found "1"
+        assert got[b"2"] - sent[b"1"] >= gap
+        await wait_until(lambda: time.monotonic() - got[b"2"] >= gap)
+        sent[b"3"] = time.monotonic()
+        await bus.publish("jobs.run", b"3")  # the last listing was a gap ago
+        await wait_until(lambda: b"3" in got)
+        assert got[b"3"] - sent[b"3"] < gap
+
+
+@pytest.mark.anyio
+async def test_work_a_listing_held_back_is_listed_again_at_once_not_after_the_gap(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message published while a listing ran is held back until the next listing,
+    which comes within engine._HELD_WAIT; a listing that found nothing else does not
+    make it wait engine._BATCH_GAP."""
+    gap = 1.0
+    monkeypatch.setattr(engine, "_BATCH_GAP", gap)
+    monkeypatch.setattr(engine, "SHARE_EVERY", 30.0)
+    hold = [False]
+    split = engine.split_fresh
+
+    def held_once(entries: Any, horizon_ms: int) -> tuple[list[Any], list[Any]]:
+        if hold[0]:
+            hold[0] = False
+            return [], list(entries)  # as if all were published after it began
+        return split(entries, horizon_ms)
+
+    monkeypatch.setattr(engine, "split_fresh", held_once)
+    got: dict[bytes, float] = {}
+
+    async def handler(msg: Message) -> None:
+        got[msg.payload] = time.monotonic()
+
+    async with Bus(root, config=BusConfig(poll_interval=30.0)) as bus:
+        await bus.declare_queue("work", ["jobs.#"])
+        await bus.subscribe(None, handler, queue="work")
+        await bus.publish("jobs.run", b"1")
+        await wait_until(lambda: b"1" in got)
+        await wait_until(lambda: time.monotonic() - got[b"1"] >= gap)
+        hold[0] = True
+        sent = time.monotonic()
+        await bus.publish("jobs.run", b"2")
+        await wait_until(lambda: b"2" in got)
+        assert not hold[0]  # the listing that found it held it back
+        assert got[b"2"] - sent < gap
