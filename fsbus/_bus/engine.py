@@ -1064,8 +1064,10 @@ class Bus(Configured):
             if self._found_work:  # in a busy flow: events wait a little (_BATCH_GAP)
                 paced_until = max(paced_until, listed_at + _BATCH_GAP)
                 quiet_until = max(quiet_until, paced_until)
-            if not self._subs:  # listing only to route peers' messages (_ROUTE_GAP)
-                quiet_until = max(quiet_until, listed_at + self._route_gap)
+            # A router (it lists only to route peers' messages) rests between listings,
+            # poll ticks included (_ROUTE_GAP, _ROUTE_GAP_MOST).
+            rest_until = 0.0 if self._subs else listed_at + self._route_gap
+            quiet_until = max(quiet_until, rest_until)
             if quiet_until > now and self._waker.fs_event_pending:
                 # an event kept back during the quiet spell: list when the spell ends
                 timeout = min(timeout, quiet_until - now)
@@ -1080,11 +1082,8 @@ class Bus(Configured):
             # List again on a filesystem event, a poll tick, a retry that fell due, a new
             # subscription, or when handlers are free and nothing known is left to claim.
             now = time.monotonic()
-            quiet = (
-                self._contention.quiet(now)
-                or now < paced_until
-                or (not self._subs and now < listed_at + self._route_gap)
-            )
+            resting = not self._subs and now < rest_until  # (a subscription may have come)
+            quiet = self._contention.quiet(now) or now < paced_until or resting
             fs_event = self._waker.take_fs_event()
             if fs_event and woken and (quiet or (self._free <= 0 and self._ready_keys)):
                 # Every handler is busy and known work is waiting: listing now could not
@@ -1094,7 +1093,6 @@ class Bus(Configured):
                 self._waker.keep_fs_event()
                 fs_event = False
             due = self._retries.next_due()
-            resting = not self._subs and now < listed_at + self._route_gap  # a router's
             listing_due = (
                 (not woken and not steal_only and not resting)
                 or fs_event
