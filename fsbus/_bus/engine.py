@@ -1268,7 +1268,12 @@ class Bus(Configured):
                         extra[e.key] = [*self._targets(e), *hits]
         if multis:
             await self._deliver_multi(multis, extra, reads)
-        if self._ready_keys and self._free > 0:
+        if self._ready_keys and self._free > 0 and not self._force_full:
+            # (A work-queue subscription that came while this listing ran asked for a
+            # full one: claim after it. This one may have listed a few buckets only, and
+            # the heap was emptied while no subscription took work-queue messages: the
+            # next subscription of a queue took the message behind those the last one
+            # gave back.)
             await self._claim_ready()
 
     def _take_listed(self, entries: list[Entry]) -> list[Entry]:

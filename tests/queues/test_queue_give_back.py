@@ -10,6 +10,7 @@ settle is a redelivery.
 from __future__ import annotations
 
 import fcntl
+import os
 import threading
 import time
 from pathlib import Path
@@ -18,10 +19,12 @@ import anyio
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, Message, Requeue
+from fsbus._bus import engine
+from fsbus._bus.ops import Ops
 from fsbus._bus.scan import name_order
 from tests.tracked_ops import TrackedOps
 
-from .conftest import WAIT
+from .conftest import WAIT, wait_until
 
 
 async def all_held(bus: Bus, queue: str, n: int) -> None:
@@ -180,3 +183,81 @@ def test_a_subscription_closing_during_a_claim_round_gives_its_claim_back_first(
             got = (msg.payload, msg.delivery_count)
             it.ack(msg)
     assert got == (b"1", 1)
+
+
+class GatedListing(Ops):
+    """Counts the listings of each directory done. Once :meth:`arm` is called, the next
+    listing of one of queue ``q``'s buckets waits until :attr:`opened` is set (for
+    :data:`HOLD_LISTING` at most)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        self.listed: dict[str, int] = {}
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def listdir(self, path: str) -> list[str]:
+        if self.armed and "/queues/q/bus/messages/" in path:
+            self.armed = False
+            self.entered.set()
+            self.opened.wait(HOLD_LISTING)
+        try:
+            return super().listdir(path)
+        finally:
+            self.listed[path] = self.listed.get(path, 0) + 1
+
+
+HOLD_LISTING = 5.0
+"""Seconds the gated listing waits at most (the test opens the gate sooner)."""
+
+
+@pytest.mark.anyio
+async def test_a_subscription_that_comes_during_a_listing_claims_after_a_full_one(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue's bus with no consumer keeps nothing on its ready heap. A consumer that
+    comes while a listing of a few buckets runs (one that a new message brought) waits
+    for a listing of every bucket before it claims. (It claimed at the end of the
+    running listing, which knew of the new message only: it took that message before
+    the ones the last consumer gave back, which were older.)"""
+    monkeypatch.setattr(engine, "_QUEUE_BUS_LINGER", 60.0)  # (the same queue bus throughout)
+    ops = GatedListing()
+    async with Bus(root, ops=ops) as bus:
+        await bus.declare_queue("q", ["t"])
+        for i in range(5):
+            await bus.publish("t", str(i).encode())
+        async with bus.messages(queue="q", prefetch=4) as it:
+            msg = await it.receive(WAIT)
+            assert msg.payload == b"0"
+            await it.ack(msg)
+        # gave back 1, 2 and 3 unread; with no consumer the heap empties, and a message
+        # published now is listed (so no listing of the given back runs any more)
+        inner = bus._queue_buses["q"].bus
+        assert inner is not None
+        # its listings in a worker thread, as on a shared mount (inline, on the event
+        # loop, none is under way while a consumer subscribes)
+        inner._offload.inline_allowed = inner._offload.inline = False
+        before = dict(ops.listed)
+        await bus.publish("t", b"5")
+        five = max([m async for m in bus.browse(queue="q")], key=lambda m: name_order(m.name))
+        bucket = os.path.dirname(five.path)
+        await wait_until(
+            lambda: (
+                ops.listed.get(bucket, 0) > before.get(bucket, 0)
+                and not inner._ready_keys
+                and not inner._retries
+            )
+        )
+        ops.arm()
+        await bus.publish("t", b"new")  # a listing of its bucket starts, and waits
+        assert await anyio.to_thread.run_sync(ops.entered.wait, WAIT)
+        async with bus.messages(queue="q", prefetch=4) as it:
+            ops.opened.set()
+            msg = await it.receive(WAIT)
+            assert (msg.payload, msg.delivery_count) == (b"1", 1)
+            await it.ack(msg)
+        assert bus._queue_buses["q"].bus is inner  # (the same queue bus all along)
