@@ -1240,9 +1240,12 @@ class Bus(Configured):
             again = decision.new_singles
         self._found_work = False
         if any(s.kind != "multi" and not s.closed for s in self._subs):
-            self._push_all_ready(self._take_listed(again))
-            # (what it held back is listed again at once, within _HELD_WAIT: no gap)
-            self._found_work = len(decision.new_singles) > len(self._held_back)
+            taken, released = self._take_listed(again)
+            self._push_all_ready(taken)
+            # New work found: new items not held back now, or items the last listing held
+            # back that go on the heap now. (What this one holds back is listed again at
+            # once, within _HELD_WAIT: no gap for it.)
+            self._found_work = len(decision.new_singles) > len(self._held_back) or released > 0
         elif self._ready or self._held_back:
             # No subscription here takes work-queue messages (a bus that only routes
             # peers' messages, or whose subscriptions are all multi): keep none of them
@@ -1276,21 +1279,24 @@ class Bus(Configured):
             # gave back.)
             await self._claim_ready()
 
-    def _take_listed(self, entries: list[Entry]) -> list[Entry]:
+    def _take_listed(self, entries: list[Entry]) -> tuple[list[Entry], int]:
         """Of work items this listing found, those to put on the heap now: the ones
         published before it began, and those the last listing held back (still present);
         the others are held back until the next listing, which sees every message their
         publishers published before them (:func:`split_fresh`). The scan loop lists
-        again within :data:`_HELD_WAIT`."""
+        again within :data:`_HELD_WAIT`. Also returns how many of the items put on the
+        heap are ones the last listing held back."""
         held = self._held_back
         ready, self._held_back = split_fresh(entries, self._horizon_ms)
+        released = 0
         if held:
             views = self._state.buckets
             for e in held:
                 view = views.get(e.bucket_index)
                 if view is not None and e.name in view.singles:
                     ready.append(e)
-        return ready
+                    released += 1
+        return ready, released
 
     async def _tidy_and_route(self, decision: ScanDecision, baseline: bool) -> None:
         """After a listing: remove what it found expired, set aside what is foreign, and
