@@ -363,7 +363,7 @@ class Bus(Configured):
         # changes to the others' it put off (share.py), and the others' buckets listed by
         # the current scan (all their work items go on the heap).
         self._share = Share()
-        self._share_look: Callable[[], Callable[[], frozenset[int] | None]] | None = None
+        self._share_look: Callable[[], Awaitable[frozenset[int] | None]] | None = None
         self._others_listed: set[int] = set()
         self._subs: list[Subscription] = []
         self._existing_pending: list[Subscription] = []
@@ -1025,9 +1025,8 @@ class Bus(Configured):
         while True:
             if self._share_look is not None and time.monotonic() >= self._share.next_look:
                 self._share.next_look = time.monotonic() + SHARE_EVERY
-                look = self._share_look()  # (on the loop: what this process holds now)
                 try:
-                    self._share.mine = await anyio.to_thread.run_sync(look)
+                    self._share.mine = await self._share_look()
                 except OSError:
                     self._share.mine = None
                 self._rerank(self._share.mine)
@@ -2854,12 +2853,21 @@ class Bus(Configured):
         finally:
             self._router_waiting = False
 
-    def _share_looker(self, name: str, buckets: int) -> Callable[[], frozenset[int] | None]:
-        """What finds this process's share of queue ``name``'s buckets (see share.py): its
-        own consumers taken now, on the loop; the others' looked at in a thread."""
-        own = frozenset(os.path.basename(p) for p in self._own_consumers.get(name, ()))
-        queues = self._queues
-        return lambda: share_of(queues.live_consumers(name, own), own, buckets)
+    async def _share_now(self, name: str, buckets: int) -> frozenset[int] | None:
+        """This process's share of queue ``name``'s buckets (see share.py): its own
+        consumers taken on the loop, before and after the others are looked at in a
+        thread. A consumer of this process that came or left during the look is its own,
+        never another's (counted as another, it made this process list half the buckets,
+        and put off the other half, with no other consumer there)."""
+
+        def own() -> frozenset[str]:
+            return frozenset(os.path.basename(p) for p in self._own_consumers.get(name, ()))
+
+        before = own()
+        live = await anyio.to_thread.run_sync(self._queues.live_consumers, name, before)
+        after = own()
+        others = set(live) - before - after
+        return share_of(others | after, after, buckets)
 
     def _release_queue_bus(
         self, name: str, entry: _Hosted, token: object, *, linger: bool = True
@@ -2923,7 +2931,7 @@ class Bus(Configured):
             inner._fs.peerless = True  # (only fsbus processes read a queue's bus)
             if not self._fs.platform.shared:  # (flock and listings: see share.py)
                 inner._share_look = functools.partial(
-                    self._share_looker, name, len(inner.layout.buckets)
+                    self._share_now, name, len(inner.layout.buckets)
                 )
             hosted.bus = inner
             # the queue it opened (its folder created, if it was not there yet)

@@ -9,6 +9,7 @@ no others.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from fsbus import Bus, BusConfig, Message
 from fsbus._bus import engine
 
-from .conftest import Inbox, wait_until
+from .conftest import WAIT, Inbox, wait_until
 
 
 def share(bus: Bus, queue: str) -> frozenset[int] | None:
@@ -108,6 +109,43 @@ async def test_a_dead_consumers_file_takes_no_part(root: Path) -> None:
             await bus.publish("jobs.run", str(i).encode())
         await inbox.wait_for(50)
     assert Counter(inbox.payloads) == Counter(str(i).encode() for i in range(50))
+
+
+@pytest.mark.anyio
+async def test_a_consumer_of_this_process_that_comes_during_a_look_is_not_another(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look at a queue's live consumers takes this process's own on the event loop
+    and the others' files in a thread. A consumer of this process that comes meanwhile
+    (its file made between the two) is one of its own: with no other process there,
+    the process still lists every bucket. (It was counted as another: the process
+    then listed half the buckets first, and left the other half's fresh work for
+    _STEAL_AGE_MS, with no one else there to take it.)"""
+    monkeypatch.setattr(engine, "SHARE_EVERY", 30.0)  # (the bus's own looks: its first only)
+    async with Bus(root) as bus:
+        await bus.declare_queue("work", ["jobs.#"])
+        await bus.subscribe(None, Inbox(), queue="work")
+        queues = bus._queues
+        live = queues.live_consumers
+        entered, opened = threading.Event(), threading.Event()
+
+        def gated(name: str, own: Any = ()) -> list[str]:
+            entered.set()
+            opened.wait(WAIT)
+            return live(name, own)
+
+        monkeypatch.setattr(queues, "live_consumers", gated)
+        looks: list[frozenset[int] | None] = []
+
+        async def look() -> None:
+            looks.append(await bus._share_now("work", 16))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(look)
+            assert await anyio.to_thread.run_sync(entered.wait, WAIT)
+            await bus.subscribe(None, Inbox(), queue="work")  # its file is made now
+            opened.set()
+        assert looks == [None]
 
 
 @pytest.mark.anyio
