@@ -125,9 +125,16 @@ class Namer:
         priority: int | None,
     ) -> PublishPlan:
         """Validate a publish call and name its file (no I/O)."""
-        if type(topic) is str and ttl is None and headers is None and priority is None:
-            # Default ttl and priority on a known topic: the plan plan_publish would make.
-            named = self.name_plain(topic, single)
+        if type(topic) is str and headers is None and priority is None:
+            # Default priority on a known topic, the default ttl or a plain number of
+            # seconds (a queue's copies have theirs): the plan plan_publish would make.
+            if ttl is None:
+                named = self.name_plain(topic, single)
+            elif (type(ttl) is float or type(ttl) is int) and ttl > 0:
+                ttl_ms = MAX_EXPIRES_MS if ttl >= MAX_EXPIRES_MS / 1000 else round(ttl * 1000)
+                named = self.name_plain(topic, single, ttl_ms)
+            else:
+                named = None  # (plan_publish says what is wrong with it)
             if named is not None:
                 name, bi, expires_ms = named
                 return PublishPlan(
@@ -174,18 +181,22 @@ class Namer:
         self._forms[form.topic] = form
         return form
 
-    def name_plain(self, topic: object, single: bool) -> tuple[str, int, int] | None:
+    def name_plain(
+        self, topic: object, single: bool, ttl_ms: int | None = None
+    ) -> tuple[str, int, int] | None:
         """Name a plain message: (name, bucket index, expiry ms), or None to :meth:`plan` it.
 
-        Plain means default ttl and priority, no headers, and a topic that :meth:`plan`
-        has already validated and that fits in the name (no spill file). The name is the
-        one :meth:`plan` would give at the same millisecond and unique part; only the
-        general checks are skipped, since nothing here can be wrong.
+        Plain means default priority, no headers, and a topic that :meth:`plan` has
+        already validated and that fits in the name (no spill file); the default ttl, or
+        ``ttl_ms`` (positive, checked by the caller). The name is the one :meth:`plan`
+        would give at the same millisecond and unique part; only the general checks are
+        skipped, since nothing here can be wrong.
         """
         form = self._forms.get(topic) if type(topic) is str else None
         if form is None or form.spill is not None:
             return None
-        kind, ttl_ms = self._plain[1 if single else 0]
+        kind, default_ms = self._plain[1 if single else 0]
+        ttl_ms = default_ms if ttl_ms is None else ttl_ms
         now_ms = int(time() * 1000)
         expires_ms = now_ms + ttl_ms
         if expires_ms > MAX_EXPIRES_MS:

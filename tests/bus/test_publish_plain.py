@@ -45,7 +45,13 @@ CONFIGS = {
 
 
 def general_plan_for(
-    namer: Namer, layout: Layout, config: BusConfig, name: str, single: bool, durable: bool = False
+    namer: Namer,
+    layout: Layout,
+    config: BusConfig,
+    name: str,
+    single: bool,
+    durable: bool = False,
+    ttl: float | None = None,
 ) -> PublishPlan:
     """What the general path plans for the same topic, millisecond and unique part."""
     parsed = parse_name(name)
@@ -57,7 +63,7 @@ def general_plan_for(
         config,
         topic_form(topic, config.split_topic_at),
         single=single,
-        ttl=None,
+        ttl=ttl,
         durable=durable,
         headers=None,
         priority=None,
@@ -91,6 +97,32 @@ def test_name_plain_is_the_name_the_general_plan_gives(
             fast_plan = namer.plan(topic, single, None, durable, None, None)
             general = general_plan_for(namer, layout, config, fast_plan.name, single, durable)
             assert fast_plan == general
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.parametrize("ttl", [0.0004, 0.25, 1, 7200.5, 10**9, 1e12, float("inf")])
+def test_a_plain_call_with_a_ttl_is_planned_as_the_general_plan_does(
+    single: bool, ttl: float
+) -> None:
+    """Namer.plan's shortcut takes a ttl too (a queue's copies are named with the
+    queue's): the same plan as the general path for the same millisecond and unique
+    part, the expiry capped alike."""
+    config = BusConfig()
+    layout = Layout.of("/nowhere/bus", config)
+    namer = Namer(layout, config)
+    namer.plan("jobs.resize", single, None, False, None, None)  # (validates the topic)
+    for durable in (False, True):
+        fast_plan = namer.plan("jobs.resize", single, ttl, durable, None, None)
+        general = general_plan_for(namer, layout, config, fast_plan.name, single, durable, ttl=ttl)
+        assert fast_plan == general
+
+
+@pytest.mark.parametrize("ttl", [0, -1, float("nan"), True, "5", None.__class__])
+def test_a_bad_ttl_gets_the_general_plans_error(ttl: object) -> None:
+    namer = Namer(Layout.of("/nowhere/bus", BusConfig()), BusConfig())
+    namer.plan("jobs.resize", True, None, False, None, None)
+    with pytest.raises(UsageError, match="ttl must be a positive number of seconds"):
+        namer.plan("jobs.resize", True, ttl, False, None, None)  # type: ignore[arg-type]
 
 
 def test_name_plain_leaves_long_and_foreign_topics_to_the_general_plan() -> None:
