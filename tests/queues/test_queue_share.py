@@ -268,6 +268,27 @@ async def test_a_consumer_that_just_found_work_lists_again_only_after_a_gap(
         assert got[b"3"] - sent[b"3"] < gap
 
 
+def hold_back_once(monkeypatch: pytest.MonkeyPatch, gap: float, *, armed: bool) -> list[bool]:
+    """Stretch engine._BATCH_GAP to ``gap`` (and the looks at the consumers out of the
+    way); while ``hold[0]`` is True (``armed`` to begin with), the next listing that
+    finds work items holds every one of them back, as if all were published after it
+    began, and sets ``hold[0]`` to False. Returns ``hold``."""
+    monkeypatch.setattr(engine, "_BATCH_GAP", gap)
+    monkeypatch.setattr(engine, "SHARE_EVERY", 30.0)
+    hold = [armed]
+    split = engine.split_fresh
+
+    def held_once(entries: Any, horizon_ms: int) -> tuple[list[Any], list[Any]]:
+        entries = list(entries)
+        if hold[0] and entries:
+            hold[0] = False
+            return [], entries
+        return split(entries, horizon_ms)
+
+    monkeypatch.setattr(engine, "split_fresh", held_once)
+    return hold
+
+
 @pytest.mark.anyio
 async def test_work_taken_from_the_held_back_counts_as_found_for_the_gap(
     root: Path, monkeypatch: pytest.MonkeyPatch
@@ -278,18 +299,7 @@ async def test_work_taken_from_the_held_back_counts_as_found_for_the_gap(
     work. (The held back were not counted: a consumer in a flow whose messages often
     came during its listings listed at every stamp, as before the gap.)"""
     gap = 1.0
-    monkeypatch.setattr(engine, "_BATCH_GAP", gap)
-    monkeypatch.setattr(engine, "SHARE_EVERY", 30.0)
-    hold = [True]
-    split = engine.split_fresh
-
-    def held_once(entries: Any, horizon_ms: int) -> tuple[list[Any], list[Any]]:
-        if hold[0] and entries:
-            hold[0] = False
-            return [], list(entries)  # as if all were published after it began
-        return split(entries, horizon_ms)
-
-    monkeypatch.setattr(engine, "split_fresh", held_once)
+    hold = hold_back_once(monkeypatch, gap, armed=True)
     got: dict[bytes, float] = {}
 
     async def handler(msg: Message) -> None:
@@ -317,18 +327,7 @@ async def test_work_a_listing_held_back_is_listed_again_at_once_not_after_the_ga
     which comes within engine._HELD_WAIT; a listing that found nothing else does not
     make it wait engine._BATCH_GAP."""
     gap = 1.0
-    monkeypatch.setattr(engine, "_BATCH_GAP", gap)
-    monkeypatch.setattr(engine, "SHARE_EVERY", 30.0)
-    hold = [False]
-    split = engine.split_fresh
-
-    def held_once(entries: Any, horizon_ms: int) -> tuple[list[Any], list[Any]]:
-        if hold[0]:
-            hold[0] = False
-            return [], list(entries)  # as if all were published after it began
-        return split(entries, horizon_ms)
-
-    monkeypatch.setattr(engine, "split_fresh", held_once)
+    hold = hold_back_once(monkeypatch, gap, armed=False)
     got: dict[bytes, float] = {}
 
     async def handler(msg: Message) -> None:
