@@ -8,10 +8,12 @@ no others.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +236,21 @@ async def test_fresh_work_in_another_consumers_part_is_left_to_it_for_a_while(
     assert held == [b"first"]
 
 
+@contextlib.asynccontextmanager
+async def one_timed_consumer(root: Path) -> AsyncIterator[tuple[Bus, dict[bytes, float]]]:
+    """A bus with queue ``work`` (bound ``jobs.#``) and one consumer of it, which notes
+    when each payload came (``time.monotonic``); no poll tick lists meanwhile."""
+    got: dict[bytes, float] = {}
+
+    async def handler(msg: Message) -> None:
+        got[msg.payload] = time.monotonic()
+
+    async with Bus(root, config=BusConfig(poll_interval=30.0)) as bus:
+        await bus.declare_queue("work", ["jobs.#"])
+        await bus.subscribe(None, handler, queue="work")
+        yield bus, got
+
+
 @pytest.mark.anyio
 async def test_a_consumer_that_just_found_work_lists_again_only_after_a_gap(
     root: Path, monkeypatch: pytest.MonkeyPatch
@@ -244,15 +261,7 @@ async def test_a_consumer_that_just_found_work_lists_again_only_after_a_gap(
     gap = 1.0
     monkeypatch.setattr(engine, "_BATCH_GAP", gap)
     monkeypatch.setattr(engine, "SHARE_EVERY", 30.0)  # (a look at the consumers lists too)
-    got: dict[bytes, float] = {}
-
-    async def handler(msg: Message) -> None:
-        got[msg.payload] = time.monotonic()
-
-    quiet_polls = BusConfig(poll_interval=30.0)  # no poll tick lists meanwhile
-    async with Bus(root, config=quiet_polls) as bus:
-        await bus.declare_queue("work", ["jobs.#"])
-        await bus.subscribe(None, handler, queue="work")
+    async with one_timed_consumer(root) as (bus, got):
         sent = {b"1": time.monotonic()}
         await bus.publish("jobs.run", b"1")
         await wait_until(lambda: b"1" in got)
@@ -300,14 +309,7 @@ async def test_work_taken_from_the_held_back_counts_as_found_for_the_gap(
     came during its listings listed at every stamp, as before the gap.)"""
     gap = 1.0
     hold = hold_back_once(monkeypatch, gap, armed=True)
-    got: dict[bytes, float] = {}
-
-    async def handler(msg: Message) -> None:
-        got[msg.payload] = time.monotonic()
-
-    async with Bus(root, config=BusConfig(poll_interval=30.0)) as bus:
-        await bus.declare_queue("work", ["jobs.#"])
-        await bus.subscribe(None, handler, queue="work")
+    async with one_timed_consumer(root) as (bus, got):
         sent = time.monotonic()
         await bus.publish("jobs.run", b"1")
         await wait_until(lambda: b"1" in got)
@@ -328,14 +330,7 @@ async def test_work_a_listing_held_back_is_listed_again_at_once_not_after_the_ga
     make it wait engine._BATCH_GAP."""
     gap = 1.0
     hold = hold_back_once(monkeypatch, gap, armed=False)
-    got: dict[bytes, float] = {}
-
-    async def handler(msg: Message) -> None:
-        got[msg.payload] = time.monotonic()
-
-    async with Bus(root, config=BusConfig(poll_interval=30.0)) as bus:
-        await bus.declare_queue("work", ["jobs.#"])
-        await bus.subscribe(None, handler, queue="work")
+    async with one_timed_consumer(root) as (bus, got):
         await bus.publish("jobs.run", b"1")
         await wait_until(lambda: b"1" in got)
         await wait_until(lambda: time.monotonic() - got[b"1"] >= gap)
