@@ -1270,12 +1270,7 @@ class Bus(Configured):
                         extra[e.key] = [*self._targets(e), *hits]
         if multis:
             await self._deliver_multi(multis, extra, reads)
-        if self._ready_keys and self._free > 0 and not self._force_full:
-            # (A work-queue subscription that came while this listing ran asked for a
-            # full one: claim after it. This one may have listed a few buckets only, and
-            # the heap was emptied while no subscription took work-queue messages: the
-            # next subscription of a queue took the message behind those the last one
-            # gave back.)
+        if self._ready_keys and self._free > 0:
             await self._claim_ready()
 
     def _take_listed(self, entries: list[Entry]) -> tuple[list[Entry], int]:
@@ -1759,7 +1754,15 @@ class Bus(Configured):
         its bucket's latest listing, in flight here, or backing off after a busy claim
         (the retry re-lists its bucket and pushes it again). Claims go in rounds of at
         most ``_CLAIM_ROUND_SECONDS``, each round's messages handed out when it ends.
+
+        Nothing is claimed while a full listing that a new work-queue subscription asked
+        for is to come: the heap may hold only what a listing of a few buckets found
+        (it is emptied while no subscription takes work-queue messages), and a claim
+        then took a new message before older ones, e.g. those the last subscription of
+        a queue gave back.
         """
+        if self._force_full:
+            return
         while await self._claim_round():
             pass
 
