@@ -36,6 +36,7 @@ PURE_NAMES = (
     "_bus/names.py",
     "_bus/layout.py",
     "_bus/scan.py",
+    "_bus/stamps.py",
     "_bus/retry.py",
     "_bus/plan.py",
     "_bus/message.py",

@@ -68,6 +68,7 @@ from .scan import (
     split_fresh,
 )
 from .share import SHARE_EVERY, Share, share_of
+from .stamps import peer_may_have_stamped
 from .sweep import collect_garbage
 from .take import TakeView
 
@@ -342,6 +343,9 @@ class Bus(Configured):
         self._buckets = self.layout.buckets
         self._max_payload = self._cfg.max_payload_size
         self._queues: QueueStore = open_store(self.layout, self._cfg, ops)
+        # A main bus's stamps say they are fsbus's while it has queues (stamps.py)
+        self._fs.tag_stamps = True
+        self._queues.on_change = self._fs.note_queues
         self._queue_buses: dict[str, _Hosted] = {}
         # Queue -> this bus's consumer files of it -> their subscriptions (None while
         # attaching): counted from here, not from their flocks (see queue_info).
@@ -377,6 +381,10 @@ class Bus(Configured):
         self._list_cpu = 0.0  # CPU seconds the last listing took (its thread's)
         self._found_work = False  # the last listing found new work items (_BATCH_GAP)
         self._route_gap = _ROUTE_GAP  # a router's gap between listings (_ROUTE_GAP_MOST)
+        self._passed_by_stamps = False  # (a router's, since its last full listing)
+        self._passed: set[int] = set()  # buckets passed over by stamps since listed
+        self._cut_ms: int | None = None  # when a subscription came to a router (_scan)
+        self._full_wall = 0.0  # when the last full listing began (time.time)
         self._in_flight: set[tuple[int, str]] = set()
         # (rank, push order, entry): a heap comparison is one integer comparison
         self._ready: list[tuple[int, int, Entry]] = []
@@ -915,6 +923,8 @@ class Bus(Configured):
             # thousands of messages, that listing takes milliseconds.
             if kind != "multi":
                 self._force_full = True
+            if self._cut_ms is None:
+                self._cut_ms = int(time.time() * 1000)  # (buckets a router passed over)
             self._waker.wake()  # (the scan loop may rest, routing only, until woken)
         return sub
 
@@ -1135,6 +1145,15 @@ class Bus(Configured):
         due = self._retries.take_due(now)
         retry = {bi for bi, _ in due}
         relist, self._stale_buckets = retry | self._stale_buckets, set()
+        cut: tuple[frozenset[int], int] | None = None
+        if self._cut_ms is not None and self._subs:
+            # The first listing since a subscription came to a router: the buckets it
+            # passed over by their stamps are listed, and what was published in them
+            # before the subscription is not new to it.
+            if self._passed:
+                cut = (frozenset(self._passed), self._cut_ms)
+                relist |= self._passed
+            self._cut_ms = None
         try:
             # Inline on the loop while the mount is fast and the bus holds no big backlog
             # (the thread hop costs more than a small scan); in a worker thread otherwise.
@@ -1146,7 +1165,7 @@ class Bus(Configured):
             t0 = time.perf_counter()
             update, listings, decision, reads = await self._offload.scan(
                 lambda inline: self._list_and_read(
-                    full, relist, baseline, deliver, cache, inline, steal, peers_only
+                    full, relist, baseline, deliver, cache, inline, steal, peers_only, cut
                 ),
                 big=full,
             )
@@ -1180,17 +1199,24 @@ class Bus(Configured):
             self._existing_pending[:0] = existing_subs  # try them again next scan
             self._retries.put_back(due, now)
             self._stale_buckets |= relist
+            if cut is not None and self._cut_ms is None:
+                self._cut_ms = cut[1]
             raise
         if full:
             self._last_refresh = now
+            self._full_wall, self._passed_by_stamps = wall, False
         self._last_update = update if update is not None else self._last_update
         self._counts["scans"] += 1
         self._retries.put_back((key for key in due if key[0] not in listings), now)
         if self._fs.read_only is None:  # (open for looking only: it removes and routes nothing)
             await self._tidy_and_route(decision, baseline)
         if self._queues.progress_due():
-            # as the router: what was renamed before this listing began has been seen
-            await anyio.to_thread.run_sync(self._queues.note_progress, wall)
+            # As the router: what was renamed before this listing began has been seen.
+            # Once a listing passed over buckets by their stamps, every peer's message
+            # but one whose stamp an fsbus publisher overwrote unread (stamps.py): the
+            # last full listing has seen that one too.
+            seen_from = self._full_wall if self._passed_by_stamps else wall
+            await anyio.to_thread.run_sync(self._queues.note_progress, seen_from)
         # Work items already on the heap, in flight or backing off need no second look:
         # new ones go on the heap, and a full listing or a bucket listed again for a
         # retry puts back everything it holds (what was dropped while busy, released...).
@@ -1392,6 +1418,7 @@ class Bus(Configured):
         inline: bool,
         steal: bool = True,
         peers_only: bool = False,
+        cut: tuple[frozenset[int], int] | None = None,
     ) -> tuple[bytes | None, dict[int, list[str]], ScanDecision, dict[tuple[int, str], ReadResult]]:
         """Blocking, one call per scan (inline or in a worker thread, see
         :meth:`Offload.scan`): list, decide, and read the new multi messages whose topic
@@ -1405,7 +1432,7 @@ class Bus(Configured):
         """
         cpu0 = time.thread_time()
         update, listings, spills = self._list(
-            full, retry, _INLINE_SCAN_NAMES if inline else None, steal
+            full, retry, _INLINE_SCAN_NAMES if inline else None, steal, peers_only
         )
         decision = decide(
             self._state,
@@ -1414,6 +1441,7 @@ class Bus(Configured):
             int(time.time() * 1000),
             baseline=baseline,
             peers_only=peers_only,
+            cut=cut,
         )
         own = self._own_names
         if own and decision.new_multi:
@@ -1467,13 +1495,20 @@ class Bus(Configured):
         decision.new_unparsed = []
 
     def _list(
-        self, full: bool, retry: set[int], limit: int | None = None, steal: bool = True
+        self,
+        full: bool,
+        retry: set[int],
+        limit: int | None = None,
+        steal: bool = True,
+        peers_only: bool = False,
     ) -> tuple[bytes | None, dict[int, list[str]], dict[tuple[int, str], str | None]]:
         """Read UPDATE, list the buckets that changed (all when ``full``) and read the
         spilled topics of long names. ``limit``: raise :class:`ScanTooBig` first, with
         nothing changed, when those buckets held more names than that at their last
         listing. ``steal``: nothing to claim and a handler free (a queue consumer with a
-        share lists the others' buckets too, see share.py)."""
+        share lists the others' buckets too, see share.py). ``peers_only``: a router's
+        listing, which passes over the buckets last stamped by fsbus publishers with no
+        peer's stamp carried (stamps.py)."""
         fs = self._fs
         self._horizon_ms = int(time.time() * 1000)
         update = fs.read_update(reopen=full)
@@ -1493,7 +1528,20 @@ class Bus(Configured):
                 share.note(ours, {bi for bi in wanted if bi not in ours}, time.monotonic())
             self._others_listed = set()  # (a full listing puts back what it may)
         else:
-            wanted = set(changed_buckets(self._last_update, update, self.layout.stamp_size, count))
+            size = self.layout.stamp_size
+            wanted = set(changed_buckets(self._last_update, update, size, count))
+            if peers_only and fs.tag_stamps and wanted:
+                # Only fsbus publishers stamped these since they were listed: their
+                # messages were routed as they were published.
+                passed = {
+                    bi
+                    for bi in wanted
+                    if not peer_may_have_stamped(update[bi * size : bi * size + size])
+                }
+                if passed:
+                    wanted -= passed
+                    self._passed_by_stamps = True
+                    self._passed |= passed
             # Buckets whose only change is this bus's own stamp hold nothing new for it;
             # they are listed again within _OWN_RELIST all the same (a stamp of another
             # publisher's that this bus overwrote in between is rare, not impossible: see
@@ -1526,6 +1574,8 @@ class Bus(Configured):
             for bi in mine:
                 if bi not in wanted:
                     dirty.setdefault(bi, now)
+        if self._passed:
+            self._passed.difference_update(wanted)
         listings = fs.list_buckets(sorted(wanted))
         if fs.track_own:
             fs.note_listed(listings, update)
@@ -2929,6 +2979,7 @@ class Bus(Configured):
         # the same I/O seam as this bus: a fault injected there reaches its consumers too
         bus = Bus._using(root, self._queues.sub_config, self._fs.ops)
         bus._fs.spares = False  # (what it publishes is rare: dead letters, given back)
+        bus._fs.tag_stamps = False  # (no router reads a queue's bus)
         async with bus as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
             inner._fs.peerless = True  # (only fsbus processes read a queue's bus)

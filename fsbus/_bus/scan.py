@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -312,6 +312,7 @@ def decide(
     *,
     baseline: bool = False,
     peers_only: bool = False,
+    cut: tuple[Collection[int], int] | None = None,
 ) -> ScanDecision:
     """Compare listings with the previous ones and sort every name into a decision.
 
@@ -325,6 +326,10 @@ def decide(
     kept in :attr:`BucketView.unparsed` (counted in :attr:`ScanDecision.unparsed`, the
     new ones listed), and the first listing without ``peers_only`` sorts them out as
     present, not new.
+
+    ``cut``: (buckets, ms): in these buckets, a multi message published (its name says
+    when) before that time is present, not new: buckets a router passed over by their
+    stamps, whose last listing is older than the subscription that came since.
 
     Only the names that came or went since a bucket's previous listing are looked at one
     by one; the rest of the decision comes from what that listing was sorted into.
@@ -373,7 +378,13 @@ def decide(
             if placed == "s":
                 out.new_singles.append(entry)
             elif placed == "m" and not baseline:
-                out.new_multi.append(entry)
+                if (
+                    cut is None
+                    or bi not in cut[0]
+                    or entry.fields is None
+                    or entry.fields.published_ms >= cut[1]
+                ):
+                    out.new_multi.append(entry)
         out.unparsed += len(view.unparsed)
         if view.next_expiry and view.next_expiry <= now_ms:
             view.expire(now_ms)  # only names seen before can expire here

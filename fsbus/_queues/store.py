@@ -135,6 +135,8 @@ class QueueStore:
         self._retired: list[tuple[float, QueueBus]] = []
         self._bad: set[str] = set()
         self._links: set[str] = set()  # queue folders found to be symbolic links (warned)
+        self.on_change: Callable[[bool], None] | None = None
+        """Called with whether any queue is defined, as the routing table changes."""
         self._router_fd: int | None = None
         self._router_warned = False
         self._progress_at = 0.0  # when note_progress last wrote (time.monotonic)
@@ -250,6 +252,8 @@ class QueueStore:
                         trie.add(p, d.name)
                 self._defs, self._trie, self._routes = defs, trie, {}
                 self._version = version
+                if self.on_change is not None:
+                    self.on_change(bool(defs))
                 # a definition changed: the buses this process writes into must still
                 # be those of the queues of their names (a delete, then a declare, in
                 # another process or by a bus of this one, makes a new directory)

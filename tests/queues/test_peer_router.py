@@ -225,8 +225,9 @@ async def test_a_router_rests_after_a_long_listing_of_many_messages_and_still_ro
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The main bus keeps every multi message until it expires, so a router's listings
-    grow with what fsbus publishers send, which needs no routing. A long listing of many
-    names paces the router's next one, as a consumer's of a backlog does; a peer's
+    of buckets it cannot pass over by their stamps (stamped by peers, or by an fsbus
+    older than tagged stamps, as here) grow with all that was sent. A long listing of
+    many names paces the router's next one, as a consumer's of a backlog does; a peer's
     message published meanwhile is routed when the rest ends."""
     monkeypatch.setattr(engine, "_PACE_NAMES", 4)
     monkeypatch.setattr(engine, "_PACE_FROM", 0.0)
@@ -241,6 +242,7 @@ async def test_a_router_rests_after_a_long_listing_of_many_messages_and_still_ro
 
         def publish_all() -> None:
             with BlockingBus(root) as pub:
+                pub._fs.tag_stamps = False  # (random stamps, as an older fsbus wrote)
                 for i in range(n):
                     pub.publish("other.fsbus", b"%d" % i)  # bound to no queue
                     rests.append(router._listing_took)
@@ -280,7 +282,8 @@ async def test_a_router_leaves_fsbus_names_unparsed_and_a_later_subscription_is_
             pub.publish("x.meanwhile", b"m", ttl=600)
         await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
         await routed.wait_for(1)  # a peer's name is parsed, and routed
-        await wait_until(lambda: len(unparsed(router)) == len(names) + 1)
+        # ("m" is left unparsed too, or its bucket passed over by its stamp: either way
+        # it is present, not new, to the subscriptions below; test_router_stamps.py)
         new, old, work = Inbox(), Inbox(), Inbox()
         await router.subscribe("x.#", new, kind="multi")
         await router.subscribe("x.#", old, existing=True, kind="multi")
