@@ -169,6 +169,41 @@ async def test_a_slow_mount_moves_publishes_to_a_thread_and_back(root: Path) -> 
 
 
 @pytest.mark.anyio
+async def test_slow_publishes_two_fast_ones_apart_are_hiccups_one_apart_a_slow_mount(
+    root: Path,
+) -> None:
+    """A slow inline publish is a strike; the second within ``STRIKE_WINDOW`` (two)
+    inline publishes moves publishing to the thread. Slow ones with two fast ones
+    between are taken for hiccups (a busy machine preempts the loop's process now and
+    then): publishing stays inline. A mount slow every other publish is a slow mount."""
+    seam = Seam()
+    me = threading.get_ident()
+
+    async def publish(delay: float) -> None:
+        seam.delay = delay
+        await bus.publish("t.x", PAYLOAD)
+        seam.delay = 0.0
+
+    async with Bus(root, ops=seam) as bus:
+        await publish_until_inline(bus, seam)
+        before = len(seam.renames())
+        for _ in range(3):
+            await publish(0.01)  # (three calls: 30 ms or more, past SLOW here)
+            await publish(0.0)
+            await publish(0.0)
+        assert bus._offload.inline
+        assert seam.renames()[before:] == [me] * 9
+        await publish(0.01)
+        await publish(0.0)
+        await publish(0.01)
+        assert not bus._offload.inline
+        await publish(0.0)
+        assert seam.renames()[-1] != me
+        total = len(seam.renames())
+    assert len(message_files(root)) == total
+
+
+@pytest.mark.anyio
 async def test_concurrent_publishes_on_a_slow_mount_share_thread_hops(root: Path) -> None:
     seam = Seam()
     me = threading.get_ident()
