@@ -117,7 +117,12 @@ class BusConfig(BaseModel):
         description="Dead-lettered messages go to '<prefix>.<topic>'.",
     )
     gc_interval: float = Field(
-        D.gc_interval, gt=0, description="Seconds between sweeps for expired messages and debris."
+        D.gc_interval,
+        gt=0,
+        description=(
+            "Seconds between sweeps for expired messages and debris (made by one of the "
+            "processes on the bus, each interval)."
+        ),
     )
     locking: Literal["auto", "flock", "rename"] = Field(
         D.locking,

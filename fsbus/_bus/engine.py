@@ -2318,7 +2318,7 @@ class Bus(Configured):
             try:
                 if time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + self._cfg.gc_interval
-                    await self.gc()
+                    await self._gc_if_turn()
                     await self._finish_peer_routes()
                 elif due is not None and due <= time.time():
                     await anyio.to_thread.run_sync(self._queues.expire_queues)
@@ -2326,6 +2326,19 @@ class Bus(Configured):
                 return  # the bus is closing under us: not a failure worth a warning
             except Exception as exc:  # keep the bus running; say what went wrong
                 log.warning("garbage collection failed: %s", exc)
+
+    async def _gc_if_turn(self) -> None:
+        """The periodic collection, run by one of the processes on the bus each
+        ``gc_interval`` (:meth:`BusFS.gc_turn`), not by each of them."""
+        fs = self._fs
+        turn = await anyio.to_thread.run_sync(fs.gc_turn, self._cfg.gc_interval)
+        if turn is None:
+            return
+        try:
+            await self.gc()
+        finally:
+            with anyio.CancelScope(shield=True):  # (a closing bus lets the lock go too)
+                await anyio.to_thread.run_sync(fs.gc_done, turn)
 
     async def gc(self, *, debris_age: float = 600.0) -> int:
         """Remove expired messages, quarantine foreign files, sweep crash debris, and

@@ -13,6 +13,8 @@
     <root>/fsbus/quarantine/               foreign or corrupt files moved aside
     <root>/fsbus/spares/                   empty staging files publishers made ahead
     <root>/fsbus/wal/<host>-<pid>-<n>.log  a process's durable log (see wal.py)
+    <root>/fsbus/gc                        flocked by the process collecting the bus;
+                                           its mtime: when the last collection ended
     <root>/streams/<name>/                 streams (see the streams modules)
 
 The first four are qlobber-fsq 14's layout; peers ignore the rest. The bucket

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import anyio
 import pytest
 
 from fsbus import Bus, BusConfig
+from fsbus._bus import engine
 
 from .conftest import Inbox, files_under, message_files, wait_until
 
@@ -92,3 +94,37 @@ async def test_an_expired_work_item_is_logged_as_a_warning(
         "1 work-queue message(s) expired before any consumer took them (e.g. 'jobs.resize'); "
         "add consumers or raise single_ttl"
     ]
+
+
+@pytest.mark.anyio
+async def test_the_periodic_collection_is_one_process_at_a_time_once_an_interval(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every bus ran its own collection each ``gc_interval``, and each lists every bucket
+    of the bus. Now the one that takes ``fsbus/gc`` (a flock) collects, and the others
+    let that interval pass: collections on one bus never overlap, and each begins at
+    least nine tenths of an interval after the last one ended. Two buses here (each
+    holds its own descriptor, so their flocks exclude each other as two processes'
+    do); expired messages are still removed."""
+    interval = 0.2
+    spans: list[tuple[float, float]] = []
+    inner = engine.collect_garbage
+
+    def timed(*args: object, **kwargs: object) -> tuple[int, int, int]:
+        began = time.time()
+        try:
+            return inner(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            spans.append((began, time.time()))
+
+    monkeypatch.setattr(engine, "collect_garbage", timed)
+    cfg = BusConfig(gc_interval=interval)
+    async with Bus(root, config=cfg) as a, Bus(root, config=cfg) as b:
+        info = await a.publish("t", b"x", ttl=0.05)
+        await wait_until(lambda: len(spans) >= 8)
+        expired = a.statistics().expired + b.statistics().expired
+    assert expired == 1
+    assert not await anyio.Path(info.path).exists()
+    ordered = sorted(spans)
+    for (_, ended), (began, _) in itertools.pairwise(ordered):
+        assert began - ended >= interval * 0.9 - 0.01  # (mtimes of a coarse clock)
