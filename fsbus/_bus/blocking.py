@@ -75,9 +75,10 @@ class BlockingBus(Configured):
         self._fs.spares = True  # (on a local filesystem: see BusFS.publish_plain)
         self._namer = Namer(self.layout, self._cfg)
         self._queues = open_store(self.layout, self._cfg, ops)
-        # A main bus's stamps say they are fsbus's while it has queues (stamps.py)
+        # A main bus's stamps say they are fsbus's while a router is at work (stamps.py)
         self._fs.tag_stamps = True
-        self._queues.on_change = self._fs.note_queues
+        self._queues.on_router = self._fs.note_router
+        self._fs.router_active = self._queues.router_active
         self._buckets = self.layout.buckets
         self._max_payload = self._cfg.max_payload_size
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}

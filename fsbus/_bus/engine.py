@@ -343,9 +343,10 @@ class Bus(Configured):
         self._buckets = self.layout.buckets
         self._max_payload = self._cfg.max_payload_size
         self._queues: QueueStore = open_store(self.layout, self._cfg, ops)
-        # A main bus's stamps say they are fsbus's while it has queues (stamps.py)
+        # A main bus's stamps say they are fsbus's while a router is at work (stamps.py)
         self._fs.tag_stamps = True
-        self._queues.on_change = self._fs.note_queues
+        self._queues.on_router = self._fs.note_router
+        self._fs.router_active = self._queues.router_active
         self._queue_buses: dict[str, _Hosted] = {}
         # Queue -> this bus's consumer files of it -> their subscriptions (None while
         # attaching): counted from here, not from their flocks (see queue_info).

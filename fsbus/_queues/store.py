@@ -135,8 +135,10 @@ class QueueStore:
         self._retired: list[tuple[float, QueueBus]] = []
         self._bad: set[str] = set()
         self._links: set[str] = set()  # queue folders found to be symbolic links (warned)
-        self.on_change: Callable[[bool], None] | None = None
-        """Called with whether any queue is defined, as the routing table changes."""
+        self.on_router: Callable[[bool], None] | None = None
+        """Called with whether a router of queue consumers is at work on the bus
+        (:meth:`router_active`), as that changes: looked at with ``VERSION``."""
+        self._router_seen: bool | None = None
         self._router_fd: int | None = None
         self._router_warned = False
         self._progress_at = 0.0  # when note_progress last wrote (time.monotonic)
@@ -244,6 +246,11 @@ class QueueStore:
             except OSError as exc:
                 log.warning("cannot read %s/VERSION: %s; keeping the routing table", self.base, exc)
                 version = self._version
+            if self.on_router is not None:
+                active = version is not None and self.router_active()
+                if active != self._router_seen:
+                    self._router_seen = active
+                    self.on_router(active)
             if force or version != self._version:
                 defs = self._load_all() if version is not None else {}
                 trie: TopicTrie[str] = TopicTrie()
@@ -252,8 +259,6 @@ class QueueStore:
                         trie.add(p, d.name)
                 self._defs, self._trie, self._routes = defs, trie, {}
                 self._version = version
-                if self.on_change is not None:
-                    self.on_change(bool(defs))
                 # a definition changed: the buses this process writes into must still
                 # be those of the queues of their names (a delete, then a declare, in
                 # another process or by a bus of this one, makes a new directory)
@@ -515,6 +520,15 @@ class QueueStore:
         self._progress_at = time.monotonic()
         with contextlib.suppress(OSError):
             os.pwrite(fd, struct.pack("<d", wall), 0)
+
+    def router_active(self) -> bool:
+        """Whether a router is at work on the bus: ``.router`` was written (its progress,
+        every :data:`PROGRESS_EVERY` while it lists) less than :data:`ROUTER_FRESH` ago."""
+        try:
+            age = time.time() - os.stat(f"{self.base}/.router").st_mtime
+        except OSError:
+            return False
+        return -ROUTER_FRESH < age < ROUTER_FRESH
 
     def router_progress(self) -> float | None:
         """The last progress a router recorded (see :meth:`note_progress`), read by the
@@ -913,6 +927,9 @@ RECOUNT = 0.1
 
 PROGRESS_EVERY = 0.5
 """Seconds between two records of the router's progress in ``.router``."""
+ROUTER_FRESH = 5.0
+"""Seconds: a router that recorded its progress less long ago is at work (publishers tag
+their stamps for it: ``fsbus._bus.stamps``)."""
 
 
 def _names_in(folder: str) -> list[str]:

@@ -1,7 +1,7 @@
 """A router of queue consumers passes over the buckets that only fsbus publishers stamped.
 
 fsbus publishers route their own messages into the queues as they publish; the router
-lists the main bus for qlobber-fsq peers' messages alone. While the bus has queues, an
+lists the main bus for qlobber-fsq peers' messages alone. While a router is at work, an
 fsbus publisher's stamp says it is fsbus's, and carries a peer's stamp it overwrote
 (fsbus._bus.stamps), so the router lists only the buckets a peer may have stamped. The
 main bus keeps every multi message until it expires: listing every changed bucket cost
@@ -64,35 +64,57 @@ def peer_index(root: Path) -> int:
     return Layout.of(str(root), FAST).buckets.index(PEER["bucket"])
 
 
-def test_publishers_tag_their_stamps_only_while_the_bus_has_queues(root: Path) -> None:
-    """With no queue there is no router: a stamp is random bytes, written without a read
-    of the slot first. Once a queue is declared, a publisher's stamps say fsbus."""
-    layout = Layout.of(str(root), FAST)
-    with BlockingBus(root) as pub:
-        first = pub.publish("a.b", b"1").path
-        index = layout.buckets.index(os.path.basename(os.path.dirname(first)))
-        assert _carried_since(slot(root, index)) is None  # random: not fsbus's
-        pub.declare_queue("q", ["foo.#"])
-        for _ in range(len(layout.buckets) * 20):
-            path = pub.publish("a.b", b"2").path
-            if os.path.basename(os.path.dirname(path)) == layout.buckets[index]:
-                break
-        else:
-            pytest.fail("no publish landed in the bucket")
-        # fsbus's (carrying the untagged stamp it overwrote, as it would a peer's)
-        assert _carried_since(slot(root, index)) is not None
+def publish_into(pub: BlockingBus, root: Path, index: int) -> None:
+    """Publish until a message lands in bucket ``index``."""
+    bucket = Layout.of(str(root), FAST).buckets[index]
+    for _ in range(256 * 20):
+        if os.path.basename(os.path.dirname(pub.publish("a.b", b"x").path)) == bucket:
+            return
+    pytest.fail("no publish landed in the bucket")
 
 
-def test_a_bus_that_opens_keeps_a_peers_stamp_carried(root: Path) -> None:
-    """A bus that opens makes every stamp new, as qlobber-fsq does; a slot that held a
-    peer's stamp holds one that carries it, so the router still lists that bucket."""
+@pytest.mark.anyio
+async def test_publishers_tag_their_stamps_only_while_a_router_is_at_work(root: Path) -> None:
+    """With no router (no queue consumer on the bus), a stamp is random bytes, written
+    without a read of the slot first; a publish pays for the read only while a router
+    gains from it. Once a router records its progress, a publisher's stamps say fsbus
+    (within its next look at the routing table); the router's first listing was a full
+    one, so what came before is not missed."""
     with BlockingBus(root) as admin:
         admin.declare_queue("q", ["foo.#"])
-    plant_peer_message(root, b"peer")
-    index = peer_index(root)
-    planted = slot(root, index)
-    with BlockingBus(root):
-        renewed = slot(root, index)
+    with BlockingBus(root) as pub:
+        publish_into(pub, root, 0)
+        assert _carried_since(slot(root, 0)) is None  # random: not fsbus's
+        async with Bus(root, config=NO_REFRESH) as router:
+            await router.subscribe(None, Inbox(), queue="q")
+            await wait_until(lambda: router._queues.router_active())
+
+            def tagged_now() -> bool:
+                publish_into(pub, root, 0)
+                return _carried_since(slot(root, 0)) is not None
+
+            await wait_until(tagged_now)
+
+
+@pytest.mark.anyio
+async def test_a_bus_that_opens_keeps_a_peers_stamp_carried(root: Path) -> None:
+    """A bus that opens makes every stamp new, as qlobber-fsq does; while a router is
+    at work, a slot that held a peer's stamp holds one that carries it, so the router
+    still lists that bucket, and the others say fsbus."""
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    async with Bus(root, config=NO_REFRESH) as router:
+        await router.subscribe(None, Inbox(), queue="q")
+        await wait_until(lambda: router._queues.router_active())
+        await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
+        index = peer_index(root)
+        planted = slot(root, index)
+
+        def reopen() -> bytes:
+            with BlockingBus(root):
+                return slot(root, index)
+
+        renewed = await anyio.to_thread.run_sync(reopen)
     assert renewed != planted
     assert peer_may_have_stamped(renewed)
     others = [slot(root, i) for i in range(4) if i != index]
