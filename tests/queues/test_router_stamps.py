@@ -10,10 +10,12 @@ the router a third of a core with 100,000 messages on the bus.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -64,6 +66,18 @@ def peer_index(root: Path) -> int:
     return Layout.of(str(root), FAST).buckets.index(PEER["bucket"])
 
 
+@contextlib.asynccontextmanager
+async def a_router(root: Path, inbox: Inbox, ops: Ops | None = None) -> AsyncIterator[Bus]:
+    """A queue ``q`` bound ``foo.#`` and a bus consuming it, which routes the peers'
+    messages (no full listing after its first): yielded once it has listed the bus."""
+    with BlockingBus(root) as admin:
+        admin.declare_queue("q", ["foo.#"])
+    async with Bus(root, ops=ops, config=NO_REFRESH) as router:
+        await router.subscribe(None, inbox, queue="q")
+        await wait_until(lambda: scans(router) > 0)
+        yield router
+
+
 def publish_into(pub: BlockingBus, root: Path, index: int) -> None:
     """Publish until a message lands in bucket ``index``."""
     bucket = Layout.of(str(root), FAST).buckets[index]
@@ -101,10 +115,7 @@ async def test_a_bus_that_opens_keeps_a_peers_stamp_carried(root: Path) -> None:
     """A bus that opens makes every stamp new, as qlobber-fsq does; while a router is
     at work, a slot that held a peer's stamp holds one that carries it, so the router
     still lists that bucket, and the others say fsbus."""
-    with BlockingBus(root) as admin:
-        admin.declare_queue("q", ["foo.#"])
-    async with Bus(root, config=NO_REFRESH) as router:
-        await router.subscribe(None, Inbox(), queue="q")
+    async with a_router(root, Inbox()) as router:
         await wait_until(lambda: router._queues.router_active())
         await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
         index = peer_index(root)
@@ -125,14 +136,10 @@ async def test_a_bus_that_opens_keeps_a_peers_stamp_carried(root: Path) -> None:
 async def test_a_router_lists_no_bucket_that_only_fsbus_publishers_stamped(root: Path) -> None:
     """fsbus publishes (routed as they were published) bring the router no listing of
     the main bus; a peer's message published among them is routed, once."""
-    with BlockingBus(root) as admin:
-        admin.declare_queue("q", ["foo.#"])
     ops = CountedMainListings()
     inbox = Inbox()
     n = 300
-    async with Bus(root, ops=ops, config=NO_REFRESH) as router:
-        await router.subscribe(None, inbox, queue="q")
-        await wait_until(lambda: scans(router) > 0)
+    async with a_router(root, inbox, ops) as router:
         before_listings, before_scans = ops.count, scans(router)
 
         def publish_all() -> None:
@@ -157,12 +164,8 @@ async def test_a_peers_stamp_that_an_fsbus_publisher_overwrote_is_carried_to_the
     """A peer stamps its bucket and an fsbus publisher stamps the same bucket at once,
     before the router read the slot: the new stamp carries the peer's, and the router
     routes the message at its next listing, not at its next full one."""
-    with BlockingBus(root) as admin:
-        admin.declare_queue("q", ["foo.#"])
     inbox = Inbox()
-    async with Bus(root, config=NO_REFRESH) as router:
-        await router.subscribe(None, inbox, queue="q")
-        await wait_until(lambda: scans(router) > 0)
+    async with a_router(root, inbox):
 
         def peer_then_fsbus() -> None:
             with BlockingBus(root) as pub:
@@ -184,12 +187,8 @@ async def test_a_peers_stamp_overwritten_unread_is_routed_at_the_next_full_listi
     and routes the message at its next full listing (every ``refresh_ttl``): late, never
     lost. Meanwhile the progress it records for a router that takes over is the start
     of its last full listing, which that one would list from."""
-    with BlockingBus(root) as admin:
-        admin.declare_queue("q", ["foo.#"])
     inbox = Inbox()
-    async with Bus(root, config=NO_REFRESH) as router:
-        await router.subscribe(None, inbox, queue="q")
-        await wait_until(lambda: scans(router) > 0)
+    async with a_router(root, inbox) as router:
         full_began = router._full_wall
         index = peer_index(root)
         clean = fresh(bytes(32), os.urandom(32), time.time)
@@ -217,13 +216,9 @@ async def test_a_subscription_that_comes_to_a_router_is_given_only_what_comes_af
     """A router that subscribes on the bus: the buckets it passed over by their stamps
     are listed at once, and what was published in them before the subscription is not
     new to it (a plain subscription gets what comes after; ``existing=True`` gets both)."""
-    with BlockingBus(root) as admin:
-        admin.declare_queue("q", ["foo.#"])
     layout = Layout.of(str(root), FAST)
     routed = Inbox()
-    async with Bus(root, config=NO_REFRESH) as router:
-        await router.subscribe(None, routed, queue="q")
-        await wait_until(lambda: scans(router) > 0)
+    async with a_router(root, routed) as router:
         with BlockingBus(root) as pub:
             paths = [pub.publish("x.before", b"b%d" % i, ttl=600).path for i in range(5)]
         buckets = {layout.buckets.index(os.path.basename(os.path.dirname(p))) for p in paths}
