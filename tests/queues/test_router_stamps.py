@@ -29,8 +29,9 @@ from fsbus._bus.stamps import _carried_since, fresh, peer_may_have_stamped
 from .conftest import Inbox, wait_until
 from .test_peer_router import FAST, PEER, plant_peer_message, scans
 
-NO_REFRESH = FAST.model_copy(update={"refresh_ttl": 3600.0})
-"""No full listing (every ``refresh_ttl``) during a test: only stamps bring a listing."""
+NO_REFRESH = FAST.model_copy(update={"refresh_ttl": 3600.0, "gc_interval": 3600.0})
+"""No full listing (every ``refresh_ttl``) and no sweep (every ``gc_interval``, which
+lists every bucket too) during a test: only stamps bring a listing."""
 
 
 class CountedMainListings(Ops):
@@ -69,12 +70,14 @@ def peer_index(root: Path) -> int:
 @contextlib.asynccontextmanager
 async def a_router(root: Path, inbox: Inbox, ops: Ops | None = None) -> AsyncIterator[Bus]:
     """A queue ``q`` bound ``foo.#`` and a bus consuming it, which routes the peers'
-    messages (no full listing after its first): yielded once it has listed the bus."""
+    messages (no full listing after its first): yielded once it has listed the bus and
+    recorded its progress, so that a publisher that opens then sees it at work (and
+    tags its stamps from its first publish)."""
     with BlockingBus(root) as admin:
         admin.declare_queue("q", ["foo.#"])
     async with Bus(root, ops=ops, config=NO_REFRESH) as router:
         await router.subscribe(None, inbox, queue="q")
-        await wait_until(lambda: scans(router) > 0)
+        await wait_until(lambda: scans(router) > 0 and router._queues.router_active())
         yield router
 
 
@@ -115,8 +118,7 @@ async def test_a_bus_that_opens_keeps_a_peers_stamp_carried(root: Path) -> None:
     """A bus that opens makes every stamp new, as qlobber-fsq does; while a router is
     at work, a slot that held a peer's stamp holds one that carries it, so the router
     still lists that bucket, and the others say fsbus."""
-    async with a_router(root, Inbox()) as router:
-        await wait_until(lambda: router._queues.router_active())
+    async with a_router(root, Inbox()):
         await anyio.to_thread.run_sync(plant_peer_message, root, b"peer")
         index = peer_index(root)
         planted = slot(root, index)
