@@ -394,7 +394,7 @@ class Channel:
         if ex is not None:
             # Its bindings go with it, as on RabbitMQ (an exchange declared again by
             # that name starts with none); ``if-unused`` refuses while it has any.
-            bound = await self._bindings_of(name, ex["type"])
+            bound = await self.gateway.bindings_of(name, ex["type"])
             if m.if_unused and bound:
                 raise AmqpError(
                     PRECONDITION_FAILED,
@@ -408,23 +408,6 @@ class Channel:
         await anyio.to_thread.run_sync(self.state.remove, "headers", name)
         if not m.nowait:
             await self.reply(spec.Exchange.DeleteOk())
-
-    async def _bindings_of(self, exchange: str, kind: str) -> list[tuple[str, str | None]]:
-        """The bindings to ``exchange``: (bus queue, its pattern), or (AMQP queue, None)
-        for a headers exchange's."""
-        if kind == "headers":
-            found = await anyio.to_thread.run_sync(self.state.headers_bindings, exchange)
-            return [(queue, None) for queue, _args in found]
-        own = binding_pattern(exchange, kind, "")
-        assert own is not None
-        # a topic or direct exchange's patterns start "<kind prefix>.<exchange>."
-        prefix = own if kind == "fanout" else own[: own.rindex(".") + 1]
-        return [
-            (info.name, p)
-            for info in await self.bus.queues()
-            for p in info.bindings
-            if (p == prefix if kind == "fanout" else p.startswith(prefix))
-        ]
 
     async def _exchange_of(self, name: str) -> dict[str, Any]:
         ex = await anyio.to_thread.run_sync(self.state.exchange, name)
@@ -648,6 +631,20 @@ class Channel:
             except QueueNotFound:  # deleted meanwhile by another process
                 if bind:
                     raise _not_found_queue(name) from None
+        if ex.get("auto_delete"):
+            # RabbitMQ deletes an auto-delete exchange when its last binding goes
+            if not bind:
+                await self.gateway.drop_unbound([m.exchange])
+            elif not await self.gateway.note_bound(m.exchange):
+                # its last binding went (on another gateway) as this one was made: as if
+                # it had gone first, this one is taken back
+                if ex["type"] == "headers":
+                    await anyio.to_thread.run_sync(self.state.remove, "headers", m.exchange)
+                else:
+                    undo = binding_pattern(m.exchange, ex["type"], m.routing_key or "")
+                    with contextlib.suppress(QueueNotFound):
+                        await self.bus.unbind_queue(bus_queue_name(name), undo or "")
+                raise _not_found_exchange(m.exchange)
         if bind and not m.nowait:
             await self.reply(spec.Queue.BindOk())
         elif not bind:
@@ -703,6 +700,7 @@ class Channel:
         self.gateway.forget(name)
         await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(name))
         self.conn.exclusive.discard(name)
+        await self.gateway.unbind_deleted(name)
         if not m.nowait:
             await self.reply(spec.Queue.DeleteOk(message_count=n))
 

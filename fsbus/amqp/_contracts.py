@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, NamedTuple, Protocol
 
 import anyio.abc
@@ -68,6 +69,14 @@ class GatewayPort(Protocol):
     async def dead_letter(self, queue: str, msg: Message, reason: str = "rejected") -> None: ...
 
     async def route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]: ...
+
+    async def bindings_of(self, exchange: str, kind: str) -> list[tuple[str, str | None]]: ...
+
+    async def note_bound(self, exchange: str) -> bool: ...
+
+    async def drop_unbound(self, exchanges: Collection[str] | None = None) -> None: ...
+
+    async def unbind_deleted(self, queue: str) -> None: ...
 
 
 class ConnectionPort(Protocol):

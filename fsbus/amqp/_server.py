@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -47,6 +47,7 @@ from ._routing import (
     AmqpError,
     RouteJob,
     amqp_priority_to_bus,
+    binding_pattern,
     bus_queue_name,
     headers_match,
     publish_topic,
@@ -79,6 +80,9 @@ INODE_FREE_LIMIT = 1_000
 (``FSBUS_AMQP_INODE_FREE_LIMIT`` overrides it)."""
 DISK_CHECK_SECONDS = 0.5
 """How often the free space of the bus's filesystem is looked at."""
+UNBOUND_CHECK_SECONDS = 5.0
+"""Seconds between looks for auto-delete exchanges whose last binding went without a
+gateway seeing it go (its queue deleted by an fsbus process, or expired)."""
 _RECOUNTS = 3
 """Reads of a queue's count at most, while subscriptions here change under them."""
 
@@ -187,6 +191,7 @@ class Gateway:
         tg.start_soon(listener.serve, self._handle)
         tg.start_soon(self._consume_dead_letters)
         tg.start_soon(self._collect_orphans)
+        tg.start_soon(self._collect_unbound)
         tg.start_soon(self._watch_disk)
         return self
 
@@ -573,6 +578,7 @@ class Gateway:
             await self.bus.delete_queue(name)
             self.forget(queue)
             await anyio.to_thread.run_sync(self.state.remove, "queues", name)
+            await self.unbind_deleted(queue)
         except (FsBusError, OSError):
             return  # gone already, or the bus is closing
 
@@ -588,6 +594,78 @@ class Gateway:
             await self.bus.delete_queue(bus_queue_name(queue))
         self.forget(queue)
         await anyio.to_thread.run_sync(self.state.remove, "queues", bus_queue_name(queue))
+        await self.unbind_deleted(queue)
+
+    async def bindings_of(self, exchange: str, kind: str) -> list[tuple[str, str | None]]:
+        """The bindings to ``exchange``: (bus queue, its pattern), or (AMQP queue, None)
+        for a headers exchange's."""
+        if kind == "headers":
+            found = await anyio.to_thread.run_sync(self.state.headers_bindings, exchange)
+            if not found:
+                return []
+            # (those of a queue deleted by an fsbus process, not through a gateway, are
+            # still written down: they count no more)
+            queues = {info.name for info in await self.bus.queues()}
+            return [(queue, None) for queue, _args in found if bus_queue_name(queue) in queues]
+        own = binding_pattern(exchange, kind, "")
+        assert own is not None
+        # a topic or direct exchange's patterns start "<kind prefix>.<exchange>."
+        prefix = own if kind == "fanout" else own[: own.rindex(".") + 1]
+        return [
+            (info.name, p)
+            for info in await self.bus.queues()
+            for p in info.bindings
+            if (p == prefix if kind == "fanout" else p.startswith(prefix))
+        ]
+
+    async def note_bound(self, exchange: str) -> bool:
+        """A binding to ``exchange`` was just made: an auto-delete exchange now goes with
+        its last binding (:meth:`drop_unbound`). False if the exchange was deleted
+        meanwhile (by its last binding going, on any gateway): the caller takes its
+        binding back and answers 404, as if the exchange had gone first."""
+        fd = await anyio.to_thread.run_sync(self.state.lock)
+        try:
+            return await anyio.to_thread.run_sync(self.state.note_bound, exchange)
+        finally:
+            os.close(fd)
+
+    async def unbind_deleted(self, queue: str) -> None:
+        """AMQP queue ``queue`` was deleted: its bindings go with it (those to headers
+        exchanges are the gateway's to remove; the others went with its bus queue), and
+        so does an auto-delete exchange left without any."""
+        await anyio.to_thread.run_sync(self.state.drop_headers_bindings_of, queue)
+        await self.drop_unbound()
+
+    async def drop_unbound(self, exchanges: Collection[str] | None = None) -> None:
+        """Delete the auto-delete exchanges (of ``exchanges``, or all) whose last binding
+        is gone, as RabbitMQ does when its last queue is unbound from one, or deleted.
+        One never bound stays. Each is looked at under the AMQP ``LOCK``, which a bind
+        takes to mark its exchange bound (:meth:`note_bound`): a bind on another gateway
+        either comes first (its binding keeps the exchange) or finds it gone."""
+        names = await anyio.to_thread.run_sync(self.state.bound_auto_delete, exchanges)
+        for name in names:
+            fd = await anyio.to_thread.run_sync(self.state.lock)
+            try:
+                ex = await anyio.to_thread.run_sync(self.state.exchange, name)
+                if ex is None or not (ex.get("auto_delete") and ex.get("bound")):
+                    continue
+                if await self.bindings_of(name, str(ex.get("type"))):
+                    continue
+                log.info("auto-delete exchange %r lost its last binding: deleted", name)
+                await anyio.to_thread.run_sync(self.state.remove, "exchanges", name)
+                await anyio.to_thread.run_sync(self.state.remove, "headers", name)
+            finally:
+                os.close(fd)
+
+    async def _collect_unbound(self) -> None:
+        """:meth:`drop_unbound`, every :data:`UNBOUND_CHECK_SECONDS`: for the bindings that
+        went with a queue no gateway deleted (an fsbus process's delete, an expiry)."""
+        while True:
+            await anyio.sleep(UNBOUND_CHECK_SECONDS)
+            try:
+                await self.drop_unbound()
+            except (OSError, FsBusError) as exc:
+                log.warning("looking for auto-delete exchanges left unbound failed: %s", exc)
 
     async def _collect_orphans(self) -> None:
         """Delete exclusive queues of gateways that died, now and every 30 s."""

@@ -2,7 +2,9 @@
 
 Layout, under ``<root>/fsbus/amqp/``::
 
-    exchanges/<X>.json     an exchange: type, durable, auto_delete, internal, arguments
+    exchanges/<X>.json     an exchange: type, durable, auto_delete, internal, arguments;
+                           ``bound`` once an auto-delete one had a binding (it then goes
+                           with its last)
     queues/<Q>.json        a queue's AMQP side: durable, exclusive owner, arguments
     headers/<X>.json       the bindings of headers exchange X: [[queue, arguments], ...]
     exclusive/<Q>.json     queue Q's exclusive consumer: its owner and consumer tag
@@ -28,7 +30,7 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 from .. import StorageError, StoragePermissionError
@@ -116,20 +118,35 @@ class AmqpState:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        fd = os.open(os.path.join(self.base, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = self.lock()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)
+
+    def lock(self) -> int:
+        """Take ``LOCK`` on an open file of its own (blocking); ``os.close`` releases it.
+        For a hold across awaits: each call's file is locked against every other's, in
+        this process too."""
+        fd = os.open(os.path.join(self.base, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     # ------------------------------------------------------------------ files
     def _path(self, kind: str, name: str) -> str:
         return os.path.join(self.base, kind, file_word(name) + ".json")
 
     def read(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self._read_file(self._path(kind, name))
+
+    @staticmethod
+    def _read_file(path: str) -> dict[str, Any] | None:
         try:
-            with open(self._path(kind, name), "rb") as f:
+            with open(path, "rb") as f:
                 doc = json.loads(f.read())
         except FileNotFoundError:
             return None
@@ -218,12 +235,65 @@ class AmqpState:
             }
         return self.read("exchanges", name)
 
+    def bound_auto_delete(self, names: Collection[str] | None = None) -> list[str]:
+        """The auto-delete exchanges (of ``names``, or all) that have had a binding: the
+        ones RabbitMQ deletes with their last binding. One never bound stays."""
+        if names is None:
+            folder = os.path.join(self.base, "exchanges")
+            try:
+                files = [f[:-5] for f in os.listdir(folder) if f.endswith(".json")]
+            except FileNotFoundError:
+                return []
+            docs = [self._read_file(os.path.join(folder, f + ".json")) for f in files]
+        else:
+            docs = [self.read("exchanges", n) for n in names if n not in PREDECLARED and n]
+        return [
+            str(d["name"])
+            for d in docs
+            if d is not None and d.get("auto_delete") and d.get("bound") and "name" in d
+        ]
+
+    def note_bound(self, name: str) -> bool:
+        """Exchange ``name`` has a binding now: an auto-delete one is marked, so that it
+        goes with its last binding. False if the exchange is gone (deleted meanwhile: the
+        binding just made is the caller's to take back). Call under :meth:`lock`."""
+        doc = self.exchange(name)
+        if doc is None:
+            return False
+        if doc.get("auto_delete") and not doc.get("bound") and name not in PREDECLARED:
+            self.write("exchanges", name, {**doc, "bound": True})
+        return True
+
     # ------------------------------------------------------------------ headers bindings
     def headers_bindings(self, exchange: str) -> list[tuple[str, dict[str, Any]]]:
         doc = self.read("headers", exchange)
         if not doc:
             return []
         return [(str(q), dict(a)) for q, a in doc.get("bindings", [])]
+
+    def drop_headers_bindings_of(self, queue: str) -> None:
+        """Queue ``queue`` (an AMQP name) was deleted: its bindings to headers exchanges
+        go with it, as on RabbitMQ (a queue declared again by that name has none)."""
+        folder = os.path.join(self.base, "headers")
+        with self.locked():
+            try:
+                files = [f for f in os.listdir(folder) if f.endswith(".json")]
+            except FileNotFoundError:
+                return
+            for f in files:
+                doc = self._read_file(os.path.join(folder, f))
+                found = doc.get("bindings") if doc else None
+                if not isinstance(found, list):
+                    continue
+                kept = [b for b in found if not (isinstance(b, list) and b and b[0] == queue)]
+                if len(kept) != len(found):
+                    path = os.path.join(folder, f)
+                    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+                    with open(tmp, "wb") as fh:
+                        fh.write(json.dumps({"bindings": kept}, sort_keys=True).encode())
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                    os.rename(tmp, path)
 
     def set_headers_bindings(
         self, exchange: str, bindings: list[tuple[str, dict[str, Any]]]

@@ -542,6 +542,115 @@ def test_an_exchange_goes_with_its_bindings(broker: Broker, names: Names, kind: 
         ch.queue_delete(q)
 
 
+def passive_declare_error(c: pika.BlockingConnection, exchange: str) -> int | None:
+    """The reply code of a passive declare of ``exchange`` on a new channel of ``c``;
+    None if it exists."""
+    ch = c.channel()
+    try:
+        ch.exchange_declare(exchange, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return int(exc.reply_code)
+    ch.close()
+    return None
+
+
+@pytest.mark.parametrize("kind", ["direct", "topic", "fanout", "headers"])
+def test_an_auto_delete_exchange_goes_with_its_last_binding(
+    broker: Broker, names: Names, kind: str
+) -> None:
+    """An auto-delete exchange is deleted when its last binding goes, by an unbind or
+    with its queue's deletion; while a binding is left, and before it ever had one, it
+    stays."""
+    ex, ex2 = names(f"ad-{kind}"), names(f"ad2-{kind}")
+    args = {"x-match": "all", "k": "v"} if kind == "headers" else None
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.exchange_declare(ex, kind, auto_delete=True)
+        ch.exchange_declare(ex, passive=True)  # never bound: it stays
+        q1 = ch.queue_declare(names(f"ad1-{kind}")).method.queue
+        q2 = ch.queue_declare(names(f"ad2-{kind}")).method.queue
+        ch.queue_bind(q1, ex, "k", arguments=args)
+        ch.queue_bind(q2, ex, "k", arguments=args)
+        ch.queue_unbind(q1, ex, "k", arguments=args)
+        ch.exchange_declare(ex, passive=True)  # one binding left
+        ch.queue_unbind(q2, ex, "k", arguments=args)
+        assert channel_error(broker, lambda ch: ch.exchange_declare(ex, passive=True)) == 404
+
+        ch.exchange_declare(ex2, kind, auto_delete=True)
+        ch.queue_bind(q1, ex2, "k", arguments=args)
+        ch.queue_delete(q2)  # bound elsewhere: nothing changes
+        ch.exchange_declare(ex2, passive=True)
+        ch.queue_delete(q1)
+        assert channel_error(broker, lambda ch: ch.exchange_declare(ex2, passive=True)) == 404
+
+
+def test_an_auto_delete_exchange_goes_with_a_closed_connections_exclusive_queue(
+    broker: Broker, names: Names
+) -> None:
+    """The exclusive queue of a connection goes when it closes, and with it the last
+    binding of an auto-delete exchange: the exchange goes too (RabbitMQ soon after the
+    close, hence the wait)."""
+    ex = names("ad-excl")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.exchange_declare(ex, "topic", auto_delete=True)
+        q = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(q, ex, "a.#")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        deadline = time.monotonic() + WAIT
+        while (code := passive_declare_error(c, ex)) is None:
+            assert time.monotonic() < deadline, "the exchange outlived its last binding"
+            time.sleep(0.05)
+        assert code == 404
+
+
+def test_an_auto_delete_exchange_goes_when_an_fsbus_process_deletes_its_queue(
+    gateway: Broker, names: Names
+) -> None:
+    """A binding that goes with a queue no gateway deleted (here deleted through the bus
+    API; or expired): the gateways look for auto-delete exchanges left without one every
+    few seconds, and delete them."""
+    from fsbus import BlockingBus
+    from fsbus.amqp._routing import bus_queue_name
+    from fsbus.amqp._server import UNBOUND_CHECK_SECONDS
+
+    ex, q = names("ad-bus"), names("ad-bus-q")
+    with pika.BlockingConnection(pika.URLParameters(gateway.url)) as c:
+        ch = c.channel()
+        ch.exchange_declare(ex, "direct", auto_delete=True)
+        ch.queue_declare(q)
+        ch.queue_bind(q, ex, "k")
+        assert gateway.root is not None
+        with BlockingBus(gateway.root) as bus:
+            bus.delete_queue(bus_queue_name(q))
+        deadline = time.monotonic() + UNBOUND_CHECK_SECONDS + WAIT
+        while (code := passive_declare_error(c, ex)) is None:
+            assert time.monotonic() < deadline, "the exchange outlived its last binding"
+            time.sleep(0.1)
+        assert code == 404
+
+
+def test_a_deleted_queues_headers_bindings_go_with_it(broker: Broker, names: Names) -> None:
+    """A queue's bindings go with it, to a headers exchange too: a queue declared again by
+    that name gets nothing through them."""
+    ex, q = names("hdr-del"), names("hdr-del-q")
+    props = pika.BasicProperties(headers={"k": "v"})
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare(ex, "headers")
+        ch.queue_declare(q)
+        ch.queue_bind(q, ex, "", arguments={"x-match": "all", "k": "v"})
+        ch.basic_publish(ex, "", b"routed", props, mandatory=True)
+        ch.queue_delete(q)
+        ch.queue_declare(q)
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish(ex, "", b"unbound", props, mandatory=True)
+        assert ch.queue_declare(q, passive=True).method.message_count == 0
+        ch.queue_delete(q)
+        ch.exchange_delete(ex)
+
+
 def test_a_prefetch_size_is_not_implemented(broker: Broker) -> None:
     """``basic.qos`` limits by message count; a byte size closes the connection with 540,
     as RabbitMQ does, rather than being ignored."""
