@@ -145,6 +145,10 @@ class Subscription:
         deleted, by another process or by a bus of this one."""
         self.queue_gone = False  # ended so: its queue was deleted under it
         self.in_flight = 0  # work-queue messages claimed for it and not yet settled
+        self.rank = 0
+        """Its consumer priority (the AMQP gateway's ``x-priority``): of the work-queue
+        subscriptions of this bus with room for a message, one of the highest rank gets
+        it; one of a lower rank only when those are at their prefetch."""
         self.claiming = 0  # claim rounds under way that may claim for it
         self.settled: anyio.Event | None = None  # set when both drop to 0 (if asked)
         self.closed = False
@@ -1893,6 +1897,9 @@ class Bus(Configured):
                     if s.prefetch is None or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight)
                 ]
                 pool = roomy or free
+                if len(pool) > 1 and any(s.rank for s in pool):
+                    best = max(s.rank for s in pool)
+                    pool = [s for s in pool if s.rank == best]
                 sub = pool[hash(e.name) % len(pool)]
                 picks[sub] = picks.get(sub, 0) + 1
                 picked.append((e, sub))

@@ -126,6 +126,9 @@ class Consumer:
     """The AMQP name of the queue it consumes."""
     no_ack: bool
     prefetch: int = UNLIMITED_PREFETCH
+    rank: int = 0
+    """Its ``x-priority``: the gateway's consumers of a queue with room for a message,
+    the highest first (see Subscription.rank)."""
     ready: anyio.Event = field(default_factory=anyio.Event)
     sub: Subscription | None = None
     exclusive: dict[str, Any] | None = None
@@ -193,6 +196,13 @@ class Channel:
         self.flow = anyio.Event()
         self.flow.set()
         self.prefetch = 0
+        """``basic.qos``'s count for consumers started after it (0: none)."""
+        self.shared_prefetch = 0
+        """``basic.qos`` with ``global``: the count the channel's consumers share (0: none).
+        Both limits apply where both are set, as on RabbitMQ."""
+        self._room = anyio.Event()
+        """Set (and replaced) whenever a consumer's delivery is settled: deliveries
+        waiting for room under :attr:`shared_prefetch` look again."""
         self.next_tag = 1
         self.unacked: dict[int, Pending] = {}
         self.consumers: dict[str, Consumer] = {}
@@ -283,6 +293,7 @@ class Channel:
             p.done.set()
             if p.settled is not None:
                 self._settling.add(p.settled)
+        self._made_room()
 
     async def _drop_exclusive(self, consumer: Consumer) -> None:
         """An exclusive consumer is gone: others may consume its queue again."""
@@ -863,8 +874,23 @@ class Channel:
                 f"NOT_IMPLEMENTED - prefetch_size!=0 ({m.prefetch_size})",
                 connection=True,
             )
-        self.prefetch = m.prefetch_count or 0
+        if m.global_:
+            self.shared_prefetch = m.prefetch_count or 0
+            self._made_room()  # (a higher count lets waiting deliveries go)
+        else:
+            self.prefetch = m.prefetch_count or 0
         await self.reply(spec.Basic.QosOk())
+
+    def _made_room(self) -> None:
+        """Wake the deliveries waiting for room under :attr:`shared_prefetch` (a settle,
+        a new count, or a consumer gone: theirs then go back untouched)."""
+        self._room.set()
+        self._room = anyio.Event()
+
+    def _held_by_consumers(self) -> int:
+        """Deliveries to this channel's consumers not yet settled (basic.gets' left out:
+        RabbitMQ's prefetch does not count them)."""
+        return sum(1 for p in self.unacked.values() if p.settled is None)
 
     async def _consume(self, m: spec.Basic.Consume) -> None:
         self._last_meta = None
@@ -902,7 +928,17 @@ class Channel:
                 raise in_use
         meta: dict[str, Any] = self._last_meta or {}
         single: dict[str, Any] = meta.get("arguments") or {}
-        consumer = Consumer(tag, name, bool(m.no_ack), prefetch=self.prefetch or UNLIMITED_PREFETCH)
+        # claimed ahead at most what it may be sent: its own count, and the channel's
+        own = self.prefetch or UNLIMITED_PREFETCH
+        prefetch = min(own, self.shared_prefetch) if self.shared_prefetch else own
+        rank = (m.arguments or {}).get("x-priority", 0)
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise AmqpError(
+                PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - invalid arg 'x-priority' for queue '{name}' in "
+                f"vhost '/': {rank!r} is not an integer",
+            )
+        consumer = Consumer(tag, name, bool(m.no_ack), prefetch=prefetch, rank=rank)
         if m.exclusive:
             consumer.exclusive = {"owner": self.conn.id, "tag": tag}
             if not await anyio.to_thread.run_sync(
@@ -952,6 +988,15 @@ class Channel:
                 await consumer.ready.wait()
             if not self.flow.is_set():
                 await self.flow.wait()
+            while (
+                self.shared_prefetch
+                and not consumer.no_ack
+                and self._held_by_consumers() >= self.shared_prefetch
+                and self.consumers.get(tag) is consumer
+            ):
+                # the channel's consumers share its count (basic.qos with global): sent
+                # once another's delivery is settled
+                await self._room.wait()
             if self.consumers.get(tag) is not consumer:
                 # cancelled before it was sent: back untouched (not "redelivered")
                 raise Decline
@@ -960,6 +1005,7 @@ class Channel:
         consumer.sub = await self.bus.subscribe(
             None, handle, queue=bus_queue_name(consumer.queue), prefetch=consumer.prefetch
         )
+        consumer.sub.rank = consumer.rank
         consumer.sub.on_queue_gone = functools.partial(
             self._queue_gone, consumer.queue, tag, consumer
         )
@@ -1042,6 +1088,7 @@ class Channel:
 
     async def _cancel(self, m: spec.Basic.Cancel) -> None:
         consumer = self.consumers.pop(m.consumer_tag or "", None)
+        self._made_room()
         if consumer is not None:
             if consumer.queue == self.reply_queue:
                 self.reply_queue = None
@@ -1075,6 +1122,7 @@ class Channel:
     async def server_cancel(self, tag: str) -> None:
         """The queue went away: cancel the consumer and tell the client if it listens."""
         consumer = self.consumers.pop(tag, None)
+        self._made_room()
         if consumer is None:
             return
         await self._drop_exclusive(consumer)
@@ -1198,6 +1246,8 @@ class Channel:
             p.done.set()
             if p.settled is not None:
                 self._settling.add(p.settled)
+        if self.shared_prefetch:
+            self._made_room()
 
     async def _ack(self, m: spec.Basic.Ack) -> None:
         self._settle(m.delivery_tag or 0, bool(m.multiple), "ack")

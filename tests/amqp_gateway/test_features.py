@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
 import time
 
@@ -218,6 +219,99 @@ def test_ack_multiple_and_prefetch(conn: pika.BlockingConnection, names: Names) 
         assert time.monotonic() < deadline
         conn.process_data_events(time_limit=0.05)
     ch.basic_ack(0, multiple=True)
+    ch.queue_delete(q)
+
+
+def _wait_for(conn: pika.BlockingConnection, got: list, n: int) -> None:
+    deadline = time.monotonic() + WAIT
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"{len(got)} of {n} deliveries within {WAIT} s"
+        conn.process_data_events(time_limit=0.05)
+
+
+def test_a_global_prefetch_is_shared_by_the_channels_consumers(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """``basic.qos`` with ``global``: the channel's consumers share one count (RabbitMQ's
+    reading of the flag). With 3, two consumers of queues holding 4 messages each get 3
+    in all until one is acked; a per-consumer count set as well limits each of them."""
+    ch = conn.channel()
+    queues = [ch.queue_declare(names(f"shared-{k}")).method.queue for k in range(2)]
+    for q in queues:
+        for i in range(4):
+            ch.basic_publish("", q, str(i).encode())
+    deadline = time.monotonic() + WAIT
+    while any(ch.queue_declare(q, passive=True).method.message_count < 4 for q in queues):
+        assert time.monotonic() < deadline
+    ch.basic_qos(prefetch_count=3, global_qos=True)
+    got: list[pika.spec.Basic.Deliver] = []
+    tags = [ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m)) for q in queues]
+    _wait_for(conn, got, 3)
+    conn.process_data_events(time_limit=0.5)  # a fourth would arrive here if it leaked
+    assert len(got) == 3
+    ch.basic_ack(got[0].delivery_tag)
+    _wait_for(conn, got, 4)
+    conn.process_data_events(time_limit=0.5)
+    assert len(got) == 4
+    ch.basic_ack(0, multiple=True)
+    _wait_for(conn, got, 7)
+    ch.basic_ack(0, multiple=True)
+    _wait_for(conn, got, 8)
+    ch.basic_ack(0, multiple=True)
+    assert collections.Counter(m.routing_key for m in got) == dict.fromkeys(queues, 4)
+
+    # both counts: one each per consumer, three shared: two in all
+    for tag in tags:
+        ch.basic_cancel(tag)
+    for q in queues:
+        for i in range(2):
+            ch.basic_publish("", q, str(i).encode())
+    both = conn.channel()
+    both.basic_qos(prefetch_count=1)
+    both.basic_qos(prefetch_count=3, global_qos=True)
+    more: list[pika.spec.Basic.Deliver] = []
+    for q in queues:
+        both.basic_consume(q, lambda _c, m, _p, _b: more.append(m))
+    _wait_for(conn, more, 2)
+    conn.process_data_events(time_limit=0.5)
+    assert len(more) == 2
+    both.basic_ack(0, multiple=True)
+    _wait_for(conn, more, 4)
+    both.basic_ack(0, multiple=True)
+    for q in queues:
+        ch.queue_delete(q)
+
+
+def test_a_consumer_of_a_higher_priority_gets_the_messages_first(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """``x-priority`` on ``basic.consume``: of a queue's consumers with room for a
+    message, one of the highest priority gets it; a lower one only while those are at
+    their prefetch."""
+    ch = conn.channel()
+    q = ch.queue_declare(names("consumer-prio")).method.queue
+    ch.basic_qos(prefetch_count=3)
+    got: list[tuple[str, bytes]] = []
+    for who, rank in (("low", 1), ("high", 10)):
+        ch.basic_consume(
+            q,
+            lambda _c, _m, _p, b, who=who: got.append((who, b)),
+            arguments={"x-priority": rank},
+        )
+    for i in range(3):
+        ch.basic_publish("", q, str(i).encode())
+    _wait_for(conn, got, 3)
+    assert [who for who, _ in got] == ["high"] * 3
+    for i in range(3, 5):  # the high one is at its prefetch
+        ch.basic_publish("", q, str(i).encode())
+    _wait_for(conn, got, 5)
+    assert [who for who, _ in got[3:]] == ["low", "low"]
+    ch.basic_ack(0, multiple=True)
+    ch.basic_publish("", q, b"5")  # room again for the high one
+    _wait_for(conn, got, 6)
+    assert got[5] == ("high", b"5")
+    ch.basic_ack(0, multiple=True)
+    assert sorted(b for _, b in got) == [str(i).encode() for i in range(6)]
     ch.queue_delete(q)
 
 
