@@ -229,6 +229,14 @@ def _wait_for(conn: pika.BlockingConnection, got: list, n: int) -> None:
         conn.process_data_events(time_limit=0.05)
 
 
+def _exactly(conn: pika.BlockingConnection, got: list, n: int) -> None:
+    """``n`` deliveries, and no more in the half second after (a prefetch that leaked
+    would send one there)."""
+    _wait_for(conn, got, n)
+    conn.process_data_events(time_limit=0.5)
+    assert len(got) == n
+
+
 def test_a_global_prefetch_is_shared_by_the_channels_consumers(
     conn: pika.BlockingConnection, names: Names
 ) -> None:
@@ -246,13 +254,9 @@ def test_a_global_prefetch_is_shared_by_the_channels_consumers(
     ch.basic_qos(prefetch_count=3, global_qos=True)
     got: list[pika.spec.Basic.Deliver] = []
     tags = [ch.basic_consume(q, lambda _c, m, _p, _b: got.append(m)) for q in queues]
-    _wait_for(conn, got, 3)
-    conn.process_data_events(time_limit=0.5)  # a fourth would arrive here if it leaked
-    assert len(got) == 3
+    _exactly(conn, got, 3)
     ch.basic_ack(got[0].delivery_tag)
-    _wait_for(conn, got, 4)
-    conn.process_data_events(time_limit=0.5)
-    assert len(got) == 4
+    _exactly(conn, got, 4)
     ch.basic_ack(0, multiple=True)
     _wait_for(conn, got, 7)
     ch.basic_ack(0, multiple=True)
@@ -272,9 +276,7 @@ def test_a_global_prefetch_is_shared_by_the_channels_consumers(
     more: list[pika.spec.Basic.Deliver] = []
     for q in queues:
         both.basic_consume(q, lambda _c, m, _p, _b: more.append(m))
-    _wait_for(conn, more, 2)
-    conn.process_data_events(time_limit=0.5)
-    assert len(more) == 2
+    _exactly(conn, more, 2)
     both.basic_ack(0, multiple=True)
     _wait_for(conn, more, 4)
     both.basic_ack(0, multiple=True)
