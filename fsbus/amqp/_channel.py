@@ -608,13 +608,19 @@ class Channel:
                 )
 
             def change() -> None:
+                uid = self.gateway.queue_uid(name)
+                if bind and uid is None:
+                    raise _not_found_queue(name)  # deleted since its name was read
                 with self.state.locked():
-                    current = self.state.headers_bindings(m.exchange)
-                    entry = (name, args)
-                    if bind and entry not in current:
-                        current.append(entry)
-                    elif not bind:
-                        current = [b for b in current if b != entry]
+                    # (those of queues deleted by fsbus processes, or declared again,
+                    # go now: they stand for no queue)
+                    current = [
+                        b
+                        for b in self.state.headers_bindings(m.exchange)
+                        if self.gateway.bound_now(b[0], b[2]) and b[:2] != (name, args)
+                    ]
+                    if bind and uid is not None:
+                        current.append((name, args, uid))
                     self.state.set_headers_bindings(m.exchange, current)
 
             await anyio.to_thread.run_sync(change)

@@ -53,7 +53,7 @@ from ._routing import (
     publish_topic,
     word,
 )
-from ._state import AmqpState
+from ._state import AmqpState, HeadersBinding
 
 if TYPE_CHECKING:
     from .. import BusConfig
@@ -275,7 +275,7 @@ class Gateway:
 
     def _route_jobs(self, jobs: list[RouteJob]) -> list[int | BaseException]:
         exchanges: dict[str, dict[str, Any] | None] = {}
-        headers_bindings: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        headers_bindings: dict[str, list[HeadersBinding]] = {}
         out: list[int | BaseException] = []
         for job in jobs:
             if job.error is not None:
@@ -309,14 +309,16 @@ class Gateway:
                 out.append(exc)
         return out
 
-    def _route_one(
-        self, job: RouteJob, kind: str, bindings: list[tuple[str, dict[str, Any]]]
-    ) -> int:
+    def _route_one(self, job: RouteJob, kind: str, bindings: list[HeadersBinding]) -> int:
         """Blocking: publish one message; how many queues got it (QueueFull if one is full)."""
         bus = self.blocking
         if kind == "headers":
             targets = sorted(
-                {bus_queue_name(q) for q, a in bindings if headers_match(a, job.amqp_headers)}
+                {
+                    bus_queue_name(q)
+                    for q, a, uid in bindings
+                    if headers_match(a, job.amqp_headers) and self.bound_now(q, uid)
+                }
             )
             topic = f"amqp-headers.{word(job.exchange)}"
         else:
@@ -600,13 +602,9 @@ class Gateway:
         """The bindings to ``exchange``: (bus queue, its pattern), or (AMQP queue, None)
         for a headers exchange's."""
         if kind == "headers":
-            found = await anyio.to_thread.run_sync(self.state.headers_bindings, exchange)
-            if not found:
-                return []
             # (those of a queue deleted by an fsbus process, not through a gateway, are
             # still written down: they count no more)
-            queues = {info.name for info in await self.bus.queues()}
-            return [(queue, None) for queue, _args in found if bus_queue_name(queue) in queues]
+            return await anyio.to_thread.run_sync(self._live_headers_bindings, exchange)
         own = binding_pattern(exchange, kind, "")
         assert own is not None
         # a topic or direct exchange's patterns start "<kind prefix>.<exchange>."
@@ -616,6 +614,27 @@ class Gateway:
             for info in await self.bus.queues()
             for p in info.bindings
             if (p == prefix if kind == "fanout" else p.startswith(prefix))
+        ]
+
+    def queue_uid(self, queue: str) -> str | None:
+        """Blocking: the uid of AMQP queue ``queue`` as the routing table knows it (a
+        change on another process seen once it returned), or None if there is none."""
+        try:
+            return self.blocking._queues.current(bus_queue_name(queue)).uid
+        except QueueNotFound:
+            return None
+
+    def bound_now(self, queue: str, uid: str) -> bool:
+        """Blocking: does a headers binding made to the queue of ``uid`` still stand for
+        AMQP queue ``queue`` (not deleted by an fsbus process since, or declared again)?"""
+        now = self.queue_uid(queue)
+        return now is not None and uid in (now, "")  # "": a record older than uids
+
+    def _live_headers_bindings(self, exchange: str) -> list[tuple[str, str | None]]:
+        return [
+            (queue, None)
+            for queue, _args, uid in self.state.headers_bindings(exchange)
+            if self.bound_now(queue, uid)
         ]
 
     async def note_bound(self, exchange: str) -> bool:

@@ -6,7 +6,10 @@ Layout, under ``<root>/fsbus/amqp/``::
                            ``bound`` once an auto-delete one had a binding (it then goes
                            with its last)
     queues/<Q>.json        a queue's AMQP side: durable, exclusive owner, arguments
-    headers/<X>.json       the bindings of headers exchange X: [[queue, arguments], ...]
+    headers/<X>.json       the bindings of headers exchange X: [[queue, arguments, uid],
+                           ...]; ``uid``, the bound queue's (see ``Definition.uid``),
+                           tells a binding of a queue since deleted by an fsbus process
+                           from one of a queue declared again by its name
     exclusive/<Q>.json     queue Q's exclusive consumer: its owner and consumer tag
     sac/<Q>                flocked by queue Q's single active consumer (x-single-active-
                            consumer), on its own open file description; never removed
@@ -37,6 +40,9 @@ from .. import StorageError, StoragePermissionError
 from ._routing import PREDECLARED, word
 
 _T = TypeVar("_T")
+
+HeadersBinding = tuple[str, dict[str, Any], str]
+"""A binding to a headers exchange: AMQP queue, arguments, the queue's uid."""
 
 _LONGEST = 237
 """Bytes of the longest escaped name a record file is named after: with ``.json`` and a
@@ -202,7 +208,10 @@ class AmqpState:
         return value
 
     def write(self, kind: str, name: str, doc: dict[str, Any]) -> None:
-        path = self._path(kind, name)
+        self._write_file(self._path(kind, name), doc)
+
+    @staticmethod
+    def _write_file(path: str, doc: dict[str, Any]) -> None:
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
         with open(tmp, "wb") as f:
             f.write(json.dumps(doc, sort_keys=True).encode())
@@ -265,11 +274,18 @@ class AmqpState:
         return True
 
     # ------------------------------------------------------------------ headers bindings
-    def headers_bindings(self, exchange: str) -> list[tuple[str, dict[str, Any]]]:
+    def headers_bindings(self, exchange: str) -> list[HeadersBinding]:
+        """Exchange ``exchange``'s headers bindings: (AMQP queue, arguments, the queue's
+        uid; "" in a record written before uids were)."""
         doc = self.read("headers", exchange)
-        if not doc:
+        found = doc.get("bindings") if doc else None
+        if not isinstance(found, list):
             return []
-        return [(str(q), dict(a)) for q, a in doc.get("bindings", [])]
+        out: list[HeadersBinding] = []
+        for b in found:
+            if isinstance(b, list) and len(b) in (2, 3) and isinstance(b[1], dict):
+                out.append((str(b[0]), dict(b[1]), str(b[2]) if len(b) == 3 else ""))
+        return out
 
     def drop_headers_bindings_of(self, queue: str) -> None:
         """Queue ``queue`` (an AMQP name) was deleted: its bindings to headers exchanges
@@ -281,24 +297,17 @@ class AmqpState:
             except FileNotFoundError:
                 return
             for f in files:
-                doc = self._read_file(os.path.join(folder, f))
+                path = os.path.join(folder, f)
+                doc = self._read_file(path)
                 found = doc.get("bindings") if doc else None
                 if not isinstance(found, list):
                     continue
                 kept = [b for b in found if not (isinstance(b, list) and b and b[0] == queue)]
                 if len(kept) != len(found):
-                    path = os.path.join(folder, f)
-                    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-                    with open(tmp, "wb") as fh:
-                        fh.write(json.dumps({"bindings": kept}, sort_keys=True).encode())
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                    os.rename(tmp, path)
+                    self._write_file(path, {"bindings": kept})
 
-    def set_headers_bindings(
-        self, exchange: str, bindings: list[tuple[str, dict[str, Any]]]
-    ) -> None:
-        self.write("headers", exchange, {"bindings": [[q, a] for q, a in bindings]})
+    def set_headers_bindings(self, exchange: str, bindings: list[HeadersBinding]) -> None:
+        self.write("headers", exchange, {"bindings": [list(b) for b in bindings]})
 
     # ------------------------------------------------------------------ owners
     def owner_alive(self, owner: str) -> bool:

@@ -747,6 +747,40 @@ def test_a_deleted_queues_headers_bindings_go_with_it(broker: Broker, names: Nam
         ch.exchange_delete(ex)
 
 
+def test_a_headers_binding_goes_with_a_queue_an_fsbus_process_deleted(
+    gateway: Broker, names: Names
+) -> None:
+    """A queue deleted through the bus API, not through a gateway, leaves its headers
+    bindings written down; they stand for that queue only: a queue declared again by its
+    name gets nothing through them, and binds afresh."""
+    from fsbus import BlockingBus
+    from fsbus.amqp._routing import bus_queue_name
+
+    ex, q = names("hdr-bus-del"), names("hdr-bus-del-q")
+    props = pika.BasicProperties(headers={"k": "v"})
+    with pika.BlockingConnection(pika.URLParameters(gateway.url)) as c:
+        ch = c.channel()
+        ch.confirm_delivery()
+        ch.exchange_declare(ex, "headers")
+        ch.queue_declare(q)
+        ch.queue_bind(q, ex, "", arguments={"x-match": "all", "k": "v"})
+        ch.basic_publish(ex, "", b"routed", props, mandatory=True)
+        assert gateway.root is not None
+        with BlockingBus(gateway.root) as bus:
+            bus.delete_queue(bus_queue_name(q))
+        ch.queue_declare(q)
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish(ex, "", b"unbound", props, mandatory=True)
+        assert ch.queue_declare(q, passive=True).method.message_count == 0
+        ch.queue_bind(q, ex, "", arguments={"x-match": "all", "k": "v"})
+        ch.basic_publish(ex, "", b"bound again", props, mandatory=True)
+        got = ch.basic_get(q, auto_ack=True)
+        assert got[2] == b"bound again"
+        assert ch.basic_get(q, auto_ack=True) == (None, None, None)
+        ch.queue_delete(q)
+        ch.exchange_delete(ex)
+
+
 def test_a_prefetch_size_is_not_implemented(broker: Broker) -> None:
     """``basic.qos`` limits by message count; a byte size closes the connection with 540,
     as RabbitMQ does, rather than being ignored."""
