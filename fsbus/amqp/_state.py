@@ -116,6 +116,7 @@ class AmqpState:
         # path -> (the file's identity, its "owner"); see owner_of
         self._owners: dict[str, tuple[tuple[int, int, int, int], str | None]] = {}
         self._caps: dict[str, tuple[tuple[int, int, int, int], int | None]] = {}
+        self._bound: dict[str, tuple[tuple[int, int, int, int], str | None]] = {}
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -192,7 +193,14 @@ class AmqpState:
         """``extract`` of a record, kept in ``cache`` by the file's identity. Every write
         renames a new file in, so a file with the same inode, size and times holds the
         same record: one ``stat`` instead of an open, a read and a parse."""
-        path = self._path(kind, name)
+        return self._cached_file(cache, self._path(kind, name), extract)
+
+    def _cached_file(
+        self,
+        cache: dict[str, tuple[tuple[int, int, int, int], _T]],
+        path: str,
+        extract: Callable[[dict[str, Any] | None], _T],
+    ) -> _T | None:
         try:
             st = os.stat(path)
         except OSError:
@@ -201,7 +209,7 @@ class AmqpState:
         cached = cache.get(path)
         if cached is not None and cached[0] == key:
             return cached[1]
-        value = extract(self.read(kind, name))  # replaced meanwhile: the newer one
+        value = extract(self._read_file(path))  # replaced meanwhile: the newer one
         if len(cache) >= 4096:
             cache.clear()
         cache[path] = (key, value)
@@ -250,17 +258,14 @@ class AmqpState:
         if names is None:
             folder = os.path.join(self.base, "exchanges")
             try:
-                files = [f[:-5] for f in os.listdir(folder) if f.endswith(".json")]
+                paths = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json")]
             except FileNotFoundError:
                 return []
-            docs = [self._read_file(os.path.join(folder, f + ".json")) for f in files]
         else:
-            docs = [self.read("exchanges", n) for n in names if n not in PREDECLARED and n]
-        return [
-            str(d["name"])
-            for d in docs
-            if d is not None and d.get("auto_delete") and d.get("bound") and "name" in d
-        ]
+            paths = [self._path("exchanges", n) for n in names if n not in PREDECLARED and n]
+        # every gateway looks every few seconds: a record unchanged since is not read again
+        found = (self._cached_file(self._bound, p, _bound_auto_delete) for p in paths)
+        return [name for name in found if name is not None]
 
     def note_bound(self, name: str) -> bool:
         """Exchange ``name`` has a binding now: an auto-delete one is marked, so that it
@@ -420,3 +425,10 @@ class AmqpState:
             if owner and not self.owner_alive(str(owner)):
                 out.append(str(doc.get("name")))
         return out
+
+
+def _bound_auto_delete(doc: dict[str, Any] | None) -> str | None:
+    """The name of the exchange of record ``doc`` if it is auto-delete and was bound."""
+    if doc is None or not (doc.get("auto_delete") and doc.get("bound")) or "name" not in doc:
+        return None
+    return str(doc["name"])
