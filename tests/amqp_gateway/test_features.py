@@ -726,23 +726,40 @@ def test_an_auto_delete_exchange_goes_when_an_fsbus_process_deletes_its_queue(
         assert code == 404
 
 
+HEADERS_ARGS = {"x-match": "all", "k": "v"}
+HEADERS_PROPS = pika.BasicProperties(headers={"k": "v"})
+
+
+def _routed_through_headers(
+    ch: pika.adapters.blocking_connection.BlockingChannel, ex: str, q: str
+) -> None:
+    """Headers exchange ``ex`` and queue ``q`` bound to it; one message routed to ``q``."""
+    ch.confirm_delivery()
+    ch.exchange_declare(ex, "headers")
+    ch.queue_declare(q)
+    ch.queue_bind(q, ex, "", arguments=HEADERS_ARGS)
+    ch.basic_publish(ex, "", b"routed", HEADERS_PROPS, mandatory=True)
+
+
+def _declared_again_gets_nothing(
+    ch: pika.adapters.blocking_connection.BlockingChannel, ex: str, q: str
+) -> None:
+    """``q``, declared again by its name after a delete, gets nothing through ``ex``."""
+    ch.queue_declare(q)
+    with pytest.raises(pika.exceptions.UnroutableError):
+        ch.basic_publish(ex, "", b"unbound", HEADERS_PROPS, mandatory=True)
+    assert ch.queue_declare(q, passive=True).method.message_count == 0
+
+
 def test_a_deleted_queues_headers_bindings_go_with_it(broker: Broker, names: Names) -> None:
     """A queue's bindings go with it, to a headers exchange too: a queue declared again by
     that name gets nothing through them."""
     ex, q = names("hdr-del"), names("hdr-del-q")
-    props = pika.BasicProperties(headers={"k": "v"})
     with pika.BlockingConnection(pika.URLParameters(broker.url)) as c:
         ch = c.channel()
-        ch.confirm_delivery()
-        ch.exchange_declare(ex, "headers")
-        ch.queue_declare(q)
-        ch.queue_bind(q, ex, "", arguments={"x-match": "all", "k": "v"})
-        ch.basic_publish(ex, "", b"routed", props, mandatory=True)
+        _routed_through_headers(ch, ex, q)
         ch.queue_delete(q)
-        ch.queue_declare(q)
-        with pytest.raises(pika.exceptions.UnroutableError):
-            ch.basic_publish(ex, "", b"unbound", props, mandatory=True)
-        assert ch.queue_declare(q, passive=True).method.message_count == 0
+        _declared_again_gets_nothing(ch, ex, q)
         ch.queue_delete(q)
         ch.exchange_delete(ex)
 
@@ -757,23 +774,15 @@ def test_a_headers_binding_goes_with_a_queue_an_fsbus_process_deleted(
     from fsbus.amqp._routing import bus_queue_name
 
     ex, q = names("hdr-bus-del"), names("hdr-bus-del-q")
-    props = pika.BasicProperties(headers={"k": "v"})
     with pika.BlockingConnection(pika.URLParameters(gateway.url)) as c:
         ch = c.channel()
-        ch.confirm_delivery()
-        ch.exchange_declare(ex, "headers")
-        ch.queue_declare(q)
-        ch.queue_bind(q, ex, "", arguments={"x-match": "all", "k": "v"})
-        ch.basic_publish(ex, "", b"routed", props, mandatory=True)
+        _routed_through_headers(ch, ex, q)
         assert gateway.root is not None
         with BlockingBus(gateway.root) as bus:
             bus.delete_queue(bus_queue_name(q))
-        ch.queue_declare(q)
-        with pytest.raises(pika.exceptions.UnroutableError):
-            ch.basic_publish(ex, "", b"unbound", props, mandatory=True)
-        assert ch.queue_declare(q, passive=True).method.message_count == 0
-        ch.queue_bind(q, ex, "", arguments={"x-match": "all", "k": "v"})
-        ch.basic_publish(ex, "", b"bound again", props, mandatory=True)
+        _declared_again_gets_nothing(ch, ex, q)
+        ch.queue_bind(q, ex, "", arguments=HEADERS_ARGS)
+        ch.basic_publish(ex, "", b"bound again", HEADERS_PROPS, mandatory=True)
         got = ch.basic_get(q, auto_ack=True)
         assert got[2] == b"bound again"
         assert ch.basic_get(q, auto_ack=True) == (None, None, None)
