@@ -47,7 +47,13 @@ executor JVMs and a shuffle, and the kills (an executor's, then the driver's) an
 exactly-once counts are the same with 1,050 messages as with 1,900."""
 
 
-@pytest.mark.parametrize("where", [LOCAL, "cluster"])
+CLUSTER = pytest.param("cluster", marks=pytest.mark.long)
+"""The cluster case is a long run too (about 400 s of a make test's 2 workers): on every
+make test, tests/dfs/test_spark_two_clients.py runs this same scenario on the standalone
+cluster (an executor's SIGKILL, then the driver's), with the bus on CephFS."""
+
+
+@pytest.mark.parametrize("where", [LOCAL, CLUSTER])
 def test_driver_sigkill_while_publishing_then_restart(
     tmp_path: Path, where: str, request: pytest.FixtureRequest
 ) -> None:
