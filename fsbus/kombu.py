@@ -876,6 +876,18 @@ class Transport(virtual.Transport):
     driver_name = "fsbus"
     connection_errors = (*virtual.Transport.connection_errors, StorageError, ClosedError)  # type: ignore[assignment]
     channel_errors = (*virtual.Transport.channel_errors, QueueError, UsageError)  # type: ignore[assignment]
+    # Sorted as py-amqp sorts RabbitMQ's (see docs/kombu.md, Errors and retries): what a
+    # retry on a new connection can get past (the disk, a closed bus, a full queue, as
+    # py-amqp's socket errors and MessageNacked), under the caller's retry policy; and
+    # what it cannot (a missing queue, other arguments, a bad name), raised at once.
+    recoverable_connection_errors = (
+        *virtual.Transport.connection_errors,
+        StorageError,
+        ClosedError,
+        PublishRefused,
+        OSError,
+    )
+    recoverable_channel_errors = ()
     implements = virtual.Transport.implements.extend(
         asynchronous=False,
         exchange_type=frozenset(["direct", "topic", "fanout"]),

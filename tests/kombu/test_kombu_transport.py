@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from kombu.entity import Exchange, Queue
 from kombu.exceptions import ChannelError, OperationalError
 from kombu.messaging import Consumer, Producer
 
-from fsbus import BlockingBus, QueueFull, QueueNotFound, UsageError
+from fsbus import BlockingBus, DiskFull, QueueFull, QueueNotFound, UsageError
 from fsbus.kombu import (
     FOREVER,
     PublishRefused,
@@ -388,13 +390,105 @@ def test_a_full_reject_publish_queue_refuses_with_a_channel_error(
         # the default exchange: the queue named by the routing key
         with pytest.raises(PublishRefused, match=r"the default exchange.*'capped'"):
             Producer(conn.channel()).publish({"n": 3}, routing_key="capped", serializer="json")
-        # retry=True (Celery's default): kombu retries once on a new connection, then
-        # raises its OperationalError with the refusal as the cause
+        # retry=True (Celery's default): a recoverable error, as py-amqp's MessageNacked
+        # (RabbitMQ's nack) is: kombu tries again on a new connection as often as the
+        # retry policy allows, then raises its OperationalError with the refusal as cause
+        retries: list[BaseException] = []
         with pytest.raises(OperationalError) as retried:
-            Producer(conn.channel()).publish({"n": 4}, routing_key="capped", retry=True)
+            Producer(conn.channel()).publish(
+                {"n": 4},
+                routing_key="capped",
+                retry=True,
+                retry_policy={"max_retries": 2, "interval_start": 0, "errback": _tried(retries)},
+            )
         assert isinstance(retried.value.__cause__, PublishRefused)
+        assert [type(e) for e in retries] == [PublishRefused, PublishRefused]
     assert bus.queue_info("capped").depth == 2
     assert bus.queue_info("roomy").depth == 3
+
+
+def _tried(into: list[BaseException]) -> Callable[[BaseException, float], None]:
+    """A retry policy's ``errback``: kombu calls it with each error it retries after."""
+
+    def errback(exc: BaseException, interval: float) -> None:
+        into.append(exc)
+
+    return errback
+
+
+def test_errors_a_retry_cannot_mend_are_raised_at_once(url: str, bus: BlockingBus) -> None:
+    """The transport sorts its errors as py-amqp sorts RabbitMQ's: kombu's ``ensure``
+    (``publish(retry=True)``, Celery's publishing) raises a bad message, a missing queue
+    or a declaration with other arguments at once, with no new connection and no retry."""
+    bus.declare_queue(queue_name("strict"), max_length=5)
+    with Connection(url, transport_options={"config": {"max_payload_size": 1000}}) as conn:
+        retries: list[BaseException] = []
+        policy = {"max_retries": 3, "interval_start": 0, "errback": _tried(retries)}
+        transport_connection = conn.connection
+        with pytest.raises(UsageError, match="exceeds max_payload_size=1000"):
+            Producer(conn.channel()).publish(
+                b"x" * 2000,
+                routing_key="strict",
+                retry=True,
+                retry_policy=policy,
+            )
+        channel = conn.default_channel
+        declare = conn.ensure(channel, channel.queue_declare, **policy)
+        with pytest.raises(ChannelError, match="NOT_FOUND"):
+            declare("nowhere", passive=True)
+        with pytest.raises(ChannelError, match="PRECONDITION_FAILED"):
+            declare("strict", arguments={"x-max-length": 6})
+        assert retries == []
+        assert conn.connection is transport_connection  # never reconnected
+    assert bus.queue_info(queue_name("strict")).depth == 0
+
+
+def test_a_publish_on_a_full_disk_is_retried_under_the_policy_until_it_fits(
+    tmp_path: Path,
+) -> None:
+    """A full disk is a recoverable error (the publish that raised left no copy):
+    ``publish(retry=True)`` tries again, on a new connection, as the retry policy allows;
+    once space is freed the message is in its queue once."""
+    from tests.faults.conftest import tmpfs_at
+
+    with tmpfs_at(tmp_path / "small", "size=8m,nr_inodes=400,mode=0755") as mnt:
+        url = f"fsbus://{mnt / 'bus'}"
+        queue = Queue("jobs", routing_key="jobs")
+        with Connection(url) as conn:
+            queue(conn.default_channel).declare()
+            Producer(conn.channel()).publish({"n": 0}, routing_key="jobs")  # (warm)
+            fillers = _fill_inodes(mnt / "filler")
+            retries: list[BaseException] = []
+
+            def free_after_two(exc: BaseException, interval: float) -> None:
+                retries.append(exc)
+                if len(retries) == 2:
+                    shutil.rmtree(mnt / "filler")
+
+            Producer(conn.channel()).publish(
+                {"n": 1},
+                routing_key="jobs",
+                retry=True,
+                retry_policy={"max_retries": 5, "interval_start": 0, "errback": free_after_two},
+            )
+            assert fillers > 0
+            assert len(retries) == 2
+            assert all(isinstance(e, DiskFull) for e in retries), retries
+            got = consume(conn, [queue], 2)
+        assert sorted(m.payload["n"] for m in got) == [0, 1]
+        with BlockingBus(mnt / "bus") as bus:
+            assert bus.queue_info(queue_name("jobs")).depth == 0
+
+
+def _fill_inodes(where: Path) -> int:
+    """Take every free inode of ``where``'s filesystem with empty files; how many."""
+    where.mkdir()
+    n = 0
+    with pytest.raises(OSError, match="No space left"):  # noqa: PT012
+        while True:
+            (where / str(n)).touch()
+            n += 1
+    return n
 
 
 def test_redeclaring_with_other_arguments_fails(url: str) -> None:
