@@ -117,6 +117,7 @@ class AmqpState:
         self._owners: dict[str, tuple[tuple[int, int, int, int], str | None]] = {}
         self._caps: dict[str, tuple[tuple[int, int, int, int], int | None]] = {}
         self._bound: dict[str, tuple[tuple[int, int, int, int], str | None]] = {}
+        self._headers: dict[str, tuple[tuple[int, int, int, int], list[HeadersBinding]]] = {}
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -281,16 +282,10 @@ class AmqpState:
     # ------------------------------------------------------------------ headers bindings
     def headers_bindings(self, exchange: str) -> list[HeadersBinding]:
         """Exchange ``exchange``'s headers bindings: (AMQP queue, arguments, the queue's
-        uid; "" in a record written before uids were)."""
-        doc = self.read("headers", exchange)
-        found = doc.get("bindings") if doc else None
-        if not isinstance(found, list):
-            return []
-        out: list[HeadersBinding] = []
-        for b in found:
-            if isinstance(b, list) and len(b) in (2, 3) and isinstance(b[1], dict):
-                out.append((str(b[0]), dict(b[1]), str(b[2]) if len(b) == 3 else ""))
-        return out
+        uid; "" in a record written before uids were). Read again only when the file
+        changed (see :meth:`_cached`: each batch published to the exchange asks)."""
+        found = self._cached(self._headers, "headers", exchange, _headers_bindings)
+        return [] if found is None else list(found)
 
     def drop_headers_bindings_of(self, queue: str) -> None:
         """Queue ``queue`` (an AMQP name) was deleted: its bindings to headers exchanges
@@ -425,6 +420,18 @@ class AmqpState:
             if owner and not self.owner_alive(str(owner)):
                 out.append(str(doc.get("name")))
         return out
+
+
+def _headers_bindings(doc: dict[str, Any] | None) -> list[HeadersBinding]:
+    """The bindings a ``headers/<X>.json`` record holds (see AmqpState.headers_bindings)."""
+    found = doc.get("bindings") if doc else None
+    if not isinstance(found, list):
+        return []
+    out: list[HeadersBinding] = []
+    for b in found:
+        if isinstance(b, list) and len(b) in (2, 3) and isinstance(b[1], dict):
+            out.append((str(b[0]), dict(b[1]), str(b[2]) if len(b) == 3 else ""))
+    return out
 
 
 def _bound_auto_delete(doc: dict[str, Any] | None) -> str | None:

@@ -64,3 +64,36 @@ def test_headers_bindings_read_records_with_and_without_the_queues_uid(tmp_path:
         assert state.headers_bindings("h") == [("q3", {}, "u3")]
     finally:
         state.close()
+
+
+def test_headers_bindings_are_read_again_only_once_their_record_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch published to a headers exchange asks for its bindings: an unchanged
+    record is not read again, a changed or removed one is seen at once, and what a
+    caller does with the list it got does not change what the next one gets."""
+    state = AmqpState(str(tmp_path))
+    try:
+        state.set_headers_bindings("h", [("q1", {"k": "v"}, "u1")])
+        assert state.headers_bindings("h") == [("q1", {"k": "v"}, "u1")]
+
+        reads: list[str] = []
+
+        def read(path: str) -> dict[str, Any] | None:
+            reads.append(Path(path).name)
+            return AmqpState._read_file(path)
+
+        monkeypatch.setattr(state, "_read_file", read)
+        got = state.headers_bindings("h")
+        got.append(("q9", {}, "u9"))
+        assert state.headers_bindings("h") == [("q1", {"k": "v"}, "u1")]
+        assert reads == []
+
+        state.set_headers_bindings("h", [("q1", {"k": "v"}, "u1"), ("q2", {}, "u2")])
+        assert state.headers_bindings("h") == [("q1", {"k": "v"}, "u1"), ("q2", {}, "u2")]
+        assert reads == ["h.json"]
+        state.remove("headers", "h")
+        assert state.headers_bindings("h") == []
+        assert reads == ["h.json"]
+    finally:
+        state.close()
