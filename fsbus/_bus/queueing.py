@@ -445,7 +445,8 @@ def enqueue_each(
     their headers encoded once, as :func:`route` does. A queue deleted meanwhile is
     skipped. A full queue with ``overflow="reject-publish"`` refuses its own copy only:
     the other queues get theirs, then :class:`QueueFull` names the ones that refused (as
-    RabbitMQ delivers to the queues with room and nacks the publish).
+    RabbitMQ delivers to the queues with room and nacks the publish). Any other error
+    takes back the copies written before it: an enqueue that raised is nowhere.
     ``rooms_checked``: the caller checked every queue's room before it published
     anything (``publish_many``), so none is checked again here.
     """
@@ -461,26 +462,40 @@ def enqueue_each(
         room.append(d)
     plans: dict[float, PublishPlan] = {}
     made = 0
-    for d, w in store.open_targets(tuple(room)):
-        life = copy_ttl(d, ttl)
-        try:
-            if isinstance(w, QueueWriter):
-                plan = plans.get(life)
-                if plan is None:
-                    plan = plans[life] = w.plan(
-                        topic, ttl=life, durable=durable, headers=headers, priority=priority
+    written: list[tuple[QueueWriter, PublishPlan]] = []
+    try:
+        for d, w in store.open_targets(tuple(room)):
+            life = copy_ttl(d, ttl)
+            try:
+                if isinstance(w, QueueWriter):
+                    plan = plans.get(life)
+                    if plan is None:
+                        plan = plans[life] = w.plan(
+                            topic, ttl=life, durable=durable, headers=headers, priority=priority
+                        )
+                    written.append((w, w.publish_planned(plan, payload)))
+                else:
+                    w.publish(
+                        topic,
+                        payload,
+                        ttl=life,
+                        durable=durable,
+                        headers=headers,
+                        priority=priority,
                     )
-                w.publish_planned(plan, payload)
-            else:
-                w.publish(
-                    topic, payload, ttl=life, durable=durable, headers=headers, priority=priority
-                )
-            store.trim(d)
-        except (StorageError, OSError):
-            if store.gone(d):
-                continue  # deleted while its copy was written: as if deleted before
-            raise
-        made += 1
+                store.trim(d)
+            except (StorageError, OSError):
+                if store.gone(d):
+                    continue  # deleted while its copy was written: as if deleted before
+                raise
+            made += 1
+    except BaseException:
+        # As route does: a copy that cannot be written (a full disk...) takes back the
+        # copies written before it, so that an enqueue that raises leaves nothing behind
+        # (retried, as kombu and AMQP clients do, it would be there twice).
+        for w, plan in written:
+            w.take_back(plan)
+        raise
     if full:
         names = ", ".join(repr(d.name) for d in full)
         raise QueueFull(

@@ -486,24 +486,34 @@ def test_async_enqueue_into_several_queues(root: Path) -> None:
     anyio.run(main)
 
 
-def test_a_publish_that_fails_on_a_copy_leaves_nothing_behind(root: Path) -> None:
-    """A publish (not durable) whose copy into one queue cannot be written raises, and
-    neither the message nor the copies written before that one are left: retried, it
-    would otherwise be there twice (the message and queue a's copy stayed)."""
+@pytest.mark.parametrize("how", ["publish", "enqueue", "durable enqueue"])
+def test_a_publish_that_fails_on_a_copy_leaves_nothing_behind(root: Path, how: str) -> None:
+    """A publish (not durable), or an enqueue into several queues, whose copy into one
+    queue cannot be written raises, and neither the message nor the copies written
+    before that one are left: retried (as kombu and an AMQP client do after an error or
+    a nack), it would otherwise be there twice (queue a's copy stayed)."""
+
+    def send(bus: BlockingBus, payload: bytes) -> None:
+        if how == "publish":
+            bus.publish("t", payload, durable=False)
+        else:
+            bus.enqueue(["a", "b"], "t", payload, durable=how.startswith("durable"))
+
     with BlockingBus(root) as bus:
         bus.declare_queue("a", ["t"])
         bus.declare_queue("b", ["t"])
-        bus.publish("t", b"first")  # both queues' buses laid out
+        send(bus, b"first")  # both queues' buses laid out
         staging = root / "fsbus" / "queues" / "b" / "bus" / "staging"
         staging.rmdir()
         staging.write_text("not a folder")  # b's copies cannot be staged any more
         with pytest.raises(StorageError):
-            bus.publish("t", b"failed", durable=False)
+            send(bus, b"failed")
         assert _payloads(bus, "a") == [b"first"]
-        assert [i.topic for i in bus.browse("#")] == ["t"]  # the first publish's only
+        main = [] if how.endswith("enqueue") else ["t"]
+        assert [i.topic for i in bus.browse("#")] == main  # the first publish's only
         staging.unlink()
         staging.mkdir()
-        bus.publish("t", b"again")
+        send(bus, b"again")
         for q in ("a", "b"):
             assert _payloads(bus, q) == [b"first", b"again"]
 
