@@ -234,14 +234,58 @@ class ConnectServer:
     log: Path
 
 
+CONNECT_STARTED = "Spark Connect server started at: "
+CONNECT_FAILED = "Error starting Spark Connect server"
+"""What the server logs once it serves, or when it could not (its port taken: by another
+process between free_port() and its bind, as the other test worker's services pick
+free ports too)."""
+
+
+class _PortTaken(Exception):
+    """The Connect server could not bind its port."""
+
+
 @contextmanager
 def connect_server(scratch: Path, master: str) -> Iterator[ConnectServer]:
     """``sbin/start-connect-server.sh`` in the foreground (``--wait``), bound to 127.0.0.1
-    on a free port, running its queries on ``master``; stopped on exit."""
+    on a free port, running its queries on ``master``; stopped on exit. Up once its log
+    says it serves: a port that answers may be another process's, which took the port
+    first (then the server is started again on another one, up to three times)."""
     home = spark_home()
     env = {**daemon_env(scratch), "SPARK_IDENT_STRING": f"fsbus-tests-{os.getpid()}"}
     del env["SPARK_DAEMON_MEMORY"]  # the server is a driver: its heap is --driver-memory
-    port = free_port()
+    (scratch / "logs").mkdir(parents=True, exist_ok=True)
+    log = scratch / "logs" / "connect.out"
+    for attempt in range(3):
+        port = free_port()
+        server = Daemon(
+            "the Spark Connect server", _connect_argv(home, scratch, master, port), env, log
+        )
+
+        def started(port: int = port) -> bool:
+            text = log.read_text(errors="replace")
+            if CONNECT_FAILED in text:
+                raise _PortTaken(text[-3000:])
+            if CONNECT_STARTED not in text:
+                return False
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return True
+
+        try:
+            wait_for(started, [server], f"the Spark Connect server on port {port}")
+        except (_PortTaken, RuntimeError):
+            server.stop()
+            if attempt == 2 or CONNECT_FAILED not in log.read_text(errors="replace"):
+                raise
+            continue
+        try:
+            yield ConnectServer(url=f"sc://127.0.0.1:{port}", log=log)
+        finally:
+            server.stop()
+        return
+
+
+def _connect_argv(home: Path, scratch: Path, master: str, port: int) -> list[str]:
     conf = {
         **app_conf(scratch),
         "spark.connect.grpc.binding.address": "127.0.0.1",
@@ -257,16 +301,4 @@ def connect_server(scratch: Path, master: str) -> Iterator[ConnectServer]:
     argv += ["--driver-memory", "1g"]
     for key, value in conf.items():
         argv += ["--conf", f"{key}={value}"]
-    (scratch / "logs").mkdir(parents=True, exist_ok=True)
-    log = scratch / "logs" / "connect.out"
-    server = Daemon("the Spark Connect server", argv, env, log)
-    try:
-
-        def listening() -> bool:
-            with socket.create_connection(("127.0.0.1", port), timeout=2):
-                return True
-
-        wait_for(listening, [server], f"the Spark Connect server on port {port}")
-        yield ConnectServer(url=f"sc://127.0.0.1:{port}", log=log)
-    finally:
-        server.stop()
+    return argv
