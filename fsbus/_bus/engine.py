@@ -171,12 +171,6 @@ class Subscription:
         and calls ``settle(None)`` once it is done with it (acked), or ``settle(exc)`` as
         if the handler had raised ``exc`` (a :class:`Requeue` gives it back at once).
         A message still unsettled when the bus closes is given back."""
-        self.delivery_limit: int | None = None
-        """A queue's subscription: its queue's ``max_deliveries`` (a message delivered
-        more often goes to :attr:`handler`, which gives it up)."""
-        self.give_up: Callable[[Message, Exception], Awaitable[bool]] | None = None
-        """A queue's subscription: for a message a :attr:`deliver_now` consumer settled
-        with an error, whether that was its last delivery (dead-lettered: then acked)."""
 
     async def aclose(self) -> None:
         """Stop receiving messages (handlers already running finish)."""
@@ -2102,8 +2096,7 @@ class Bus(Configured):
         task: whether it took it (one that had every delivery it may have goes to
         :meth:`_run_single`, which dead-letters it)."""
         assert sub.deliver_now is not None
-        limit = sub.delivery_limit
-        if self._over_limit(msg) or (limit is not None and msg.delivery_count > limit):
+        if self._over_limit(msg):
             return False
         self._deferred[e.key] = claim
         try:
@@ -2125,7 +2118,8 @@ class Bus(Configured):
         claim = self._deferred.pop(key, None)
         if claim is None:
             return
-        if exc is None and self._post_ack(sub, claim, key):
+        outcome = "ack" if exc is None else self._failure_outcome(sub, msg, exc)
+        if outcome == "ack" and self._post_ack(sub, claim, key):
             return
         tg = self._tg
         if tg is None:  # the bus has stopped: give it back now
@@ -2133,28 +2127,7 @@ class Bus(Configured):
             with contextlib.suppress(Exception):
                 self._fs.release(claim, failed=False)
             return
-        if exc is not None and sub.give_up is not None and isinstance(exc, Exception):
-            tg.start_soon(self._settle_failed, sub, msg, claim, e, exc)
-            return
-        outcome = "ack" if exc is None else self._failure_outcome(sub, msg, exc)
         tg.start_soon(self._conclude, sub, msg, claim, e, outcome)
-
-    async def _settle_failed(
-        self, sub: Subscription, msg: Message, claim: Claim, e: Entry, exc: Exception
-    ) -> None:
-        """A queue's message a :attr:`~Subscription.deliver_now` consumer failed: given up
-        (dead-lettered, and acked) if that was its queue's last delivery, as the queue's
-        handler does, else settled as a failed handler's."""
-        assert sub.give_up is not None
-        with anyio.CancelScope(shield=True):  # (its claim is no one else's to give back)
-            try:
-                gave_up = await sub.give_up(msg, exc)
-            except Exception as err:  # not dead-lettered (a full disk...): a failure
-                exc, gave_up = err, False
-            outcome = "ack" if gave_up else self._failure_outcome(sub, msg, exc)
-            if outcome == "ack" and self._post_ack(sub, claim, e.key):
-                return
-            await self._conclude(sub, msg, claim, e, outcome)
 
     async def _run_single(self, sub: Subscription, msg: Message, claim: Claim, e: Entry) -> None:
         try:
@@ -2818,12 +2791,6 @@ class Bus(Configured):
             raise
         sub.queue = name
         own[path] = sub
-        sub.delivery_limit = d.options.max_deliveries  # (as consume checks it)
-
-        async def give_up(msg: Message, exc: Exception) -> bool:
-            return await self._give_up(name, d.options, msg, exc)
-
-        sub.give_up = give_up
 
         async def leave() -> None:
             # Handlers still running finish and settle first: the queue's bus closes

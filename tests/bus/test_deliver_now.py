@@ -138,32 +138,3 @@ async def test_what_is_unsettled_at_close_goes_back(tmp_path: Path) -> None:
                     got.append(await it.__anext__())
         assert sorted(m.payload for m in got) == [f"m{i}".encode() for i in range(5)]
         assert all(m.delivery_count == 2 for m in got)  # the first delivery counted
-
-
-async def test_a_queues_delivery_limit_holds_for_what_it_hands_over(tmp_path: Path) -> None:
-    """A queue with ``max_deliveries``: a message its deliver_now consumer fails that
-    often is dead-lettered (and acked), as its handler's would be, not handed over
-    again."""
-    taker = Taker()
-    async with Bus(tmp_path / "bus") as bus:
-        await bus.declare_queue("parked", ["dead.#"])
-        await bus.declare_queue("q", ["t.#"], max_deliveries=2, dead_letter="dead.q")
-        sub = await bus.subscribe(None, _never, queue="q", prefetch=1)
-        sub.deliver_now = taker
-        await bus.publish("t.x", "poison")
-        for n in (1, 2):
-            await taker.wait_for(n)
-            msg, settle = taker.held[-1]
-            assert msg.delivery_count == n
-            if n == 2:
-                sub.settled = anyio.Event()  # set once nothing is in flight
-            settle(RuntimeError("the client gave up on it"))
-        with anyio.fail_after(WAIT):
-            await sub.settled.wait()
-        assert (await bus.queue_info("q")).depth == 0
-        assert (await bus.queue_info("parked")).depth == 1
-        assert len(taker.held) == 2
-
-
-async def _never(msg: Message) -> None:
-    raise AssertionError(f"{msg.name} reached a handler")
