@@ -182,8 +182,11 @@ async def test_a_consumer_that_comes_to_a_backlog_takes_its_part_of_it(root: Pat
         await wait_until(lambda: one.statistics().acked + two.statistics().acked >= n)
         assert (await one.queue_info("work")).depth == 0
     assert Counter([*one_got, *two_got]) == Counter(str(i).encode() for i in range(n))
-    # Half the buckets are two's: it takes a fair part (it took none before).
-    assert len(two_got) >= n // 4, (len(one_got), len(two_got))
+    # Half the buckets are two's: it takes a part of them (it took none before). Not
+    # always half: once one has drained its own part it takes what is left of two's
+    # (old, so not left to two), and the two race for it; under load one has ended
+    # with up to four fifths of the 1,200.
+    assert len(two_got) >= n // 8, (len(one_got), len(two_got))
 
 
 @pytest.mark.anyio
