@@ -120,6 +120,12 @@ handed over (an iterator closed with it buffered), which the next subscription o
 process must find first, not skip."""
 
 
+Settle = Callable[[BaseException | None], None]
+"""How a :attr:`Subscription.deliver_now` consumer settles a message: None when done with
+it, or the error its handler would have raised."""
+DeliverNow = Callable[[Message, Settle], bool]
+
+
 class Subscription:
     """A live subscription; close it with :meth:`aclose` or :meth:`Bus.unsubscribe`."""
 
@@ -145,6 +151,10 @@ class Subscription:
         deleted, by another process or by a bus of this one."""
         self.queue_gone = False  # ended so: its queue was deleted under it
         self.in_flight = 0  # work-queue messages claimed for it and not yet settled
+        self.acking = 0
+        """Of :attr:`in_flight`, those its consumer is done with whose ack is not on
+        disk yet (in the finisher's next batch): they no longer take up its prefetch, as
+        RabbitMQ frees a consumer's room at the client's ack."""
         self.rank = 0
         """Its consumer priority (the AMQP gateway's ``x-priority``): of the work-queue
         subscriptions of this bus with room for a message, one of the highest rank gets
@@ -157,6 +167,20 @@ class Subscription:
         consumer's (taken up one slot at a time, they were no faster)."""
         self.settled: anyio.Event | None = None  # set when both drop to 0 (if asked)
         self.closed = False
+        self.deliver_now: DeliverNow | None = None
+        """A consumer that takes a work-queue message without a task (the AMQP gateway's,
+        which waits for its client's ack): called on the event loop as each message is
+        claimed for it, with the message and a ``settle`` callback. It returns False to
+        have the message go to :attr:`handler` as usual (it cannot take it now), or True
+        and calls ``settle(None)`` once it is done with it (acked), or ``settle(exc)`` as
+        if the handler had raised ``exc`` (a :class:`Requeue` gives it back at once).
+        A message still unsettled when the bus closes is given back."""
+        self.delivery_limit: int | None = None
+        """A queue's subscription: its queue's ``max_deliveries`` (a message delivered
+        more often goes to :attr:`handler`, which gives it up)."""
+        self.give_up: Callable[[Message, Exception], Awaitable[bool]] | None = None
+        """A queue's subscription: for a message a :attr:`deliver_now` consumer settled
+        with an error, whether that was its last delivery (dead-lettered: then acked)."""
 
     async def aclose(self) -> None:
         """Stop receiving messages (handlers already running finish)."""
@@ -164,6 +188,12 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"<Subscription {self.pattern!r}{' closed' if self.closed else ''}>"
+
+
+def _room(sub: Subscription) -> int:
+    """How many more work-queue messages ``sub`` (with a prefetch) may be handed."""
+    assert sub.prefetch is not None
+    return sub.prefetch - sub.in_flight + sub.acking
 
 
 def _busy(sub: Subscription) -> bool:
@@ -451,6 +481,8 @@ class Bus(Configured):
         )
         # Rename claims held by running handlers: their leases are renewed (_renew_loop).
         self._held: dict[tuple[int, str], Claim] = {}
+        self._deferred: dict[tuple[int, str], Claim] = {}
+        """Claims handed to a :attr:`Subscription.deliver_now` consumer, not yet settled."""
         self._take_view: TakeView | None = None  # what gets on this (a queue's) bus listed
         self._counts = dict.fromkeys(
             (
@@ -546,6 +578,8 @@ class Bus(Configured):
         """After every task of the bus ended: give back unstarted work, stop watching."""
         # Work claimed but never started goes back, uncounted.
         queued = [args[2] for fn, args in self._jobs.take_all() if fn == self._run_single]
+        # and what deliver_now consumers held unsettled (counted: they had it)
+        held, self._deferred = list(self._deferred.values()), {}
         try:
             if queued:
 
@@ -555,6 +589,15 @@ class Bus(Configured):
 
                 await anyio.to_thread.run_sync(give_back)
                 self._counts["released"] += len(queued)
+            if held:
+
+                def give_held_back() -> None:
+                    for c in held:
+                        with contextlib.suppress(Exception):
+                            self._fs.release(c, failed=False)
+
+                await anyio.to_thread.run_sync(give_held_back)
+                self._counts["released"] += len(held)
             await anyio.to_thread.run_sync(self._waker.stop)
         finally:
             self._fs.close()
@@ -1845,7 +1888,7 @@ class Bus(Configured):
         room = 0  # what the work-queue subscriptions can take, at most capacity
         for s in self._subs:
             if s.kind != "multi" and not s.closed:
-                room += capacity if s.prefetch is None else max(0, s.prefetch - s.in_flight)
+                room += capacity if s.prefetch is None else max(0, _room(s))
                 if room >= capacity:
                     break
         if capacity <= 0 or room <= 0:
@@ -1902,8 +1945,7 @@ class Bus(Configured):
             free = [
                 s
                 for s in subs
-                if s.prefetch is None
-                or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight) + _SPARE_CANDIDATES
+                if s.prefetch is None or picks.get(s, 0) < per_slot * _room(s) + _SPARE_CANDIDATES
             ]
             if free:
                 # One with room now if there is one: spare candidates for a full one are
@@ -1911,9 +1953,7 @@ class Bus(Configured):
                 # a full subscription would wait while another had room (a consumer at
                 # its prefetch beside an idle one starved it until the next change).
                 roomy = [
-                    s
-                    for s in free
-                    if s.prefetch is None or picks.get(s, 0) < per_slot * (s.prefetch - s.in_flight)
+                    s for s in free if s.prefetch is None or picks.get(s, 0) < per_slot * _room(s)
                 ]
                 pool = roomy or free
                 if len(pool) > 1 and any(s.rank for s in pool):
@@ -1948,7 +1988,7 @@ class Bus(Configured):
             per_sub: dict[Subscription, int] = {}
             until = time.monotonic() + self._offload.batch_seconds(_CLAIM_ROUND_SECONDS)
             for e, sub in ordered:
-                room = None if sub.prefetch is None else sub.prefetch - sub.in_flight
+                room = None if sub.prefetch is None else _room(sub)
                 if (
                     taken >= capacity
                     or (room is not None and per_sub.get(sub, 0) >= room)
@@ -2013,10 +2053,10 @@ class Bus(Configured):
                 continue
             if s.prefetch is None:
                 break
-            room = s.prefetch - s.in_flight
+            room = _room(s)
             if room <= 0:
                 continue
-            if not s.lazy_topup or s.in_flight == 0 or 2 * room >= s.prefetch:
+            if not s.lazy_topup or 2 * room >= s.prefetch:
                 break
             if room >= _TOPUP_ROOM:
                 break
@@ -2060,87 +2100,170 @@ class Bus(Configured):
             self._free -= 1  # capacity was checked above: no wait here
             self._counts["delivered"] += 1
             sub.in_flight += 1
+            if sub.deliver_now is not None and self._deliver_now(sub, msg, claim, e):
+                continue
             self._jobs.put((self._run_single, (sub, msg, claim, e)))
 
-    async def _run_single(self, sub: Subscription, msg: Message, claim: Claim, e: Entry) -> None:
-        key = e.key
-        outcome = "release"
+    def _deliver_now(self, sub: Subscription, msg: Message, claim: Claim, e: Entry) -> bool:
+        """Hand ``msg`` to ``sub``'s :attr:`~Subscription.deliver_now` consumer, with no
+        task: whether it took it (one that had every delivery it may have goes to
+        :meth:`_run_single`, which dead-letters it)."""
+        assert sub.deliver_now is not None
+        limit = sub.delivery_limit
+        if self._over_limit(msg) or (limit is not None and msg.delivery_count > limit):
+            return False
+        self._deferred[e.key] = claim
         try:
+            taken = sub.deliver_now(msg, functools.partial(self._settle_deferred, sub, msg, e))
+        except Exception as exc:  # never let one consumer take the bus down
+            log.error("delivering %s failed: %s; handing it over again", msg.name, exc)
+            taken = False
+        if not taken and self._deferred.pop(e.key, None) is None:
+            return True  # settled already (by the consumer, before it failed)
+        return taken
+
+    def _settle_deferred(
+        self, sub: Subscription, msg: Message, e: Entry, exc: BaseException | None = None
+    ) -> None:
+        """A :attr:`~Subscription.deliver_now` consumer is done with ``msg`` (``exc``:
+        what its handler would have raised). Once only: later calls, and calls after the
+        bus gave it back at close, do nothing."""
+        key = e.key
+        claim = self._deferred.pop(key, None)
+        if claim is None:
+            return
+        if exc is None and self._post_ack(sub, claim, key):
+            return
+        tg = self._tg
+        if tg is None:  # the bus has stopped: give it back now
+            self._held.pop(key, None)
+            with contextlib.suppress(Exception):
+                self._fs.release(claim, failed=False)
+            return
+        if exc is not None and sub.give_up is not None and isinstance(exc, Exception):
+            tg.start_soon(self._settle_failed, sub, msg, claim, e, exc)
+            return
+        outcome = "ack" if exc is None else self._failure_outcome(sub, msg, exc)
+        tg.start_soon(self._conclude, sub, msg, claim, e, outcome)
+
+    async def _settle_failed(
+        self, sub: Subscription, msg: Message, claim: Claim, e: Entry, exc: Exception
+    ) -> None:
+        """A queue's message a :attr:`~Subscription.deliver_now` consumer failed: given up
+        (dead-lettered, and acked) if that was its queue's last delivery, as the queue's
+        handler does, else settled as a failed handler's."""
+        assert sub.give_up is not None
+        with anyio.CancelScope(shield=True):  # (its claim is no one else's to give back)
             try:
-                if self._over_limit(msg):
-                    # Delivered as many times as max_deliveries allows, and never settled:
-                    # its consumers ended with it in hand (killed, crashed: a message that
-                    # kills its consumer). Not handed over again: dead-lettered.
-                    self._counts["failed"] += 1
-                    outcome = "dead:" + (
-                        f"delivered {msg.delivery_count - 1} times and never settled "
-                        "(its consumers ended with it in hand)"
-                    )
-                    log.warning(
-                        "work-queue message %s was delivered %d times and never settled "
-                        "(its consumers ended holding it); dead-lettered, not delivered again",
-                        msg.name,
-                        msg.delivery_count - 1,
-                    )
-                else:
-                    await sub.handler(msg)
-                    outcome = "ack"
-            except GiveBack as back:
-                outcome = "giveback" if back.seen else "unseen"
-            except Exception as exc:
+                gave_up = await sub.give_up(msg, exc)
+            except Exception as err:  # not dead-lettered (a full disk...): a failure
+                exc, gave_up = err, False
+            outcome = "ack" if gave_up else self._failure_outcome(sub, msg, exc)
+            if outcome == "ack" and self._post_ack(sub, claim, e.key):
+                return
+            await self._conclude(sub, msg, claim, e, outcome)
+
+    async def _run_single(self, sub: Subscription, msg: Message, claim: Claim, e: Entry) -> None:
+        try:
+            if self._over_limit(msg):
+                # Delivered as many times as max_deliveries allows, and never settled:
+                # its consumers ended with it in hand (killed, crashed: a message that
+                # kills its consumer). Not handed over again: dead-lettered.
                 self._counts["failed"] += 1
-                limit = self._cfg.max_deliveries
-                if (
-                    limit is not None
-                    and msg.delivery_count >= limit
-                    and not self._is_dead_letter(msg.topic)  # no dead-letter cycles
-                ):
-                    outcome = "dead:" + f"{type(exc).__name__}: {exc}"[:500]
-                elif isinstance(exc, Requeue):
-                    outcome = _REQUEUE
-                else:
-                    outcome = "fail"
-                    log.info(
-                        "handler for %s failed on work-queue message %s (delivery %d): %s; "
-                        "it will be redelivered",
-                        f"queue {sub.queue!r}" if sub.queue else repr(sub.pattern),
-                        msg.name,
-                        msg.delivery_count,
-                        exc,
-                    )
-            if outcome == "ack":
-                # The common case: the finisher acks it in its next batch and settles it
-                # then (slot, in-flight count); this task is free at once.
-                try:
-                    self._finisher.post((claim, "ack"), functools.partial(self._acked, sub, key))
-                    outcome = "posted"
-                    return
-                except ClosedError:
-                    pass
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self._finish(claim, msg, outcome)
-                except Exception as exc:  # never let one message take the bus down
-                    log.error("could not settle %s (%s): %s; releasing it", msg.name, outcome, exc)
-                    outcome = "release"
+                outcome = "dead:" + (
+                    f"delivered {msg.delivery_count - 1} times and never settled "
+                    "(its consumers ended with it in hand)"
+                )
+                log.warning(
+                    "work-queue message %s was delivered %d times and never settled "
+                    "(its consumers ended holding it); dead-lettered, not delivered again",
+                    msg.name,
+                    msg.delivery_count - 1,
+                )
+            else:
+                await sub.handler(msg)
+                outcome = "ack"
+        except GiveBack as back:
+            outcome = "giveback" if back.seen else "unseen"
+        except Exception as exc:
+            outcome = self._failure_outcome(sub, msg, exc)
+        except BaseException:
+            # Cancelled (shutdown): give it back without counting a failure.
+            await self._conclude(sub, msg, claim, e, "release")
+            raise
+        # The common case: the finisher acks it in its next batch and settles it then
+        # (slot, in-flight count); this task is free at once.
+        if outcome == "ack" and self._post_ack(sub, claim, e.key):
+            return
+        await self._conclude(sub, msg, claim, e, outcome)
+
+    def _failure_outcome(self, sub: Subscription, msg: Message, exc: BaseException) -> str:
+        """How a work-queue message whose handler raised ``exc`` is settled: dead-lettered
+        once it had every delivery ``max_deliveries`` allows, given back at once on a
+        :class:`Requeue`, otherwise given back as failed (redelivered later)."""
+        self._counts["failed"] += 1
+        limit = self._cfg.max_deliveries
+        if (
+            limit is not None
+            and msg.delivery_count >= limit
+            and not self._is_dead_letter(msg.topic)  # no dead-letter cycles
+        ):
+            return "dead:" + f"{type(exc).__name__}: {exc}"[:500]
+        if isinstance(exc, Requeue):
+            return _REQUEUE
+        log.info(
+            "handler for %s failed on work-queue message %s (delivery %d): %s; "
+            "it will be redelivered",
+            f"queue {sub.queue!r}" if sub.queue else repr(sub.pattern),
+            msg.name,
+            msg.delivery_count,
+            exc,
+        )
+        return "fail"
+
+    def _post_ack(self, sub: Subscription, claim: Claim, key: tuple[int, str]) -> bool:
+        """Queue the ack of a handled message with the finisher, which settles it after
+        its batch; False when the finisher has stopped (the caller then settles it)."""
+        try:
+            self._finisher.post((claim, "ack"), functools.partial(self._acked, sub, key))
+        except ClosedError:
+            return False
+        self._held.pop(key, None)
+        sub.acking += 1
+        if sub.prefetch is not None and _room(sub) == 1 and not self._closed:
+            self._waker.wake()  # it was at its prefetch: a claim round may serve it now
+        return True
+
+    async def _conclude(
+        self, sub: Subscription, msg: Message, claim: Claim, e: Entry, outcome: str
+    ) -> None:
+        """Settle a handled (or given up) work-queue message on disk as ``outcome`` says,
+        then free its slot; ``"release"`` gives it back uncounted (a cancelled handler)."""
+        key = e.key
+        try:
+            if outcome != "release":
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await self._finish(claim, msg, outcome)
+                    except Exception as exc:  # never let one message take the bus down
+                        log.error(
+                            "could not settle %s (%s): %s; releasing it", msg.name, outcome, exc
+                        )
+                        outcome = "release"
         finally:
             self._held.pop(key, None)
-            if outcome != "posted":
-                if outcome == "release":
-                    # Cancelled (shutdown): give it back without counting a failure.
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(
-                            lambda: self._fs.release(claim, failed=False)
-                        )
-                    self._counts["released"] += 1
-                    # look at it again after retry_interval, not only at the next full
-                    # listing (settling failed, e.g. its dead letter met a full disk)
-                    self._retries.add(key, time.monotonic() + self._cfg.retry_interval)
-                elif outcome in _AT_ONCE and not self._closed:
-                    # back in this process's queue at once, in its place (ahead of what
-                    # came after it), before its slot frees a claim
-                    self._push_ready(e)
-                self._settled(sub, key)
+            if outcome == "release":
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(lambda: self._fs.release(claim, failed=False))
+                self._counts["released"] += 1
+                # look at it again after retry_interval, not only at the next full
+                # listing (settling failed, e.g. its dead letter met a full disk)
+                self._retries.add(key, time.monotonic() + self._cfg.retry_interval)
+            elif outcome in _AT_ONCE and not self._closed:
+                # back in this process's queue at once, in its place (ahead of what
+                # came after it), before its slot frees a claim
+                self._push_ready(e)
+            self._settled(sub, key)
 
     def _over_limit(self, msg: Message) -> bool:
         """Whether ``msg`` has had every delivery ``max_deliveries`` allows already (each
@@ -2154,6 +2277,7 @@ class Bus(Configured):
         )
 
     def _acked(self, sub: Subscription, key: tuple[int, str], result: object) -> None:
+        sub.acking -= 1
         if isinstance(result, BaseException):
             self._not_finished(key)  # logged by _finish_many; the message is still there
         else:
@@ -2705,6 +2829,12 @@ class Bus(Configured):
             raise
         sub.queue = name
         own[path] = sub
+        sub.delivery_limit = d.options.max_deliveries  # (as consume checks it)
+
+        async def give_up(msg: Message, exc: Exception) -> bool:
+            return await self._give_up(name, d.options, msg, exc)
+
+        sub.give_up = give_up
 
         async def leave() -> None:
             # Handlers still running finish and settle first: the queue's bus closes

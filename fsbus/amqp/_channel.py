@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,10 @@ from ._state import jsonable, try_lock
 if TYPE_CHECKING:
     from ._contracts import ConnectionPort, CountMark
 
+Settle = Callable[[BaseException | None], None]
+"""The bus's callback for a message delivered with no task waiting (see
+Subscription.deliver_now): None once acked, or what a handler would have raised."""
+
 PROPS = "x-amqp-props"
 EXCHANGE = "x-amqp-exchange"
 ROUTING_KEY = "x-amqp-routing-key"
@@ -113,10 +117,15 @@ class Pending:
     msg: Message
     queue: str
     """The AMQP name of its queue."""
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event | None = None
+    """Set once the client settled it, for the task that waits (a handler's delivery,
+    a basic.get's); None for a delivery the bus settles through :attr:`settle`."""
     outcome: str = "requeue"
     settled: anyio.Event | None = None
     """A basic.get's: set once its outcome is settled on disk (see Channel._settles)."""
+    settle: Settle | None = None
+    """A delivery with no task waiting for it (see Subscription.deliver_now): the bus's
+    callback, called once the client settled it."""
 
 
 @dataclass(eq=False)
@@ -145,6 +154,9 @@ class Consumer:
     """Its subscription was stopped (it is done once)."""
     waiting_key: str | None = None
     """While it waits: its file in ``sac/<Q>.waiting/`` (see AmqpState.add_waiting)."""
+    queued: int = 0
+    """Its deliveries waiting in a handler to be sent (for its client's flow, its
+    channel's prefetch or its consume-ok): none is sent past them."""
 
 
 @dataclass
@@ -289,11 +301,35 @@ class Channel:
         awaited by the connection's next count, see :meth:`_settles`)."""
         pending, self.unacked = list(self.unacked.values()), {}
         for p in pending:
-            p.outcome = "requeue"
+            self._conclude(p, "requeue")
+        self._made_room()
+
+    def _conclude(self, p: Pending, outcome: str) -> None:
+        """The client settled ``p`` (or its channel went): tell whoever waits for it."""
+        p.outcome = outcome
+        if p.settle is None:
+            assert p.done is not None
             p.done.set()
             if p.settled is not None:
                 self._settling.add(p.settled)
-        self._made_room()
+        elif outcome == "ack":
+            p.settle(None)
+        elif outcome == "drop":
+            # dead-lettered first (in order, see _settled), then acked
+            self.conn.tasks.start_soon(self._dead_letter_then_ack, p)
+        else:
+            p.settle(_Requeue())
+
+    async def _dead_letter_then_ack(self, p: Pending) -> None:
+        assert p.settle is not None
+        try:
+            with anyio.CancelScope(shield=True):  # (the connection may be ending)
+                async with self._dead_letters:
+                    await self.gateway.dead_letter(p.queue, p.msg)
+        except Exception as exc:  # not dead-lettered: given back, as the handler's would
+            p.settle(exc)
+        else:
+            p.settle(None)
 
     async def _drop_exclusive(self, consumer: Consumer) -> None:
         """An exclusive consumer is gone: others may consume its queue again."""
@@ -989,28 +1025,50 @@ class Channel:
         tag = consumer.tag
 
         async def handle(msg: Message) -> None:
-            # (waiting on a set event would still yield to the loop once per message)
-            if not consumer.ready.is_set():
-                await consumer.ready.wait()
-            if not self.flow.is_set():
-                await self.flow.wait()
-            while (
-                self.shared_prefetch
-                and not consumer.no_ack
-                and self._held_by_consumers() >= self.shared_prefetch
-                and self.consumers.get(tag) is consumer
-            ):
-                # the channel's consumers share its count (basic.qos with global): sent
-                # once another's delivery is settled
-                await self._room.wait()
-            if self.consumers.get(tag) is not consumer:
-                # cancelled before it was sent: back untouched (not "redelivered")
-                raise Decline
+            consumer.queued += 1  # (deliver_now sends nothing past it meanwhile)
+            try:
+                # (waiting on a set event would still yield to the loop once per message)
+                if not consumer.ready.is_set():
+                    await consumer.ready.wait()
+                if not self.flow.is_set():
+                    await self.flow.wait()
+                while (
+                    self.shared_prefetch
+                    and not consumer.no_ack
+                    and self._held_by_consumers() >= self.shared_prefetch
+                    and self.consumers.get(tag) is consumer
+                ):
+                    # the channel's consumers share its count (basic.qos with global):
+                    # sent once another's delivery is settled
+                    await self._room.wait()
+                if self.consumers.get(tag) is not consumer:
+                    # cancelled before it was sent: back untouched (not "redelivered")
+                    raise Decline
+            finally:
+                consumer.queued -= 1
             await self._deliver(consumer, msg)
+
+        def deliver_now(msg: Message, settle: Settle) -> bool:
+            # No task: sent at once, unless handle would wait (then it does), or one is
+            # waiting already (this one would overtake it)
+            if (
+                consumer.queued
+                or not consumer.ready.is_set()
+                or not self.flow.is_set()
+                or self.consumers.get(tag) is not consumer
+                or (
+                    self.shared_prefetch
+                    and not consumer.no_ack
+                    and self._held_by_consumers() >= self.shared_prefetch
+                )
+            ):
+                return False
+            return self._deliver_now(consumer, msg, settle)
 
         consumer.sub = await self.bus.subscribe(
             None, handle, queue=bus_queue_name(consumer.queue), prefetch=consumer.prefetch
         )
+        consumer.sub.deliver_now = deliver_now
         consumer.sub.rank = consumer.rank
         consumer.sub.on_queue_gone = functools.partial(
             self._queue_gone, consumer.queue, tag, consumer
@@ -1064,22 +1122,39 @@ class Channel:
                     self.state.drop_waiting, bus_queue_name(consumer.queue), key
                 )
 
-    async def _deliver(self, consumer: Consumer, msg: Message) -> None:
+    def _delivery(self, consumer: Consumer, msg: Message, tag: int) -> bytes:
+        """The frames of ``msg``'s basic.deliver to ``consumer`` with delivery tag ``tag``."""
         props, exchange, rk = message_view(msg.headers, msg.topic)
+        method = deliver_frame(self.number, consumer.tag, tag, msg.delivery_count > 1, exchange, rk)
+        return method + content_frames(self.number, props, msg.payload, self.conn.frame_max)
+
+    async def _deliver(self, consumer: Consumer, msg: Message) -> None:
         tag = self.next_tag
         self.next_tag += 1
         pending = None
         if not consumer.no_ack:
-            pending = Pending(msg, consumer.queue)
+            pending = Pending(msg, consumer.queue, done=anyio.Event())
             self.unacked[tag] = pending
-        method = deliver_frame(self.number, consumer.tag, tag, msg.delivery_count > 1, exchange, rk)
-        await self.conn.send_soon(
-            method + content_frames(self.number, props, msg.payload, self.conn.frame_max)
-        )
+        await self.conn.send_soon(self._delivery(consumer, msg, tag))
         if pending is not None:
             await self._settled(pending)
 
+    def _deliver_now(self, consumer: Consumer, msg: Message, settle: Settle) -> bool:
+        """:meth:`_deliver` with no task waiting for the client's ack: the bus's
+        ``settle`` is called once it comes. False (nothing sent) when the connection's
+        output is backed up: the delivery then waits for it in a handler."""
+        tag = self.next_tag
+        if not self.conn.send_soon_nowait(self._delivery(consumer, msg, tag)):
+            return False
+        self.next_tag += 1
+        if consumer.no_ack:
+            settle(None)
+        else:
+            self.unacked[tag] = Pending(msg, consumer.queue, settle=settle)
+        return True
+
     async def _settled(self, pending: Pending) -> None:
+        assert pending.done is not None
         await pending.done.wait()
         if pending.outcome == "ack":
             return
@@ -1216,7 +1291,7 @@ class Channel:
         props, exchange, rk = message_view(msg.headers, msg.topic)
         tag = self.next_tag
         self.next_tag += 1
-        pending = None if m.no_ack else Pending(msg, queue, settled=anyio.Event())
+        pending = None if m.no_ack else Pending(msg, queue, anyio.Event(), settled=anyio.Event())
         if pending is not None:
             self.unacked[tag] = pending
         await self.conn.send_raw(
@@ -1247,11 +1322,7 @@ class Channel:
         else:
             tags = [tag]
         for t in tags:
-            p = self.unacked.pop(t)
-            p.outcome = outcome
-            p.done.set()
-            if p.settled is not None:
-                self._settling.add(p.settled)
+            self._conclude(self.unacked.pop(t), outcome)
         if self.shared_prefetch:
             self._made_room()
 

@@ -149,6 +149,19 @@ class Connection:
         self._flush_due = True
         self.tasks.start_soon(self._flush_later)
 
+    def send_soon_nowait(self, data: bytes) -> bool:
+        """:meth:`send_soon` from code that cannot wait: False, and nothing queued, when
+        more than :data:`OUT_HIGH_WATER` bytes wait already (a client that does not
+        read): the caller then sends with :meth:`send_soon`, which waits for them."""
+        if self._out_size > OUT_HIGH_WATER:
+            return False
+        self._out.append(data)
+        self._out_size += len(data)
+        if not self._writing and not self._flush_due:
+            self._flush_due = True
+            self.tasks.start_soon(self._flush_later)
+        return True
+
     async def _flush_later(self) -> None:
         self._flush_due = False
         if self._out and not self._writing:

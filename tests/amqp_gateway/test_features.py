@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import datetime
 import time
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -452,14 +453,16 @@ def test_dead_lettering_adds_x_death(conn: pika.BlockingConnection, names: Names
     ch.queue_delete(work)
 
 
-@pytest.mark.parametrize("dead_letter_key", [None, "parked"])
+@pytest.mark.parametrize(
+    ("dead_letter_key", "taken_by"), [(None, "get"), ("parked", "get"), (None, "consume")]
+)
 def test_delivery_limit_dead_letters_after_one_more_delivery(
-    conn: pika.BlockingConnection, names: Names, dead_letter_key: str | None
+    conn: pika.BlockingConnection, names: Names, dead_letter_key: str | None, taken_by: str
 ) -> None:
     """``x-delivery-limit`` (a quorum queue's, on RabbitMQ): a message given back each
-    time is delivered the limit and one more times, then goes to the dead-letter
-    exchange with ``x-death`` reason ``delivery_limit``, under the dead-letter routing
-    key if the queue has one, else its own."""
+    time, to ``basic.get`` or to a consumer, is delivered the limit and one more times,
+    then goes to the dead-letter exchange with ``x-death`` reason ``delivery_limit``,
+    under the dead-letter routing key if the queue has one, else its own."""
     ch = conn.channel()
     dlx = names("limit-dlx")
     ch.exchange_declare(dlx, "fanout")
@@ -475,14 +478,22 @@ def test_delivery_limit_dead_letters_after_one_more_delivery(
     q = ch.queue_declare(names("limited"), durable=True, arguments=args).method.queue
     ch.basic_publish("", q, b"poison", pika.BasicProperties(headers={"mine": 1}))
     deliveries = 0
+
+    def give_back(c: Any, m: Any, _p: Any, _b: Any) -> None:
+        nonlocal deliveries
+        deliveries += 1
+        c.basic_nack(m.delivery_tag, requeue=True)
+
+    if taken_by == "consume":
+        ch.basic_consume(q, give_back)
     deadline = time.monotonic() + WAIT
     while True:
         assert time.monotonic() < deadline, f"not dead-lettered after {deliveries} deliveries"
-        method, _p, _b = ch.basic_get(q)
-        if method is not None:
-            deliveries += 1
-            ch.basic_nack(method.delivery_tag, requeue=True)
-            continue
+        if taken_by == "get":
+            method, _p, _b = ch.basic_get(q)
+            if method is not None:
+                give_back(ch, method, None, None)
+                continue
         method, props, body = ch.basic_get(dead, auto_ack=True)
         if method is not None:
             break
