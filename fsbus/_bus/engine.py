@@ -279,6 +279,20 @@ on the journaled ext4 (9.4-11.0k unpaced) but of 1,000 messages 8.2-8.6k on tmpf
 tmpfs, 10.2k and 11.5k of 1,000 (`python -m bench.run [--quick] --scenarios fanout`)."""
 
 
+@dataclasses.dataclass(eq=False)
+class Held:
+    """A message :meth:`Bus._take_held` took from a queue: held until :attr:`settle`."""
+
+    msg: Message
+    waiting: int
+    """The other messages ready in the queue when it was taken."""
+    consumers: int
+    """The queue's consumers then."""
+    settle: Callable[[BaseException | None], Awaitable[None]]
+    """Ack it (None) or give it back (the exception its handler would have raised);
+    later calls do nothing."""
+
+
 class _Rest(NamedTuple):
     """A rest after a long listing: ``factor`` times as long as it took, at most ``most``
     seconds."""
@@ -2917,10 +2931,29 @@ class Bus(Configured):
         self, queue: str, check: Callable[[], None] | None = None
     ) -> AsyncIterator[tuple[Message, int, int] | None]:
         """:meth:`get`, with how many other messages were ready in the queue when it
-        took its own (those another process's consumers hold counted in) and how many
-        consumers the queue has; for the AMQP gateway's ``get-ok``. ``check``: blocking
-        work of the caller's that must pass first (the gateway's exclusivity check),
-        done with the queue's own look-up, under the same rule for the event loop."""
+        took its own and how many consumers the queue has (see :meth:`_take_held`)."""
+        held = await self._take_held(queue, check)
+        if held is None:
+            yield None
+            return
+        try:
+            yield held.msg, held.waiting, held.consumers
+        except BaseException as exc:
+            await held.settle(exc)
+            raise
+        await held.settle(None)
+
+    async def _take_held(self, queue: str, check: Callable[[], None] | None = None) -> Held | None:
+        """Take the next message of queue ``queue`` and hold it, with no task and no
+        block: it stays held until :attr:`Held.settle` is awaited, whenever the taker's
+        client settles it (the AMQP gateway's ``basic.get``, whose ack is a method of
+        its own). None when none is ready.
+
+        The message comes with how many other messages were ready in the queue when it
+        was taken (those another process's consumers hold counted in) and how many
+        consumers the queue has, for the gateway's ``get-ok``. ``check``: blocking work
+        of the caller's that must pass first (the gateway's exclusivity check), done
+        with the queue's own look-up, under the same rule for the event loop."""
         self._check_writable(f"taking a message from queue {queue!r}")
         root = self._queues.bus_root(queue)
 
@@ -2949,8 +2982,8 @@ class Bus(Configured):
             while True:
                 taken = await inner._take()
                 if taken is None:
-                    yield None
-                    return
+                    self._release_queue_bus(queue, entry, token)
+                    return None
                 msg, claim, key, waiting = taken
                 limit = d.options.max_deliveries
                 if limit is None or msg.delivery_count <= limit:
@@ -2961,24 +2994,39 @@ class Bus(Configured):
                 with anyio.CancelScope(shield=True):
                     await self._give_up(queue, d.options, msg, never)
                     await inner._settle_taken(claim, msg, key, "ack")
-            outcome = "release"  # cancelled, or the bus closing: no failure counted
-            try:
-                yield msg, waiting, consumers
-                outcome = "ack"
-            except Decline:
-                outcome = "unseen"
-                raise
-            except Exception as exc:
-                if await self._give_up(queue, d.options, msg, exc):
-                    outcome = "ack"
-                else:
-                    outcome = _REQUEUE if isinstance(exc, Requeue) else "fail"
-                raise
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await inner._settle_taken(claim, msg, key, outcome)
-        finally:
+        except BaseException:
             self._release_queue_bus(queue, entry, token)
+            raise
+        settled = False
+
+        async def settle(exc: BaseException | None) -> None:
+            # None: acked; Decline: given back untouched; another exception: a failed
+            # delivery (dead-lettered after max_deliveries; a Requeue at once); anything
+            # else (a cancellation, the bus closing): given back, no failure counted.
+            nonlocal settled
+            if settled:
+                return
+            settled = True
+            with anyio.CancelScope(shield=True):  # (its claim is no one else's to settle)
+                try:
+                    outcome = "ack"
+                    if isinstance(exc, Decline):
+                        outcome = "unseen"
+                    elif isinstance(exc, Exception):
+                        try:
+                            gave_up = await self._give_up(queue, d.options, msg, exc)
+                        except Exception as err:  # not dead-lettered (a full disk...)
+                            log.warning("could not dead-letter %s: %s", msg.name, err)
+                            gave_up = False
+                        if not gave_up:
+                            outcome = _REQUEUE if isinstance(exc, Requeue) else "fail"
+                    elif exc is not None:
+                        outcome = "release"
+                    await inner._settle_taken(claim, msg, key, outcome)
+                finally:
+                    self._release_queue_bus(queue, entry, token)
+
+        return Held(msg, waiting, consumers, settle)
 
     async def _take(self) -> tuple[Message, Claim, tuple[int, str], int] | None:
         """:meth:`get` on this (a queue's) bus: claim its next message, or None."""

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,10 @@ Settle = Callable[[BaseException | None], None]
 """The bus's callback for a message delivered with no task waiting (see
 Subscription.deliver_now): None once acked, or what a handler would have raised."""
 
+GetSettle = Callable[[BaseException | None], Awaitable[None]]
+"""The bus's settle of a message a basic.get took (see Bus._take_held): None to ack it,
+or the exception that gives it back."""
+
 PROPS = "x-amqp-props"
 EXCHANGE = "x-amqp-exchange"
 ROUTING_KEY = "x-amqp-routing-key"
@@ -101,10 +105,6 @@ def message_view(
     return spec.Basic.Properties(headers=table or None), "amq.topic", topic
 
 
-SETTLE_WAIT = 5.0
-"""Seconds a method waits at most for the channel's earlier settles (see Channel._settles)."""
-
-
 class _Requeue(Requeue):
     """The client gave a message back (nack/reject with requeue, recover, close): a
     redelivery, at once and ahead of what follows it, as on RabbitMQ."""
@@ -118,14 +118,15 @@ class Pending:
     queue: str
     """The AMQP name of its queue."""
     done: anyio.Event | None = None
-    """Set once the client settled it, for the task that waits (a handler's delivery,
-    a basic.get's); None for a delivery the bus settles through :attr:`settle`."""
+    """Set once the client settled it, for the task that waits (a handler's delivery);
+    None for a delivery the bus settles through :attr:`settle` or :attr:`get_settle`."""
     outcome: str = "requeue"
-    settled: anyio.Event | None = None
-    """A basic.get's: set once its outcome is settled on disk (see Channel._settles)."""
     settle: Settle | None = None
     """A delivery with no task waiting for it (see Subscription.deliver_now): the bus's
     callback, called once the client settled it."""
+    get_settle: GetSettle | None = None
+    """A basic.get's: the bus's settle, awaited once the client settled it, before the
+    method that settled it returns (see Channel._settle_gets)."""
 
 
 @dataclass(eq=False)
@@ -224,10 +225,9 @@ class Channel:
         self._last_meta: dict[str, Any] | None = None
         """The AMQP record :meth:`_queue_owner` read last."""
         self._last_mark: CountMark | None = None
-        self._settling = conn.settling
-        """basic.gets' messages acked, nacked, rejected or given back by a closed channel,
-        not yet settled on disk: the connection's (a count on a channel opened after
-        another closed with messages in hand counts them given back, as on RabbitMQ)."""
+        self._gets: list[tuple[Pending, str]] = []
+        """basic.gets' messages the client settled (or the channel gave back) and their
+        outcomes, to settle on disk before the method returns (:meth:`_settle_gets`)."""
         self._dead_letters = anyio.Lock()
         self.reply_queue: str | None = None
         """The queue of this channel's direct reply-to consumer, if it has one."""
@@ -290,6 +290,7 @@ class Channel:
         """Cancel every consumer and give back every unacknowledged message."""
         consumers, self.consumers = list(self.consumers.values()), {}
         self._give_back_unacked()
+        await self._settle_gets()
         self.flow.set()
         for c in consumers:
             c.ready.set()
@@ -297,8 +298,8 @@ class Channel:
                 await self._leave(c)
 
     def _give_back_unacked(self) -> None:
-        """Requeue every message delivered and not yet settled (a basic.get's is then
-        awaited by the connection's next count, see :meth:`_settles`)."""
+        """Requeue every message delivered and not yet settled (a basic.get's once the
+        caller awaits :meth:`_settle_gets`)."""
         pending, self.unacked = list(self.unacked.values()), {}
         for p in pending:
             self._conclude(p, "requeue")
@@ -307,11 +308,11 @@ class Channel:
     def _conclude(self, p: Pending, outcome: str) -> None:
         """The client settled ``p`` (or its channel went): tell whoever waits for it."""
         p.outcome = outcome
-        if p.settle is None:
+        if p.get_settle is not None:
+            self._gets.append((p, outcome))
+        elif p.settle is None:
             assert p.done is not None
             p.done.set()
-            if p.settled is not None:
-                self._settling.add(p.settled)
         elif outcome == "ack":
             p.settle(None)
         elif outcome == "drop":
@@ -503,7 +504,6 @@ class Channel:
             raise _locked(name)
 
     async def _queue_declare(self, m: spec.Queue.Declare, *, internal: bool = False) -> None:
-        await self._settles()
         name = m.queue or ""
         generated = name == ""
         if generated:
@@ -707,14 +707,12 @@ class Channel:
         await self._queue_bind(m, bind=False)  # type: ignore[arg-type]
 
     async def _queue_purge(self, m: spec.Queue.Purge) -> None:
-        await self._settles()
         name = await self._queue_name(m.queue)
         n = await self.bus.purge_queue(bus_queue_name(name))
         if not m.nowait:
             await self.reply(spec.Queue.PurgeOk(message_count=n))
 
     async def _queue_delete(self, m: spec.Queue.Delete) -> None:
-        await self._settles()
         name = m.queue or self.last_queue
         meta = await self._queue_meta(name)
         if meta is None:
@@ -932,7 +930,7 @@ class Channel:
     def _held_by_consumers(self) -> int:
         """Deliveries to this channel's consumers not yet settled (basic.gets' left out:
         RabbitMQ's prefetch does not count them)."""
-        return sum(1 for p in self.unacked.values() if p.settled is None)
+        return sum(1 for p in self.unacked.values() if p.get_settle is None)
 
     async def _consume(self, m: spec.Basic.Consume) -> None:
         self._last_meta = None
@@ -1214,20 +1212,39 @@ class Channel:
         if self.conn.capabilities.get("consumer_cancel_notify"):
             await self.reply(spec.Basic.Cancel(consumer_tag=tag, nowait=True))
 
-    async def _settles(self) -> None:
-        """Wait until what this channel acked, nacked or rejected of its basic.gets is
-        settled on disk: RabbitMQ has done a settle before the channel's next method, so
-        a get after a requeue takes the message given back, and a count after an ack or
-        a requeue counts what it left (at most :data:`SETTLE_WAIT`, for a slow disk)."""
-        for event in list(self._settling):
-            with anyio.move_on_after(SETTLE_WAIT):
-                await event.wait()
-            self._settling.discard(event)
+    async def _settle_gets(self) -> None:
+        """Settle on disk what the client settled of this channel's basic.gets (in that
+        order), before the method that settled them returns: RabbitMQ has done a settle
+        before the channel's next method, so a get after a requeue takes the message
+        given back, and a count after an ack or a requeue counts what it left."""
+        while self._gets:
+            p, outcome = self._gets.pop(0)
+            assert p.get_settle is not None
+            exc: BaseException | None = None if outcome in ("ack", "drop") else _Requeue()
+            try:
+                if outcome == "drop":
+                    # dead-lettered first, in the order the client settled it (the lock
+                    # orders it with the consumers' drops), then acked
+                    async with self._dead_letters:
+                        await self.gateway.dead_letter(p.queue, p.msg)
+            except Exception as err:  # not dead-lettered: given back, as a failed delivery
+                exc = err
+            except BaseException as err:  # cancelled: given back, then the cancellation
+                exc = err
+                raise
+            finally:
+                try:
+                    await p.get_settle(exc)
+                finally:
+                    # held until settled on disk: counted as ready again only now
+                    self.gateway.taken(p.queue, -1)
 
     async def _get(self, m: spec.Basic.Get) -> None:
         # Not counted first: the take lists the queue, and says what else is ready. The
         # exclusivity check (405) runs inside the take's own look-up of the queue, before
         # it: one hand-off of blocking work a get, not a worker thread for it as well.
+        # The bus holds the message taken, with no task, until the client settles it:
+        # acked, or given back (a failed delivery, as RabbitMQ counts a requeue).
         name = self._named(m.queue)
         self._last_info = None
         owner = functools.partial(self.state.owner_of, "queues", bus_queue_name(name))
@@ -1235,65 +1252,38 @@ class Channel:
         def check() -> None:
             self._check_exclusive(name, {"owner": owner()})
 
-        answered = anyio.Event()
-        failed: list[BaseException] = []
-
-        async def take() -> None:
-            # The bus holds the message while this block runs: acked when it ends, given
-            # back (a failed delivery, as RabbitMQ counts a requeue) when _Requeue ends it.
-            counted = sent = False
-            pending: Pending | None = None
+        try:
+            held = await self.bus._take_held(bus_queue_name(name), check)
+            if held is None:
+                await self.reply(spec.Basic.GetEmpty())
+                return
+            # held until settled on disk: a count meanwhile leaves it out, as RabbitMQ's
+            self.gateway.taken(name, 1)
             try:
-                async with self.bus._taking(bus_queue_name(name), check) as taken:
-                    if taken is None:
-                        await self.reply(spec.Basic.GetEmpty())
-                        return
-                    msg, waiting, consumers = taken
-                    self.gateway.taken(name, 1)
-                    counted = True
-                    left = await self.gateway.ready_after_get(name, waiting, consumers)
-                    pending = await self._send_get_ok(m, msg, name, left)
-                    sent = True
-                    if pending is not None:
-                        answered.set()
-                        await self._settled(pending)
-                    # no-ack: answered below, once the block's end acked it on disk, so
-                    # that the channel's next method finds it gone, as on RabbitMQ
-            except _Requeue:
-                pass
-            except QueueNotFound:
-                if sent:
-                    raise
-                failed.append(_not_found_queue(name))  # deleted since its name was read
-            except Exception as exc:
-                if sent:
-                    raise  # not the method's error any more: the connection's
-                failed.append(exc)
-            finally:
-                if counted:
-                    # Held until settled on disk (the block's end, which acks it or gives
-                    # it back): a count meanwhile leaves it out, as RabbitMQ's would.
+                left = await self.gateway.ready_after_get(name, held.waiting, held.consumers)
+                await self._send_get_ok(m, held.msg, name, left, held.settle)
+            except BaseException as exc:  # not delivered: given back
+                try:
+                    await held.settle(exc)
+                finally:
                     self.gateway.taken(name, -1)
-                if pending is not None and pending.settled is not None:
-                    pending.settled.set()
-                    self._settling.discard(pending.settled)
-                answered.set()
-
-        await self._settles()
-        self.conn.tasks.start_soon(take)
-        await answered.wait()
-        if failed:
-            raise failed[0]
+                raise
+        except QueueNotFound:
+            raise _not_found_queue(name) from None  # deleted since its name was read
+        if m.no_ack:
+            # acked on disk before the channel's next method, which finds it gone, as on
+            # RabbitMQ
+            try:
+                await held.settle(None)
+            finally:
+                self.gateway.taken(name, -1)
 
     async def _send_get_ok(
-        self, m: spec.Basic.Get, msg: Message, queue: str, left: int
-    ) -> Pending | None:
+        self, m: spec.Basic.Get, msg: Message, queue: str, left: int, settle: GetSettle
+    ) -> None:
         props, exchange, rk = message_view(msg.headers, msg.topic)
         tag = self.next_tag
         self.next_tag += 1
-        pending = None if m.no_ack else Pending(msg, queue, anyio.Event(), settled=anyio.Event())
-        if pending is not None:
-            self.unacked[tag] = pending
         await self.conn.send_raw(
             pframe.marshal(
                 unchecked(
@@ -1308,9 +1298,10 @@ class Channel:
             )
             + content_frames(self.number, props, msg.payload, self.conn.frame_max)
         )
-        return pending
+        if not m.no_ack:  # (once sent: a failed send gives it back, see _get)
+            self.unacked[tag] = Pending(msg, queue, get_settle=settle)
 
-    def _settle(self, tag: int, multiple: bool, outcome: str) -> None:
+    async def _settle(self, tag: int, multiple: bool, outcome: str) -> None:
         # As RabbitMQ: a tag that is not outstanding is an error, with ``multiple`` too
         # (then nothing is settled), but for 0 with ``multiple``: everything outstanding.
         if not (multiple and tag == 0) and tag not in self.unacked:
@@ -1325,20 +1316,25 @@ class Channel:
             self._conclude(self.unacked.pop(t), outcome)
         if self.shared_prefetch:
             self._made_room()
+        if self._gets:
+            await self._settle_gets()
 
     async def _ack(self, m: spec.Basic.Ack) -> None:
-        self._settle(m.delivery_tag or 0, bool(m.multiple), "ack")
+        await self._settle(m.delivery_tag or 0, bool(m.multiple), "ack")
 
     async def _nack(self, m: spec.Basic.Nack) -> None:
-        self._settle(m.delivery_tag or 0, bool(m.multiple), "requeue" if m.requeue else "drop")
+        await self._settle(
+            m.delivery_tag or 0, bool(m.multiple), "requeue" if m.requeue else "drop"
+        )
 
     async def _reject(self, m: spec.Basic.Reject) -> None:
-        self._settle(m.delivery_tag or 0, False, "requeue" if m.requeue else "drop")
+        await self._settle(m.delivery_tag or 0, False, "requeue" if m.requeue else "drop")
 
     async def _recover(self, m: spec.Basic.Recover) -> None:
         if not m.requeue:  # as RabbitMQ: only a recover that requeues
             raise AmqpError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false", connection=True)
         self._give_back_unacked()
+        await self._settle_gets()
         if isinstance(m, spec.Basic.Recover):
             await self.reply(spec.Basic.RecoverOk())
 

@@ -103,8 +103,6 @@ class Connection:
         self._closing = False
         self.exclusive: set[str] = set()
         self.capabilities: dict[str, Any] = {}
-        # basic.gets' messages settled on some channel, not yet on disk (Channel._settles)
-        self.settling: set[anyio.Event] = set()
         # complete publishes not routed yet: (channel, confirm sequence, publish, job)
         self.publishes: list[tuple[Any, int, Any, RouteJob]] = []
 

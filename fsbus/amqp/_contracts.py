@@ -96,8 +96,6 @@ class ConnectionPort(Protocol):
     exclusive: set[str]
     tasks: anyio.abc.TaskGroup
     publishes: list[tuple[Any, int, Any, RouteJob]]
-    settling: set[anyio.Event]
-    """basic.gets' messages settled on its channels, not yet on disk."""
 
     async def send_raw(self, data: bytes) -> None: ...
 

@@ -9,7 +9,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import Names
+from .conftest import Broker, Names
 from .test_features import WAIT, get_all
 
 
@@ -211,6 +211,39 @@ def test_a_get_after_a_requeue_takes_the_message_given_back(
             out.append(body.decode() + ("R" if method.redelivered else ""))
             ch.basic_ack(method.delivery_tag)
         assert out == ["0R", "1", "2"]
+
+
+@pytest.mark.parametrize("ending", ["channel", "connection", "recover"])
+def test_messages_gets_hold_go_back_in_order_when_their_channel_ends(
+    broker: Broker, names: Names, ending: str
+) -> None:
+    """Three of four messages taken with basic.get and never settled: when their channel
+    closes (or their connection, or a ``basic.recover`` gives them back), they are in
+    the queue again, ahead of the fourth and redelivered; nothing is lost or doubled."""
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as keeper:
+        kc = keeper.channel()
+        q = kc.queue_declare(names(f"held-{ending}")).method.queue
+        for i in range(4):
+            kc.basic_publish("", q, str(i).encode())
+        c = pika.BlockingConnection(pika.URLParameters(broker.url))
+        ch = c.channel()
+        assert [m.redelivered for m in wait_get(ch, q, 3)] == [False] * 3
+        if ending == "channel":
+            ch.close()
+        elif ending == "connection":
+            c.close()
+        else:
+            ch.basic_recover(requeue=True)
+        deadline = time.monotonic() + WAIT
+        while kc.queue_declare(q, passive=True).method.message_count < 4:
+            assert time.monotonic() < deadline, "the held messages never came back"
+            time.sleep(0.02)
+        got = [(body, m.redelivered) for m, _p, body in get_all(kc, q, 4)]
+        assert got == [(b"0", True), (b"1", True), (b"2", True), (b"3", False)]
+        assert kc.basic_get(q) == (None, None, None)
+        kc.queue_delete(q)
+        if c.is_open:
+            c.close()
 
 
 def wait_get(ch: object, queue: str, n: int) -> list:

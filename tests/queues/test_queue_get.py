@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig, Message, QueueNotFound
+from fsbus import BlockingBus, Bus, BusConfig, Decline, Message, QueueNotFound, Requeue
 
 from .conftest import WAIT, wait_until
 
@@ -257,6 +257,34 @@ async def test_foreign_files_at_the_head_are_passed_over_and_not_counted(
     assert ready == [2, 1, 0]
     assert sorted(n for n in parsed if n.startswith("notes-")) == sorted(p.name for p in foreign)
     assert all(p.exists() for p in foreign)  # left where they are
+
+
+@pytest.mark.anyio
+async def test_a_message_taken_without_a_block_is_held_until_settled_once(root: Path) -> None:
+    """What the AMQP gateway's basic.get uses: a message taken with no block stays held
+    (neither got again nor counted ready) until its settle is awaited; a Decline gives
+    it back untouched (not a delivery), an ack removes it, and a second settle does
+    nothing."""
+    async with Bus(root) as bus:
+        await bus.declare_queue("q", ["t.#"])
+        for i in range(2):
+            await bus.publish("t.x", str(i))
+        first = await bus._take_held("q")
+        assert first is not None
+        assert (first.msg.payload, first.waiting) == (b"0", 1)
+        second = await bus._take_held("q")
+        assert second is not None
+        assert (second.msg.payload, second.waiting) == (b"1", 0)
+        assert await bus._take_held("q") is None  # both held
+        await first.settle(Decline())
+        again = await bus._take_held("q")
+        assert again is not None
+        assert (again.msg.payload, again.msg.delivery_count) == (b"0", 1)  # not counted
+        await again.settle(None)
+        await again.settle(Requeue())  # settled already: nothing happens
+        await second.settle(None)
+        assert await bus._take_held("q") is None
+        assert (await bus.queue_info("q")).depth == 0
 
 
 @pytest.mark.anyio
