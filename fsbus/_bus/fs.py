@@ -58,6 +58,7 @@ __all__ = [
     "filesystem_type",
     "locks_stay_local",
     "probe_locking",
+    "stamps_batched",
 ]
 
 T = TypeVar("T")
@@ -112,6 +113,44 @@ def _has_meta_flag(name: str) -> bool:
     if len(unique) == 34 and unique.startswith("f1"):
         return unique[2] in "13579bdf"
     return True
+
+
+_BATCH = threading.local()
+"""The buckets a batch of plain publishes of this thread placed messages in, not yet
+stamped (see :func:`stamps_batched`)."""
+
+
+@contextlib.contextmanager
+def stamps_batched() -> Iterator[None]:
+    """Stamp each bucket once for the plain publishes this thread makes in the block,
+    on any bus, when the block ends, not once per message (the AMQP gateway's batch of
+    a connection's publishes: into 16-bucket queues, most of its stamps were repeats).
+    Subscribers are woken for the batch at its end, as a stamp per message would wake
+    them for its first messages and find the rest. A stamp that cannot be written is
+    logged, not raised: its messages are in place, and a full listing finds them (the
+    publishes did not fail). Nested blocks stamp when the outermost one ends."""
+    if getattr(_BATCH, "due", None) is not None:
+        yield
+        return
+    due: dict[tuple[BusFS, int], bool] = {}
+    _BATCH.due = due
+    try:
+        yield
+    finally:
+        _BATCH.due = None
+        for (fs, bucket_index), own in due.items():
+            try:
+                if own:
+                    fs.stamp_own(bucket_index)
+                else:
+                    fs.stamp(bucket_index)
+            except (StorageError, OSError) as exc:
+                log.warning(
+                    "could not stamp a bucket of %s: %s; its new messages are found at the "
+                    "next full listing",
+                    fs.layout.root,
+                    exc,
+                )
 
 
 _MKDIR_TRIES = 8
@@ -891,6 +930,9 @@ class BusFS:
             raise storage_error("publishing a message", exc, exc.filename or path) from exc
         if LOGGING[0] and hold_stamp(self.stamp_own if own else self.stamp, bucket_index):
             pass  # a durable publish through the durable log: stamped once recorded
+        elif (due := getattr(_BATCH, "due", None)) is not None:
+            key = (self, bucket_index)
+            due[key] = due.get(key, True) and own  # at the batch's end (stamps_batched)
         elif own:
             self.stamp_own(bucket_index)
         else:

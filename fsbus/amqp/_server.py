@@ -268,7 +268,8 @@ class Gateway:
     def _route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]:
         started = time.perf_counter()
         try:
-            return self._route_jobs(jobs)
+            with self.blocking._stamps_batched():  # a bucket's stamp once a batch
+                return self._route_jobs(jobs)
         finally:
             cost = (time.perf_counter() - started) / max(len(jobs), 1)
             self._route_cost += (cost - self._route_cost) / 4

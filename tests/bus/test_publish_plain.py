@@ -341,3 +341,42 @@ def test_a_durable_publish_on_a_known_topic_is_still_synced(tmp_path: Path) -> N
     assert kind == "place"
     assert move.startswith(f"{root}/fsbus/spares/")
     assert move.endswith(f" -> {fast.path}")
+
+
+class StampCounter(Ops):
+    """Pass-through that counts the writes into UPDATE (stamps), by offset."""
+
+    def __init__(self) -> None:
+        self.stamps: list[int] = []
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("UPDATE"):
+            self.stamps.append(offset)
+        return super().pwrite(fd, data, offset)
+
+
+def test_a_batch_of_plain_publishes_stamps_each_bucket_once_as_it_ends(tmp_path: Path) -> None:
+    """In a ``_stamps_batched`` block (the AMQP gateway's batch of publishes), every
+    message is placed at once but no stamp is written; when the block ends, each bucket
+    that got a message is stamped once, and a subscriber gets every message."""
+    config = BusConfig(bucket_base=2, bucket_num_chars=1)
+    ops = StampCounter()
+    root = tmp_path / "bus"
+    with BlockingBus(root, config=config, ops=ops) as bus:
+        before = (root / "update" / "UPDATE").read_bytes()
+        ops.stamps.clear()
+        with bus._stamps_batched():
+            for i in range(20):
+                bus.publish("t.batch", str(i))
+            with bus._stamps_batched():  # nested: stamps when the outer block ends
+                bus.publish("t.batch", "20")
+            assert len(message_files(root)) == 21  # placed already
+            assert ops.stamps == []
+            assert (root / "update" / "UPDATE").read_bytes() == before
+        assert sorted(ops.stamps) == [0, config.bucket_stamp_size]
+        assert (root / "update" / "UPDATE").read_bytes() != before
+        bus.publish("t.batch", "21")  # outside a block: its own stamp at once
+        assert len(ops.stamps) == 3
+        with bus.messages("t.#", existing=True) as it:
+            got = [it.get(timeout=10).payload for _ in range(22)]
+    assert sorted(got) == sorted(str(i).encode() for i in range(22))
