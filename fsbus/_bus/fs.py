@@ -116,41 +116,62 @@ def _has_meta_flag(name: str) -> bool:
 
 
 _BATCH = threading.local()
-"""The buckets a batch of plain publishes of this thread placed messages in, not yet
-stamped (see :func:`stamps_batched`)."""
+"""The buckets this thread placed messages in, on any bus, whose stamps wait for the end
+of its :func:`stamps_batched` block: (bus, bucket index) → whether no subscription of
+that bus wants any of them (:meth:`BusFS.stamp_own`)."""
 
 
 @contextlib.contextmanager
-def stamps_batched() -> Iterator[None]:
-    """Stamp each bucket once for the plain publishes this thread makes in the block,
-    on any bus, when the block ends, not once per message (the AMQP gateway's batch of
-    a connection's publishes: into 16-bucket queues, most of its stamps were repeats).
-    Subscribers are woken for the batch at its end, as a stamp per message would wake
-    them for its first messages and find the rest. A stamp that cannot be written is
-    logged, not raised: its messages are in place, and a full listing finds them (the
-    publishes did not fail). Nested blocks stamp when the outermost one ends."""
+def stamps_batched(*, strict: bool = False) -> Iterator[None]:
+    """Hold back the stamps of the messages this thread places, on any bus, until the
+    block ends; then stamp each bucket that got one once, in the order they came.
+
+    - **A durable publish** (``strict``) stamps nothing before all of it is synced: a
+      stamp wakes subscribers, whose listings (an access time on a ``relatime`` mount),
+      claims and removals in the bucket, and the stamp's own write, would otherwise land
+      between the publish's syncs and make each of the later ones a journal commit of
+      its own (measured on journaled ext4: 0.4 ms each, where they take 0.03 ms with
+      nothing between them). A subscriber is also woken only for a message that a power
+      cut would keep. A stamp that fails is raised once every stamp was tried, unless
+      the block raised: its own error is not hidden.
+    - **A batch of publishes** (the AMQP gateway's batch of a connection's publishes)
+      stamps a bucket once, not once per message: into 16-bucket queues, most of its
+      stamps were repeats. A stamp that fails is logged, not raised: its messages are
+      in place, and a full listing finds them.
+
+    A block that raises still stamps what it placed (a stamp for a message taken back
+    costs a listing). Nested blocks stamp when the outermost one ends, under its rule.
+    """
     if getattr(_BATCH, "due", None) is not None:
         yield
         return
     due: dict[tuple[BusFS, int], bool] = {}
     _BATCH.due = due
+    ok = False
     try:
         yield
+        ok = True
     finally:
         _BATCH.due = None
+        first: StorageError | None = None
         for (fs, bucket_index), own in due.items():
             try:
                 if own:
                     fs.stamp_own(bucket_index)
                 else:
                     fs.stamp(bucket_index)
-            except (StorageError, OSError) as exc:
-                log.warning(
-                    "could not stamp a bucket of %s: %s; its new messages are found at the "
-                    "next full listing",
-                    fs.layout.root,
-                    exc,
-                )
+            except StorageError as exc:
+                if strict and ok:
+                    first = first or exc
+                else:
+                    log.warning(
+                        "could not stamp a bucket of %s: %s; its new messages are found "
+                        "at the next full listing",
+                        fs.layout.root,
+                        exc,
+                    )
+        if first is not None:
+            raise first
 
 
 _MKDIR_TRIES = 8
@@ -288,7 +309,6 @@ class BusFS:
         """Whether a router of queue consumers is at work on the bus (the queue store's
         look, set by the engine), read when the bus opens (see :meth:`note_router`)."""
         self._own_lock = threading.Lock()
-        self._held = threading.local()  # stamps a durable publish holds back (see stamps_held)
         self._known: dict[int, bytes] = {}
         self._own: dict[int, bytes] = {}
         # The hot path calls the system directly unless a test injected its own Ops.
@@ -930,9 +950,8 @@ class BusFS:
             raise storage_error("publishing a message", exc, exc.filename or path) from exc
         if LOGGING[0] and hold_stamp(self.stamp_own if own else self.stamp, bucket_index):
             pass  # a durable publish through the durable log: stamped once recorded
-        elif (due := getattr(_BATCH, "due", None)) is not None:
-            key = (self, bucket_index)
-            due[key] = due.get(key, True) and own  # at the batch's end (stamps_batched)
+        elif self._stamp_later(bucket_index, own):
+            pass  # at the end of this thread's stamps_batched block
         elif own:
             self.stamp_own(bucket_index)
         else:
@@ -1155,13 +1174,13 @@ class BusFS:
         commits; copies synced first would commit without them, and it would take a
         second commit.)
 
-        The bucket is stamped once both syncs are done (:meth:`stamps_held`), as
+        The bucket is stamped once both syncs are done (:func:`stamps_batched`), as
         :meth:`commit` stamps after its syncs.
         """
         if go is not None and not go():
             self.abort(plan, fd)
             raise Withdrawn(f"{self.layout.staging}/{plan.name}")
-        with self.stamps_held():
+        with stamps_batched(strict=True):
             final = self.place_open(plan, fd)
             self.sync_placed(plan, fd, final, then)
 
@@ -1183,39 +1202,20 @@ class BusFS:
         self._stamp_placed(plan)
         return final
 
-    @contextlib.contextmanager
-    def stamps_held(self) -> Iterator[None]:
-        """Hold back the stamps of the messages this thread places here (:meth:`commit`,
-        :meth:`place_open`) until the block ends, then write them in order. A durable
-        publish stamps nothing before all of it is synced: a stamp wakes subscribers,
-        whose listings (an access time on a ``relatime`` mount), claims and removals in
-        the bucket, and the stamp's own write, would otherwise land between the
-        publish's syncs and make each of the later ones a journal commit of its own
-        (measured on journaled ext4: 0.4 ms each, where they take 0.03 ms with nothing
-        between them). It also means a subscriber is woken only for a message that a
-        power cut would keep. Nested blocks stamp when the outermost one ends; a block
-        that raises still stamps what it placed (a stamp for a message taken back costs
-        a listing), and an error from those stamps does not hide its own."""
-        if getattr(self._held, "plans", None) is not None:
-            yield
-            return
-        held: list[PublishPlan] = []
-        self._held.plans = held
-        ok = False
-        try:
-            yield
-            ok = True
-        finally:
-            self._held.plans = None
-            with contextlib.nullcontext() if ok else contextlib.suppress(StorageError):
-                for plan in held:
-                    self._stamp_now(plan)
+    def _stamp_later(self, bucket_index: int, own: bool) -> bool:
+        """Leave the bucket's stamp to the end of this thread's :func:`stamps_batched`
+        block, if it is in one (then True)."""
+        due = getattr(_BATCH, "due", None)
+        if due is None:
+            return False
+        key = (self, bucket_index)
+        due[key] = due.get(key, True) and own
+        return True
 
     def _stamp_placed(self, plan: PublishPlan) -> None:
-        held = getattr(self._held, "plans", None)
-        if held is not None:
-            held.append(plan)
-        elif not (LOGGING[0] and hold_stamp(self._stamp_now, plan)):
+        if not self._stamp_later(plan.bucket_index, plan.own) and not (
+            LOGGING[0] and hold_stamp(self._stamp_now, plan)
+        ):
             self._stamp_now(plan)
 
     def _stamp_now(self, plan: PublishPlan) -> None:

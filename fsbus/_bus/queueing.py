@@ -8,7 +8,6 @@ Bus uses, so a copy in a queue is an ordinary message of that bus.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -19,7 +18,7 @@ from .._errors import QueueFull, StorageError, storage_error
 from .._queues.definition import Definition
 from .._queues.store import QueueStore, copy_ttl
 from .._settings import Settings
-from .fs import BusFS, Go, NameClash, Then, Withdrawn
+from .fs import BusFS, Go, NameClash, Then, Withdrawn, stamps_batched
 from .layout import Layout
 from .namer import Namer, next_unique
 from .names import bucket_for
@@ -288,7 +287,7 @@ def route(
     synced after. Every file and every directory entry is synced before this returns,
     as one publish at a time would do; the kernel just finds most of them already on
     disk. Their buckets are stamped after the last sync (``main``, the bus ``publish``
-    writes to, holds its stamp too: see :meth:`~fsbus._bus.fs.BusFS.stamps_held`), so
+    writes to, holds its stamp too: see :func:`~fsbus._bus.fs.stamps_batched`), so
     no consumer acts on any of them in between. A sync that fails takes the message and
     its copies back. A copy with a
     sidecar (a long topic) is written after the message, one at a time; headers go
@@ -358,9 +357,7 @@ def route(
             for w, plan in written:
                 w.take_back(plan)
             raise
-    with contextlib.ExitStack() as stamps:
-        for fs in (main, *(w._fs for _, w in writers)):
-            stamps.enter_context(fs.stamps_held())
+    with stamps_batched(strict=True):
         return _durable_route(store, writers, payload, plan_for, publish)
 
 

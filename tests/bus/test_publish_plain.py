@@ -8,6 +8,7 @@ general path for everything else.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
@@ -380,3 +381,46 @@ def test_a_batch_of_plain_publishes_stamps_each_bucket_once_as_it_ends(tmp_path:
         with bus.messages("t.#", existing=True) as it:
             got = [it.get(timeout=10).payload for _ in range(22)]
     assert sorted(got) == sorted(str(i).encode() for i in range(22))
+
+
+class FailingStamps(StampCounter):
+    """:class:`StampCounter` whose writes into UPDATE fail (EIO) while :attr:`failing`."""
+
+    failing = False
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        if self.failing and os.readlink(f"/proc/self/fd/{fd}").endswith("UPDATE"):
+            self.stamps.append(offset)
+            raise OSError(errno.EIO, "injected")
+        return super().pwrite(fd, data, offset)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_stamp_that_fails_at_a_batchs_end_is_logged_or_raised_after_every_stamp_was_tried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, strict: bool
+) -> None:
+    """A batch's stamps that cannot be written: a batch of publishes logs it (its
+    messages are in place); a durable publish's block (``strict``) raises it, once every
+    bucket's stamp was tried. Nothing placed is lost either way."""
+    from fsbus._bus.fs import stamps_batched
+
+    config = BusConfig(bucket_base=2, bucket_num_chars=1)
+    ops = FailingStamps()
+    root = tmp_path / "bus"
+    with BlockingBus(root, config=config, ops=ops) as bus:
+        ops.stamps.clear()
+        ops.failing = True
+        with contextlib.ExitStack() as stack:
+            if strict:
+                stack.enter_context(pytest.raises(StorageError, match="UPDATE"))
+            with stamps_batched(strict=strict):
+                for i in range(8):
+                    bus.publish("t.fail", str(i))
+        ops.failing = False
+        assert sorted(ops.stamps) == [0, config.bucket_stamp_size]  # both tried
+        assert len(message_files(root)) == 8
+        if not strict:
+            assert "could not stamp a bucket" in caplog.text
+        with bus.messages("t.#", existing=True) as it:
+            got = [it.get(timeout=10).payload for _ in range(8)]
+    assert sorted(got) == sorted(str(i).encode() for i in range(8))
