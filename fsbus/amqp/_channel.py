@@ -289,21 +289,21 @@ class Channel:
     async def close(self) -> None:
         """Cancel every consumer and give back every unacknowledged message."""
         consumers, self.consumers = list(self.consumers.values()), {}
-        self._give_back_unacked()
-        await self._settle_gets()
+        await self._give_back_unacked()
         self.flow.set()
         for c in consumers:
             c.ready.set()
             with anyio.CancelScope(shield=True):
                 await self._leave(c)
 
-    def _give_back_unacked(self) -> None:
-        """Requeue every message delivered and not yet settled (a basic.get's once the
-        caller awaits :meth:`_settle_gets`)."""
+    async def _give_back_unacked(self) -> None:
+        """Requeue every message delivered and not yet settled (a basic.get's on disk
+        before this returns)."""
         pending, self.unacked = list(self.unacked.values()), {}
         for p in pending:
             self._conclude(p, "requeue")
         self._made_room()
+        await self._settle_gets()
 
     def _conclude(self, p: Pending, outcome: str) -> None:
         """The client settled ``p`` (or its channel went): tell whoever waits for it."""
@@ -1233,11 +1233,15 @@ class Channel:
                 exc = err
                 raise
             finally:
-                try:
-                    await p.get_settle(exc)
-                finally:
-                    # held until settled on disk: counted as ready again only now
-                    self.gateway.taken(p.queue, -1)
+                await self._settle_get(p.queue, p.get_settle, exc)
+
+    async def _settle_get(self, queue: str, settle: GetSettle, exc: BaseException | None) -> None:
+        """Settle a basic.get's message on disk (None: ack it; else give it back); it
+        counts as ready again only then (see Gateway.taken)."""
+        try:
+            await settle(exc)
+        finally:
+            self.gateway.taken(queue, -1)
 
     async def _get(self, m: spec.Basic.Get) -> None:
         # Not counted first: the take lists the queue, and says what else is ready. The
@@ -1263,20 +1267,14 @@ class Channel:
                 left = await self.gateway.ready_after_get(name, held.waiting, held.consumers)
                 await self._send_get_ok(m, held.msg, name, left, held.settle)
             except BaseException as exc:  # not delivered: given back
-                try:
-                    await held.settle(exc)
-                finally:
-                    self.gateway.taken(name, -1)
+                await self._settle_get(name, held.settle, exc)
                 raise
         except QueueNotFound:
             raise _not_found_queue(name) from None  # deleted since its name was read
         if m.no_ack:
             # acked on disk before the channel's next method, which finds it gone, as on
             # RabbitMQ
-            try:
-                await held.settle(None)
-            finally:
-                self.gateway.taken(name, -1)
+            await self._settle_get(name, held.settle, None)
 
     async def _send_get_ok(
         self, m: spec.Basic.Get, msg: Message, queue: str, left: int, settle: GetSettle
@@ -1333,8 +1331,7 @@ class Channel:
     async def _recover(self, m: spec.Basic.Recover) -> None:
         if not m.requeue:  # as RabbitMQ: only a recover that requeues
             raise AmqpError(NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false", connection=True)
-        self._give_back_unacked()
-        await self._settle_gets()
+        await self._give_back_unacked()
         if isinstance(m, spec.Basic.Recover):
             await self.reply(spec.Basic.RecoverOk())
 
