@@ -362,6 +362,7 @@ class BlockingBus(Configured):
         max_deliveries: int | None = None,
         auto_delete: bool = False,
         expires: float | None = None,
+        dead_letter_expired: bool = False,
     ) -> QueueInfo:
         """Declare a durable queue (see :meth:`Bus.declare_queue`)."""
         self._check_writable(f"declaring queue {name!r}")
@@ -373,6 +374,7 @@ class BlockingBus(Configured):
             max_deliveries=max_deliveries,
             auto_delete=auto_delete,
             expires=expires,
+            dead_letter_expired=dead_letter_expired,
         )
         if isinstance(bindings, str):
             bindings = [bindings]

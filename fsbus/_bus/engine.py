@@ -32,6 +32,7 @@ from typing import Any, Literal, NamedTuple, Self, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
@@ -41,7 +42,7 @@ from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
 from .._queues.definition import Definition, QueueInfo, QueueOptions
 from .._queues.routed import RouteMark
-from .._queues.store import QueueId, QueueStore, queue_id
+from .._queues.store import Expired, QueueId, QueueStore, queue_id
 from .._settings import Settings, settings, was_set
 from .browse import browse_messages
 from .configured import Configured
@@ -106,7 +107,15 @@ _PURGE_BATCH = 256
 
 _EXPIRY_TICK = 1.0
 """Seconds between looks at when the next queue with ``expires`` is due (a stat of each
-such queue's ``used``), beside the gc every gc_interval."""
+such queue's ``used``), and at the expired messages of the queues with
+``dead_letter_expired``, beside the gc every gc_interval."""
+ExpiredHook = Callable[[str, str, list[Expired]], Awaitable[bool]]
+"""See ``Bus._expired_hook``."""
+
+_DEAD_LETTER_LOOK = 0.05
+"""Seconds at least between two looks for expired messages of the queues with
+``dead_letter_expired``: when the soonest is due sooner than :data:`_EXPIRY_TICK`, the
+look is then (a listing of each such queue per look)."""
 _EXPIRY_LOOK = 0.25
 """Seconds between looks at a queue whose ``expires`` time is up but that is still in
 use (a consumer attached): when it is left, it goes within that."""
@@ -415,6 +424,15 @@ class Bus(Configured):
         # attaching): counted from here, not from their flocks (see queue_info).
         self._own_consumers: dict[str, dict[str, Subscription | None]] = {}
         self._queue_name: str | None = None  # the queue whose messages this bus holds
+        # A queue's bus whose expired messages are dead-lettered by the main buses
+        # (QueueStore.dead_letter_expired): it leaves them where they are.
+        self._keep_expired = False
+        # When the soonest message of a queue with dead_letter_expired expires (time.time())
+        self._dead_letter_due: float | None = None
+        # Takes the expired messages of a queue (queue, dead-letter topic, messages) that it
+        # sends on itself (True), instead of their publish under the dead-letter topic: an
+        # AMQP gateway routes them to the queue's dead-letter exchange at once.
+        self._expired_hook: ExpiredHook | None = None
         self._queue_buses_starting: dict[str, anyio.Event] = {}
         self._hosts: dict[str, str] = {self._namer.host: self._namer.hostname}
         self._trie: TopicTrie[Subscription] = TopicTrie()
@@ -1669,6 +1687,10 @@ class Bus(Configured):
 
     async def _housekeep(self, expired: list[Entry], foreign: list[tuple[int, str]]) -> None:
         lay = self.layout
+        if self._keep_expired:
+            expired = [e for e in expired if e.kind != "s"]
+            if not expired and not foreign:
+                return
         gone = [
             (lay.buckets[e.bucket_index], e.name) for e in expired if e.key not in self._in_flight
         ]
@@ -2512,8 +2534,12 @@ class Bus(Configured):
                     due = None
                 if due is not None:
                     wait = min(wait, max(_EXPIRY_LOOK, due - time.time()))
+                if self._dead_letter_due is not None:
+                    wait = min(wait, max(_DEAD_LETTER_LOOK, self._dead_letter_due - time.time()))
             await anyio.sleep(max(0.0, wait))
             try:
+                if self._queue_name is None:
+                    await self._dead_letter_expired()
                 if time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + self._cfg.gc_interval
                     await self._gc_if_turn()
@@ -2524,6 +2550,36 @@ class Bus(Configured):
                 return  # the bus is closing under us: not a failure worth a warning
             except Exception as exc:  # keep the bus running; say what went wrong
                 log.warning("garbage collection failed: %s", exc)
+
+    async def _dead_letter_expired(self) -> None:
+        """Republish the expired messages of the queues with ``dead_letter_expired``
+        under their dead-letter topics (see :meth:`QueueStore.dead_letter_expired`)."""
+        done = await anyio.to_thread.run_sync(self._queues.dead_letter_expired, self._send_expired)
+        self._dead_letter_due = None if done.next_ms is None else done.next_ms / 1000
+
+    def _send_expired(self, queue: str, target: str, messages: list[Expired]) -> None:
+        """From a worker thread: publish expired messages of ``queue`` under ``target``,
+        in order (with their queue, topic and the reason in ``x-fsbus-*`` headers), as
+        :meth:`_give_up` does a failed one; or hand them to :attr:`_expired_hook`."""
+        anyio.from_thread.run(self._publish_expired, queue, target, messages)
+
+    async def _publish_expired(self, queue: str, target: str, messages: list[Expired]) -> None:
+        hook = self._expired_hook
+        if hook is not None and await hook(queue, target, messages):
+            self._counts["dead_lettered"] += len(messages)
+            return
+        for topic, payload, headers in messages:
+            headers = {
+                **headers,
+                "x-fsbus-queue": queue,
+                "x-fsbus-topic": topic,
+                "x-fsbus-reason": "expired",
+            }
+            await self.publish(target, payload, headers=headers)
+            self._counts["dead_lettered"] += 1
+        log.debug(
+            "%d expired message(s) of queue %r dead-lettered to %r", len(messages), queue, target
+        )
 
     async def _gc_if_turn(self) -> None:
         """The periodic collection, run by one of the processes on the bus each
@@ -2549,10 +2605,11 @@ class Bus(Configured):
         """
         self._check_writable("gc (removing expired messages and debris)")
         in_flight = set(self._in_flight)
+        keep = self._keep_expired
         n, q, debris = await anyio.to_thread.run_sync(
-            lambda: collect_garbage(self._fs, in_flight, debris_age)
+            lambda: collect_garbage(self._fs, in_flight, debris_age, keep_expired=keep)
         )
-        await anyio.to_thread.run_sync(self._queues.expire_unused)
+        await anyio.to_thread.run_sync(self._queues.expire_unused, self._send_expired)
         self._counts["expired"] += n
         self._counts["quarantined"] += q
         if q:
@@ -2618,6 +2675,7 @@ class Bus(Configured):
         max_deliveries: int | None = None,
         auto_delete: bool = False,
         expires: float | None = None,
+        dead_letter_expired: bool = False,
     ) -> QueueInfo:
         """Declare a durable queue: every message published from now on whose topic
         matches one of ``bindings`` gets a copy in it, kept until a consumer of the queue
@@ -2636,6 +2694,7 @@ class Bus(Configured):
             max_deliveries=max_deliveries,
             auto_delete=auto_delete,
             expires=expires,
+            dead_letter_expired=dead_letter_expired,
         )
         if isinstance(bindings, str):
             bindings = [bindings]
@@ -3233,6 +3292,9 @@ class Bus(Configured):
         bus._fs.tag_stamps = False  # (no router reads a queue's bus)
         async with bus as inner:
             inner._queue_name = name  # (its messages say which queue they came from)
+            with contextlib.suppress(FsBusError, OSError):  # (gone: no messages to keep)
+                d = await anyio.to_thread.run_sync(self._queues.get, name)
+                inner._keep_expired = d.options.dead_letter_expired
             inner._fs.peerless = True  # (only fsbus processes read a queue's bus)
             if not self._fs.platform.shared:  # (flock and listings: see share.py)
                 inner._share_look = functools.partial(

@@ -16,19 +16,23 @@ from typing import TypeVar
 
 from .._errors import QueueFull, StorageError, storage_error
 from .._queues.definition import Definition
-from .._queues.store import QueueStore, copy_ttl
+from .._queues.store import DeadLettered, DeadLetterSend, Expired, QueueStore, copy_ttl
 from .._settings import Settings
-from .fs import BusFS, Go, NameClash, Then, Withdrawn, stamps_batched
+from .fs import BusFS, Claim, Go, NameClash, Then, Withdrawn, decode_meta, stamps_batched
 from .layout import Layout
 from .namer import Namer, next_unique
-from .names import bucket_for
+from .names import FLAG_META, bucket_for
 from .ops import Ops
 from .plan import PublishPlan, with_head
 from .purge import purge_some, purge_targets
-from .scan import Census, name_rank
+from .scan import Census, name_rank, parse_entry, soonest_expiry_ms
 from .sweep import take_census
 
 T = TypeVar("T")
+
+DEAD_LETTER_BATCH = 64
+"""Expired messages claimed, sent on in one call and removed, at a time (see
+:meth:`QueueWriter.dead_letter_expired`): one hop to the event loop a batch."""
 
 
 class QueueWriter:
@@ -136,6 +140,43 @@ class QueueWriter:
         buckets = self.layout.buckets
         expired = self._census().expired
         return self.remove([(buckets[bi], name) for bi, name, kind in expired if kind == "s"])
+
+    def dead_letter_expired(self, send: DeadLetterSend) -> DeadLettered:
+        """Claim the expired messages no consumer holds, hand them to ``send`` in queue
+        order, :data:`DEAD_LETTER_BATCH` at a time, then remove them. The messages of a
+        batch ``send`` raises for are given back untouched, and the exception raised."""
+        fs = self._fs
+        buckets = self.layout.buckets
+        n = 0
+        census = self._census()
+        next_ms = soonest_expiry_ms(name for _bi, name in census.singles)
+        expired = [(bi, name) for bi, name, kind in census.expired if kind == "s"]
+        expired.sort(key=lambda m: name_rank(m[1]))  # in queue order, as a consumer's
+        claims: list[Claim] = []
+        batch: list[Expired] = []
+        for i, (bi, name) in enumerate(expired):
+            spills = fs.read_spills([(bi, name)]) if "@l+" in name else {}
+            entry = parse_entry(bi, name, spills)
+            if entry is not None and entry.topic is not None:
+                fields = entry.fields
+                has_meta = fields is not None and bool(fields.flags & FLAG_META)
+                # None: a consumer holds it, or another process is sending it
+                claim = fs.claim(buckets[bi], name, has_meta=has_meta, attempts=False)
+                if claim is not None:
+                    claims.append(claim)
+                    batch.append((entry.topic, claim.payload, decode_meta(claim.meta)))
+            if claims and (len(claims) == DEAD_LETTER_BATCH or i == len(expired) - 1):
+                try:
+                    send(batch)
+                except BaseException:
+                    for c in claims:
+                        fs.release(c, failed=False)
+                    raise
+                for c in claims:
+                    fs.ack(c)
+                n += len(claims)
+                claims, batch = [], []
+        return DeadLettered(n, next_ms)
 
     def trim(self, max_length: int) -> tuple[int, int]:
         """Count the queue and remove from its head, of the messages no consumer holds,

@@ -530,6 +530,20 @@ class Census(NamedTuple):
     """The names left for :func:`decide`, by bucket index."""
 
 
+def soonest_expiry_ms(names: Iterable[str]) -> int | None:
+    """The soonest expiry (ms) that fsbus's short names among ``names`` tell (pure);
+    None when none does."""
+    match = _SHORT_NAME_RE.fullmatch
+    soonest: int | None = None
+    for name in names:
+        m = match(name)
+        if m is not None:
+            at = int(m.group(2), 16)
+            if soonest is None or at < soonest:
+                soonest = at
+    return soonest
+
+
 def census(
     listings: dict[int, list[str]], now_ms: int, topics: dict[str, bool] | None = None
 ) -> Census:

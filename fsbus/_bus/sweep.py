@@ -35,16 +35,22 @@ def take_census(fs: BusFS, now_ms: int, topics: dict[str, bool] | None = None) -
 
 
 def collect_garbage(
-    fs: BusFS, in_flight: set[tuple[int, str]], debris_age: float
+    fs: BusFS, in_flight: set[tuple[int, str]], debris_age: float, *, keep_expired: bool = False
 ) -> tuple[int, int, int]:
     """Blocking: remove expired messages, quarantine foreign files, sweep debris.
 
+    ``keep_expired``: leave the expired single messages (a queue's that are dead-lettered
+    when they expire: see ``QueueStore.dead_letter_expired``).
     Returns (expired removed, files quarantined, debris removed).
     """
     buckets = fs.layout.buckets
     now_ms = int(time.time() * 1000)
     c = take_census(fs, now_ms)
-    gone = [(buckets[bi], name) for bi, name, _ in c.expired if (bi, name) not in in_flight]
+    gone = [
+        (buckets[bi], name)
+        for bi, name, kind in c.expired
+        if (bi, name) not in in_flight and not (keep_expired and kind == "s")
+    ]
     n = fs.remove(gone)
     q = sum(fs.quarantine(buckets[bi], name, now_ms) for bi, name in c.foreign)
     listed = len(c.singles) + c.multis + len(c.expired) + len(c.foreign)

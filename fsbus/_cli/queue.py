@@ -97,6 +97,12 @@ def add_queue_commands(
         "(default: retried until it expires)",
     )
     p.add_argument(
+        "--dead-letter-expired",
+        action="store_true",
+        help="republish under --dead-letter TOPIC the messages that expire in the queue "
+        "too (default: drop them)",
+    )
+    p.add_argument(
         "--auto-delete",
         action="store_true",
         help="delete the queue when its last consumer leaves (after it had one)",
@@ -322,6 +328,7 @@ def run_declare(args: argparse.Namespace) -> int:
         max_deliveries=args.max_deliveries,
         auto_delete=args.auto_delete,
         expires=args.expires,
+        dead_letter_expired=args.dead_letter_expired,
     )
 
     async def body(bus: Bus) -> int:

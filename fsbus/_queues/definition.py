@@ -72,6 +72,11 @@ class QueueOptions:
     dead_letter: str | None = None
     """Topic a message is republished under on the bus after ``max_deliveries`` failed
     deliveries (None: it is dropped then, as RabbitMQ does without a dead-letter exchange)."""
+    dead_letter_expired: bool = False
+    """Also republish under ``dead_letter`` the messages that expire in the queue (the
+    queue's ``message_ttl`` or their own ttl), as RabbitMQ's dead-letter exchange takes
+    expired messages: a queue with a ttl and no consumers is a delay. False: an expired
+    message is dropped."""
     max_deliveries: int | None = None
     """Failed deliveries before a message is dead-lettered (None: retried until it expires)."""
     auto_delete: bool = False
@@ -94,6 +99,15 @@ class QueueOptions:
             validate_topic(self.dead_letter)
         if not isinstance(self.auto_delete, bool):
             raise UsageError(f"auto_delete must be True or False, not {self.auto_delete!r}")
+        if not isinstance(self.dead_letter_expired, bool):
+            raise UsageError(
+                f"dead_letter_expired must be True or False, not {self.dead_letter_expired!r}"
+            )
+        if self.dead_letter_expired and self.dead_letter is None:
+            raise UsageError(
+                "dead_letter_expired needs a dead_letter topic to republish expired messages "
+                "under; give dead_letter=, or leave dead_letter_expired False"
+            )
 
     def differences(self, other: QueueOptions) -> list[str]:
         """The options that differ, ``self`` being those asked and ``other`` those of the
@@ -122,7 +136,7 @@ class Definition:
         doc = {
             "format": FORMAT,
             "name": self.name,
-            "options": asdict(self.options),
+            "options": _options_doc(self.options),
             "bindings": list(self.bindings),
         }
         if self.uid:
@@ -155,6 +169,15 @@ class Definition:
         if not isinstance(uid, str):
             raise ValueError(f"bad uid {uid!r}: not a string")
         return Definition(name, options, bindings, uid)
+
+
+def _options_doc(options: QueueOptions) -> dict[str, Any]:
+    """``options`` as stored; an option added since format 1 is left out while it has its
+    default, so that an older fsbus on the bus still reads the definition."""
+    doc = asdict(options)
+    if not options.dead_letter_expired:
+        del doc["dead_letter_expired"]
+    return doc
 
 
 @dataclass(frozen=True)

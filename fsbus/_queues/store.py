@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import math
 import os
@@ -36,10 +37,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from .._core.trie import TopicTrie
 from .._errors import (
+    ClosedError,
     FsBusError,
     QueueFull,
     QueueMismatch,
@@ -75,6 +77,11 @@ class QueueBus(Protocol):
     def expire(self) -> int:
         """Remove the expired messages no consumer holds; how many."""
 
+    def dead_letter_expired(self, send: DeadLetterSend) -> DeadLettered:
+        """Claim the expired messages no consumer holds, hand them to ``send`` in queue
+        order (in batches), then remove them. The messages of a batch ``send`` raises
+        for are given back, and the exception raised."""
+
     def trim(self, max_length: int) -> tuple[int, int]:
         """Count the queue (as :meth:`depth`) and remove from its head, of the messages no
         consumer holds, what goes beyond ``max_length``: (depth counted, removed)."""
@@ -88,6 +95,26 @@ class QueueBus(Protocol):
     def close(self) -> None:
         """Release what the handle holds."""
 
+
+class DeadLettered(NamedTuple):
+    """What a pass over the expired messages of queues did (see
+    :meth:`QueueStore.dead_letter_expired`)."""
+
+    sent: int
+    """Messages sent under their dead-letter topic (and removed)."""
+    next_ms: int | None
+    """When the soonest message left expires (ms since the epoch), if a name tells."""
+
+
+Expired = tuple[str, bytes, dict[str, str]]
+"""An expired message of a queue: its topic, payload and headers."""
+
+DeadLetterSend = Callable[[list[Expired]], None]
+"""Publishes expired messages of a queue under its dead-letter topic, in order."""
+
+ExpiredSend = Callable[[str, str, list[Expired]], None]
+"""Publishes expired messages of a queue under its dead-letter topic: (queue, dead-letter
+topic, the messages, in order)."""
 
 Opener = Callable[[str, Settings], QueueBus]
 """Opens the bus of a queue: (its directory, its configuration) -> a handle."""
@@ -826,20 +853,66 @@ class QueueStore:
         self.touch(name)
         _stamp(self.dir(name), _ORPHANED, utime=False)
 
-    def expire_unused(self) -> list[str]:
+    def expire_unused(self, send: ExpiredSend | None = None) -> list[str]:
         """Remove expired messages from every queue, and delete the queues with
         ``expires`` set and no use for that long, and the ``auto_delete`` ones whose last
-        consumer died (see :meth:`_reaped`); their names."""
+        consumer died (see :meth:`_reaped`); their names. The expired messages of a
+        queue with ``dead_letter_expired`` go to ``send`` (see :meth:`dead_letter_expired`),
+        or stay, without one, for a process that passes one."""
         if self._messages is not None:
             self.sweep_routed(self._messages)
         for name in self.names():
-            if self._defs.get(name) is None:
+            d = self._defs.get(name)
+            if d is None:
+                continue
+            if d.options.dead_letter_expired:
+                if send is not None:
+                    self._dead_letter_expired(name, d, send)
                 continue
             pub = self._publisher(name)
             if pub is not None:
                 with contextlib.suppress(OSError):
                     pub.expire()
         return self.expire_queues()
+
+    def dead_letter_expired(self, send: ExpiredSend) -> DeadLettered:
+        """Hand every expired message of the queues with ``dead_letter_expired`` that no
+        consumer holds to ``send`` (queue, dead-letter topic, topic, payload, headers)
+        under a claim, and remove it once sent. Every process that runs the bus's
+        engine does this, about once a second or when the soonest is due: the claim (a ``flock``, or a rename where
+        flock does not cross hosts) gives each message to one of them. A process killed
+        after its send and before the removal leaves the message to be sent again (at
+        least once). A failing send leaves the message in place, logged, for the next
+        pass. Also says when the soonest message left in them expires: when to look
+        again."""
+        sent, soonest = 0, None
+        for name in self.names():
+            d = self._defs.get(name)
+            if d is not None and d.options.dead_letter_expired:
+                done = self._dead_letter_expired(name, d, send)
+                sent += done.sent
+                if done.next_ms is not None and (soonest is None or done.next_ms < soonest):
+                    soonest = done.next_ms
+        return DeadLettered(sent, soonest)
+
+    def _dead_letter_expired(self, name: str, d: Definition, send: ExpiredSend) -> DeadLettered:
+        pub = self._publisher(name)
+        target = d.options.dead_letter
+        if pub is None or target is None:
+            return DeadLettered(0, None)
+        try:
+            return pub.dead_letter_expired(functools.partial(send, name, target))
+        except ClosedError:
+            raise  # the bus is closing: the next process to open it sends them
+        except (FsBusError, OSError) as exc:
+            log.warning(
+                "dead-lettering the expired messages of queue %r to %r failed: %s; "
+                "they stay in the queue and are tried again in a second",
+                name,
+                target,
+                exc,
+            )
+            return DeadLettered(0, None)
 
     def expire_queues(self) -> list[str]:
         """Delete the queues with ``expires`` set and no use for that long, and the

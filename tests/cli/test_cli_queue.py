@@ -114,6 +114,7 @@ def test_declare_is_idempotent_and_a_mismatch_says_what_differs(cli: Cli) -> Non
 def test_declare_options_round_trip(cli: Cli) -> None:
     args = ["--message-ttl", "30", "--max-length", "5", "--dead-letter", "dead.jobs"]
     args += ["--max-deliveries", "3", "--expires", "3600", "--auto-delete"]
+    args += ["--dead-letter-expired"]
     [info] = ok(cli("queue", "declare", "opts", "x.#", *args, "--json")).json_lines()
     assert info["options"] == {
         "message_ttl": 30.0,
@@ -123,6 +124,7 @@ def test_declare_options_round_trip(cli: Cli) -> None:
         "max_deliveries": 3,
         "auto_delete": True,
         "expires": 3600.0,
+        "dead_letter_expired": True,
     }
     ok(cli("queue", "declare", "opts", *args))  # the same again: fine
     assert queues(cli)["opts"]["options"] == info["options"]

@@ -1,0 +1,287 @@
+"""A queue with ``dead_letter_expired``: its expired messages go to its dead-letter topic.
+
+A queue with a ttl, a dead-letter topic and no consumers is a delay (RabbitMQ's "retry
+after a delay": a waiting queue whose dead-letter exchange leads back to the work). Every
+process running the bus's engine looks for expired messages (once a second, or when the
+soonest is due) and sends each under a claim, so each is dead-lettered once, with
+``x-fsbus-reason: expired``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import BlockingBus, Bus, BusConfig, Message, QueueMismatch, UsageError
+from tests.peer_process import JsonLinesPeer
+
+from .conftest import REPO, Inbox, wait_until
+
+Spawn = Callable[..., JsonLinesPeer]
+FAST = {"poll_interval": 0.05, "retry_interval": 0.05, "gc_interval": 0.2}
+
+
+@pytest.mark.anyio
+async def test_a_delay_queue_dead_letters_every_expired_message_once_in_order(
+    root: Path, fast: BusConfig
+) -> None:
+    """No consumer of "delay": each message, once its ttl is over, is published under the
+    dead-letter topic with its payload and headers, its queue, topic and the reason, in
+    the order it was published; the queue is left empty and each is counted."""
+    retried = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "delay",
+            ["job.*"],
+            message_ttl=0.3,
+            dead_letter="retry.job",
+            dead_letter_expired=True,
+        )
+        await bus.declare_queue("work", ["retry.#"])
+        for i in range(30):
+            await bus.publish("job.a", str(i).encode(), headers={"n": str(i)})
+        await bus.subscribe(None, retried, queue="work", prefetch=1)
+        got = await retried.wait_for(30)
+        await wait_until(lambda: bus.statistics().dead_lettered == 30)
+        assert (await bus.queue_info("delay")).depth == 0
+    assert [m.payload for m in got] == [str(i).encode() for i in range(30)]
+    for m in got:
+        assert m.topic == "retry.job"
+        assert m.delivery_count == 1
+        assert m.headers["n"] == m.payload.decode()
+        assert m.headers["x-fsbus-queue"] == "delay"
+        assert m.headers["x-fsbus-topic"] == "job.a"
+        assert m.headers["x-fsbus-reason"] == "expired"
+
+
+@pytest.mark.anyio
+async def test_a_message_a_consumer_holds_is_not_dead_lettered_when_it_expires(
+    root: Path, fast: BusConfig
+) -> None:
+    """A consumer took "held" before its ttl ran out and still holds it: it stays the
+    consumer's (acked when the handler returns), while "waiting", which nobody took,
+    is dead-lettered when it expires."""
+    dead = Inbox()
+    handled: list[Message] = []
+    release = anyio.Event()
+
+    async def slow(msg: Message) -> None:
+        handled.append(msg)
+        await release.wait()
+
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "q", ["t.#"], message_ttl=0.5, dead_letter="dead.q", dead_letter_expired=True
+        )
+        await bus.declare_queue("dlq", ["dead.#"])
+        await bus.subscribe(None, dead, queue="dlq")
+        await bus.subscribe(None, slow, queue="q", prefetch=1)
+        await bus.publish("t.x", b"held")
+        await wait_until(lambda: len(handled) == 1)
+        await bus.publish("t.x", b"waiting")
+        # "waiting" expired and went: "held" expired too meanwhile (published first)
+        (msg,) = await dead.wait_for(1)
+        assert msg.payload == b"waiting"
+        release.set()
+        # acked: "held" (its handler returned) and "waiting" (in "dlq")
+        await wait_until(lambda: bus.statistics().acked == 2)
+        assert (await bus.queue_info("q")).depth == 0
+    assert [m.payload for m in handled] == [b"held"]
+    assert [m.payload for m in dead.messages] == [b"waiting"]
+
+
+@pytest.mark.anyio
+async def test_without_the_option_an_expired_message_is_dropped_not_dead_lettered(
+    root: Path, fast: BusConfig
+) -> None:
+    """``dead_letter`` alone is for failed deliveries: an expired message is dropped."""
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"], message_ttl=0.2, dead_letter="dead.q")
+        await bus.declare_queue("dlq", ["dead.#", "marker"])
+        await bus.subscribe(None, dead, queue="dlq")
+        await bus.publish("t.x", b"dropped")
+        messages = root / "fsbus" / "queues" / "q" / "bus" / "messages"
+        await wait_until(lambda: any(p.is_file() for p in messages.rglob("*")))
+        # removed by the periodic expiry (gc_interval), not sent anywhere
+        await wait_until(lambda: not any(p.is_file() for p in messages.rglob("*")))
+        await bus.publish("marker", b"after")
+        await dead.wait_for(1)
+        assert (await bus.queue_info("q")).depth == 0
+    assert dead.payloads == [b"after"]
+
+
+def test_the_option_needs_a_dead_letter_topic_and_is_part_of_the_queues_options(
+    root: Path,
+) -> None:
+    """Without ``dead_letter`` the option is refused, saying what to give; declared
+    again with it changed is a mismatch; left False, it is not written into the
+    definition (an older fsbus reads it)."""
+    with BlockingBus(root) as bus:
+        with pytest.raises(UsageError, match="dead_letter_expired needs a dead_letter topic"):
+            bus.declare_queue("q", ["t.#"], dead_letter_expired=True)
+        bus.declare_queue("plain", ["t.#"], dead_letter="dead.t")
+        bus.declare_queue("delay", ["d.#"], dead_letter="dead.d", dead_letter_expired=True)
+        with pytest.raises(QueueMismatch, match="dead_letter_expired"):
+            bus.declare_queue("delay", ["d.#"], dead_letter="dead.d")
+        assert bus.queue_info("delay").options.dead_letter_expired is True
+        assert bus.queue_info("plain").options.dead_letter_expired is False
+    docs = {
+        p.parent.name: json.loads(p.read_text())
+        for p in (root / "fsbus" / "queues").glob("*/queue.json")
+    }
+    assert "dead_letter_expired" not in docs["plain"]["options"]
+    assert docs["delay"]["options"]["dead_letter_expired"] is True
+
+
+def test_the_cli_declares_a_delay_queue(root: Path) -> None:
+    """``fsbus queue declare NAME PATTERN --dead-letter T --dead-letter-expired``."""
+    declare = ["queue", "declare", "delay", "d.#", "--root", str(root), "--message-ttl", "5"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fsbus",
+            *declare,
+            "--dead-letter",
+            "retry.d",
+            "--dead-letter-expired",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    with BlockingBus(root) as bus:
+        options = bus.queue_info("delay").options
+    assert options.dead_letter == "retry.d"
+    assert options.dead_letter_expired is True
+
+
+def test_processes_that_all_look_for_expired_messages_send_each_once(
+    root: Path, spawn: Spawn
+) -> None:
+    """Three consumer processes of "dead" (each with the bus open, each looking for
+    expired messages) and 300 messages expiring in "delay": every one reaches "dead"
+    exactly once, none lost, none twice."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue(
+            "delay", ["d.#"], message_ttl=0.3, dead_letter="dead.delay", dead_letter_expired=True
+        )
+        bus.declare_queue("dead", ["dead.#"])
+    consumers = [spawn("consumer", queue="dead", config=FAST) for _ in range(3)]
+    for c in consumers:
+        c.wait_count("ready", 1)
+    ids = {f"m{i}" for i in range(300)}
+    pub = spawn("pub", messages=[["d.x", i] for i in sorted(ids)], config=FAST)
+    pub.wait_count("published", 300)
+    deadline = time.monotonic() + 60
+    done: Counter[str] = Counter()
+    while set(done) != ids:
+        assert time.monotonic() < deadline, (
+            f"never dead-lettered: {sorted(ids - set(done))[:10]}\n"
+            + "\n".join(c.describe() for c in consumers)
+        )
+        time.sleep(0.05)
+        done = Counter(e["id"] for c in consumers for e in c.of("done"))
+    assert set(done) == ids
+    assert max(done.values()) == 1, [i for i, n in done.items() if n > 1]
+    heads = [e["headers"] for c in consumers for e in c.of("done")]
+    assert {h["x-fsbus-reason"] for h in heads} == {"expired"}
+    assert {h["x-fsbus-queue"] for h in heads} == {"delay"}
+    with BlockingBus(root) as bus:
+        assert bus.queue_info("delay").depth == 0
+
+
+_SENDER = textwrap.dedent(
+    """
+    import os, signal, sys, anyio
+    from fsbus import Bus, BusConfig
+    from tests.tracked_ops import TrackedOps
+
+    PART = "/queues/delay/bus/messages/"
+
+    class DiesRemovingIt(TrackedOps):
+        # killed at the first step of removing the delay queue's message, which comes
+        # after its dead letter is published: the window where it goes out twice
+        def ftruncate(self, fd, length):
+            with self.lock:
+                if self.path_of(fd) is not None:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return super().ftruncate(fd, length)
+
+        def unlink(self, path):
+            if PART in path:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().unlink(path)
+
+    async def main():
+        config = BusConfig(poll_interval=0.05, retry_interval=0.05, gc_interval=0.2)
+        async with Bus(sys.argv[1], config=config, ops=DiesRemovingIt(PART)):
+            print("ready", flush=True)
+            await anyio.sleep_forever()
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.anyio
+async def test_a_process_killed_between_sending_and_removing_leaves_it_to_be_sent_again(
+    root: Path, fast: BusConfig
+) -> None:
+    """A process (real, SIGKILLed from inside its I/O seam) published an expired message's
+    dead letter and died before removing it: the message is still in the delay queue,
+    whole, and the next process sends it again. At least once: never lost; the second
+    copy is the only one."""
+
+    def declare_and_publish() -> None:
+        with BlockingBus(root) as bus:
+            bus.declare_queue(
+                "delay", ["d.#"], message_ttl=0.3, dead_letter="dead.d", dead_letter_expired=True
+            )
+            bus.declare_queue("dead", ["dead.#"])
+            bus.publish("d.x", b"m")
+
+    def run_sender() -> int:
+        with subprocess.Popen(
+            [sys.executable, "-c", _SENDER, str(root)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        ) as proc:
+            try:
+                assert proc.stdout is not None
+                assert proc.stdout.readline() == "ready\n"
+                return proc.wait(timeout=60)
+            finally:
+                proc.kill()
+
+    def depths() -> dict[str, int]:
+        with BlockingBus(root) as bus:
+            return {q: bus.queue_info(q).depth for q in ("delay", "dead")}
+
+    await anyio.to_thread.run_sync(declare_and_publish)
+    assert await anyio.to_thread.run_sync(run_sender) == -9
+    # sent once; still in the delay queue (expired, so not counted in its depth)
+    assert await anyio.to_thread.run_sync(depths) == {"delay": 0, "dead": 1}
+    messages = root / "fsbus" / "queues" / "delay" / "bus" / "messages"
+    [left] = [p for p in messages.rglob("*") if p.is_file()]
+    assert left.read_bytes().endswith(b"m")
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.subscribe(None, dead, queue="dead")
+        got = await dead.wait_for(2)
+        await wait_until(lambda: not left.exists())
+        await wait_until(lambda: bus.statistics().acked == 2)
+    assert [m.payload for m in got] == [b"m", b"m"]
+    assert {m.headers["x-fsbus-reason"] for m in got} == {"expired"}
+    assert await anyio.to_thread.run_sync(depths) == {"delay": 0, "dead": 0}
