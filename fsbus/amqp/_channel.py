@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
@@ -63,6 +64,8 @@ from ._routing import (
     queue_arguments,
 )
 from ._state import jsonable, try_lock
+
+_log = logging.getLogger("fsbus.amqp")
 
 if TYPE_CHECKING:
     from ._contracts import ConnectionPort, CountMark
@@ -551,9 +554,10 @@ class Channel:
                             f"in vhost '/': received {_arg(wanted['arguments'].get(key))} but "
                             f"current is {_arg(have.get(key))}",
                         )
-            # x-delivery-limit: a message delivered one time more than the limit, and
-            # given back each time, goes to the dead-letter exchange (resolved then, as
-            # RabbitMQ does) through the gateways' own queue, or is dropped without one.
+            # With a dead-letter exchange, a message that expires in the queue, or (with
+            # x-delivery-limit) is delivered one time more than the limit and given back
+            # each time, goes to the exchange (resolved then, as RabbitMQ does) through
+            # the gateways' own queue; without one it is dropped.
             limit = args.delivery_limit
             dead_letter = DEAD_TOPIC if args.dead_letter_exchange is not None else None
             try:
@@ -563,16 +567,23 @@ class Channel:
                     message_ttl=args.message_ttl,
                     max_length=args.max_length or None,
                     overflow=args.overflow,
-                    dead_letter=dead_letter if limit is not None else None,
+                    dead_letter=dead_letter,
                     max_deliveries=None if limit is None else limit + 1,
                     # the gateway deletes an auto-delete queue when its last AMQP
                     # consumer leaves (see Gateway.consumer_left): a basic.get is no
                     # consumer. A queue the bus already deletes so keeps its option.
                     auto_delete=bool(meta is not None and meta.get("bus_auto_delete")),
                     expires=args.expires,
+                    dead_letter_expired=dead_letter is not None,
                 )
             except QueueMismatch as exc:
-                raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
+                if meta is None:
+                    raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
+                # Its AMQP arguments are the same (checked above): a queue an older
+                # gateway declared, whose bus queue differs in what that one made of them
+                # (expired messages were not dead-lettered before 0.1.0's queues had
+                # dead_letter_expired). It stays as it is until deleted and declared again.
+                _log.info("queue %r keeps the bus options it was declared with: %s", name, exc)
             except UsageError as exc:
                 raise AmqpError(
                     PRECONDITION_FAILED,

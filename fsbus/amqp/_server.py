@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -176,6 +176,7 @@ class Gateway:
     async def _start(self) -> Self:
         stack = self._stack
         await stack.enter_async_context(self.bus)
+        self.bus._expired_hook = self._expired
         await anyio.to_thread.run_sync(self.blocking.__enter__)
         stack.callback(self.blocking.close)
         self.state = await anyio.to_thread.run_sync(AmqpState, self.root)
@@ -377,7 +378,9 @@ class Gateway:
         every gateway of a bus does, each message taken by one. Started beside the
         listener, so that it does not hold up the gateway's start."""
         await self.bus.declare_queue(DEAD_QUEUE, [DEAD_TOPIC])
-        sub = await self.bus.subscribe(None, self._limit_reached, queue=DEAD_QUEUE)
+        # one at a time: dead-lettered in the order they came (the order they expired
+        # in, or went over the delivery limit), as on RabbitMQ, on one gateway
+        sub = await self.bus.subscribe(None, self._limit_reached, queue=DEAD_QUEUE, prefetch=1)
         try:
             await anyio.sleep_forever()
         finally:
@@ -385,55 +388,87 @@ class Gateway:
                 await self.bus.unsubscribe(sub)
 
     async def _limit_reached(self, msg: Message) -> None:
-        """A message delivered ``x-delivery-limit`` + 1 times and given back each time,
-        which its queue's bus published to :data:`DEAD_TOPIC` (its queue and topic in
-        ``x-fsbus-*`` headers): to that queue's dead-letter exchange. Raising gives it
-        back for a retry."""
+        """A message that expired in its queue, or was delivered ``x-delivery-limit`` + 1
+        times and given back each time, which a bus published to :data:`DEAD_TOPIC` (its
+        queue, topic and, for an expired one, the reason in ``x-fsbus-*`` headers): to
+        that queue's dead-letter exchange. Raising gives it back for a retry."""
         queue = msg.headers.get("x-fsbus-queue")
         if queue is None:
             log.warning("%s: a message without its queue (x-fsbus-queue): dropped", DEAD_QUEUE)
             return
-        ours = ("x-fsbus-queue", "x-fsbus-topic")
+        ours = ("x-fsbus-queue", "x-fsbus-topic", "x-fsbus-reason")
         inner = {k: v for k, v in msg.headers.items() if k not in ours}
         topic = msg.headers.get("x-fsbus-topic", msg.topic)
-        await self._dead_letter(queue, inner, topic, msg.payload, "delivery_limit")
+        expired = msg.headers.get("x-fsbus-reason") == "expired"
+        reason = "expired" if expired else "delivery_limit"
+        await self._dead_letter(queue, inner, topic, msg.payload, reason)
 
     async def _dead_letter(
         self, bus_queue: str, old: Mapping[str, str], topic: str, payload: bytes, reason: str
     ) -> None:
+        await self._dead_letter_many(bus_queue, [(old, topic, payload)], reason)
+
+    async def _expired(
+        self, bus_queue: str, target: str, messages: list[tuple[str, bytes, dict[str, str]]]
+    ) -> bool:
+        """The bus's hook for the expired messages of a queue it found (see
+        ``Bus._expired_hook``): those of a queue with a dead-letter exchange (its
+        dead-letter topic is :data:`DEAD_TOPIC`) are routed to the exchange here and now,
+        in order, rather than through :data:`DEAD_QUEUE`. One that cannot be written is
+        raised: the bus gives the batch back, to be sent again."""
+        if target != DEAD_TOPIC:
+            return False
+        items = [(headers, topic, payload) for topic, payload, headers in messages]
+        for outcome in await self._dead_letter_many(bus_queue, items, "expired"):
+            if isinstance(outcome, Exception) and not isinstance(outcome, AmqpError | QueueFull):
+                raise outcome
+        return True
+
+    async def _dead_letter_many(
+        self, bus_queue: str, items: Sequence[tuple[Mapping[str, str], str, bytes]], reason: str
+    ) -> list[int | BaseException]:
+        """Dead-letter messages of ``bus_queue`` ((headers, topic, payload) each) to its
+        dead-letter exchange, in order; each one's outcome as :meth:`route_many` says it
+        (nothing, when the queue is gone or has no dead-letter exchange: dropped, as on
+        RabbitMQ, as are those its exchange is missing for)."""
         meta = await anyio.to_thread.run_sync(self.state.read, "queues", bus_queue)
         args = (meta or {}).get("arguments") or {}
         dlx = args.get("x-dead-letter-exchange")
         if meta is None or dlx is None:
-            return  # the queue is gone, or has no dead-letter exchange: dropped
+            return []  # the queue is gone, or has no dead-letter exchange: dropped
         queue = str(meta.get("name", bus_queue))
-        view, exchange, first_rk = message_view(old, topic)
-        props = decode_properties(view) if isinstance(view, bytes) else view
-        rk = str(args.get("x-dead-letter-routing-key", first_rk))
-        props = dead_lettered(
-            props,
-            queue=queue,
-            reason=reason,
-            exchange=exchange,
-            routing_keys=[first_rk],
-            now=time.time(),
-        )
-        headers = dict(old)
-        headers[PROPS] = base64.b64encode(props.marshal()).decode("ascii")
-        headers[EXCHANGE] = str(dlx)
-        headers[ROUTING_KEY] = rk
-        job = RouteJob(
-            str(dlx),
-            rk,
-            props.headers,
-            payload,
-            durable=props.delivery_mode == 2,
-            headers=headers,
-            priority=amqp_priority_to_bus(props.priority),
-            amqp_priority=props.priority,
-            internal_ok=True,
-        )
-        await self.route_many([job])
+        now = time.time()
+        jobs = []
+        for old, topic, payload in items:
+            view, exchange, first_rk = message_view(old, topic)
+            props = decode_properties(view) if isinstance(view, bytes) else view
+            rk = str(args.get("x-dead-letter-routing-key", first_rk))
+            props = dead_lettered(
+                props,
+                queue=queue,
+                reason=reason,
+                exchange=exchange,
+                routing_keys=[first_rk],
+                now=now,
+            )
+            headers = dict(old)
+            headers[PROPS] = base64.b64encode(props.marshal()).decode("ascii")
+            headers[EXCHANGE] = str(dlx)
+            headers[ROUTING_KEY] = rk
+            jobs.append(
+                RouteJob(
+                    str(dlx),
+                    rk,
+                    props.headers,
+                    payload,
+                    durable=props.delivery_mode == 2,
+                    headers=headers,
+                    priority=amqp_priority_to_bus(props.priority),
+                    amqp_priority=props.priority,
+                    internal_ok=True,
+                )
+            )
+        return await self.route_many(jobs)
 
     # ------------------------------------------------------------------ consumers
     def track(self, queue: str, sub: Subscription) -> None:

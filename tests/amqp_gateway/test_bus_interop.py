@@ -17,7 +17,7 @@ import pytest
 from fsbus import BlockingBus, Bus, Message
 from fsbus._core.topics import MAX_WORDS
 from fsbus.amqp import running
-from fsbus.amqp._routing import TOPIC_WORDS
+from fsbus.amqp._routing import DEAD_QUEUE, TOPIC_WORDS
 
 from .conftest import Broker
 
@@ -188,6 +188,55 @@ def test_a_delivery_limit_reached_while_no_gateway_runs(tmp_path: Path) -> None:
         assert got == [(b"poison", "delivery_limit")]
         extra = ch.basic_get("parked", auto_ack=True)
         assert extra[0] is None, extra
+
+
+def test_messages_that_expire_while_no_gateway_runs_are_dead_lettered_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """An AMQP queue with ``x-message-ttl`` and a dead-letter exchange; its messages
+    expire while only a plain fsbus process has the bus open. That process sends them
+    into the gateways' own queue (it knows no exchanges); the next gateway to start takes
+    each to the dead-letter exchange, once, in order, with its ``x-death`` (reason
+    ``expired``) and its properties as published."""
+    root = tmp_path / "bus"
+    with running(root) as gw, connect(gw.url) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("later", "fanout")
+        ch.queue_declare("retried", durable=True)
+        ch.queue_bind("retried", "later")
+        ch.queue_declare(
+            "waiting",
+            durable=True,
+            arguments={"x-message-ttl": 5_000, "x-dead-letter-exchange": "later"},
+        )
+        ch.confirm_delivery()
+        for i in range(5):
+            props = pika.BasicProperties(delivery_mode=2, correlation_id=f"c{i}")
+            ch.basic_publish("", "waiting", str(i).encode(), props)
+
+    async def pass_them_on() -> None:
+        # (5 s: the gateway above is gone long before they expire)
+        async with Bus(root) as bus:
+            with anyio.fail_after(WAIT):  # sent into the gateways' queue
+                while (await bus.queue_info(DEAD_QUEUE)).depth < 5:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+
+    anyio.run(pass_them_on)
+    with running(root) as gw, connect(gw.url) as conn:
+        ch = conn.channel()
+        got: list[tuple[bytes, str, str | None]] = []
+        deadline = time.monotonic() + WAIT
+        while len(got) < 5:
+            assert time.monotonic() < deadline, f"only {got} dead-lettered"
+            method, props, body = ch.basic_get("retried", auto_ack=True)
+            if method is None:
+                conn.process_data_events(time_limit=0.05)
+                continue
+            got.append((body, props.headers["x-death"][0]["reason"], props.correlation_id))
+        assert got == [(str(i).encode(), "expired", f"c{i}") for i in range(5)]
+        extra = ch.basic_get("retried", auto_ack=True)
+        assert extra[0] is None, extra
+        assert ch.queue_declare("waiting", passive=True).method.message_count == 0
 
 
 def test_a_queue_name_outside_fsbus_rules_is_escaped(gateway: Broker) -> None:
