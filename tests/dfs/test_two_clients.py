@@ -423,6 +423,44 @@ def test_stress_scenarios_across_the_two_clients(
     assert s.delivered == s.sent
 
 
+def test_expired_messages_are_dead_lettered_once_across_the_two_clients(
+    two_clients: TwoClients, peers: Peers
+) -> None:
+    """A delay queue (``message_ttl``, ``dead_letter_expired``) with no consumer, and
+    consumers of its dead-letter queue on both clients: every process looks for expired
+    messages, on its own mount, and each of 200 reaches the dead-letter queue exactly
+    once, with its reason, whichever client claimed it."""
+    a, b = two_clients.a / "bus", two_clients.b / "bus"
+    with BlockingBus(a) as bus:
+        bus.declare_queue(
+            "delay", ["d.#"], message_ttl=0.5, dead_letter="dead.delay", dead_letter_expired=True
+        )
+        bus.declare_queue("dead", ["dead.#"])
+    consumers = [
+        peers.fsbus("consumer", root, name=f"dead on {side}", child=QUEUE_CHILD, queue="dead")
+        for side, root in (("A", a), ("B", b), ("B", b))
+    ]
+    for c in consumers:
+        c.wait_count("ready", 1, timeout=WAIT)
+    ids = [f"d{i}" for i in range(200)]
+    pub = peers.fsbus(
+        "pub", a, name="publisher on A", child=QUEUE_CHILD, messages=[["d.x", i] for i in ids]
+    )
+    pub.wait_count("published", len(ids), timeout=WAIT)
+    until(
+        lambda: set(ids) <= set(counts(consumers, "done")),
+        "every expired message dead-lettered",
+        timeout=2 * WAIT,
+    )
+    done = counts(consumers, "done")
+    assert set(done) == set(ids)
+    assert [i for i, k in done.items() if k > 1] == []
+    reasons = {e["headers"]["x-fsbus-reason"] for c in consumers for e in c.of("done")}
+    assert reasons == {"expired"}
+    with BlockingBus(b) as bus:
+        until(lambda: bus.queue_info("delay").depth == 0, "the delay queue empty")
+
+
 # --------------------------------------------------------------------------- a client dies
 def test_a_dead_clients_held_jobs_are_redelivered_once(
     two_clients: TwoClients, peers: Peers
