@@ -877,14 +877,14 @@ class QueueStore:
 
     def dead_letter_expired(self, send: ExpiredSend) -> DeadLettered:
         """Hand every expired message of the queues with ``dead_letter_expired`` that no
-        consumer holds to ``send`` (queue, dead-letter topic, topic, payload, headers)
-        under a claim, and remove it once sent. Every process that runs the bus's
-        engine does this, about once a second or when the soonest is due: the claim (a ``flock``, or a rename where
-        flock does not cross hosts) gives each message to one of them. A process killed
-        after its send and before the removal leaves the message to be sent again (at
-        least once). A failing send leaves the message in place, logged, for the next
-        pass. Also says when the soonest message left in them expires: when to look
-        again."""
+        consumer holds to ``send`` (queue, dead-letter topic, messages) under a claim, in
+        batches, and remove them once sent. Every process that runs the bus's engine does
+        this, once a second or when the soonest is due: the claim (a ``flock``, or a
+        rename where flock does not cross hosts) gives each message to one of them. A
+        process killed after a send and before the removal leaves that batch to be sent
+        again (at least once). A failing send leaves its batch in place, logged, for the
+        next pass. Also says when the soonest message left in them expires: when to
+        look again."""
         sent, soonest = 0, None
         for name in self.names():
             d = self._defs.get(name)
