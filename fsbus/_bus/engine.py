@@ -115,7 +115,8 @@ ExpiredHook = Callable[[str, str, list[Expired]], Awaitable[bool]]
 _DEAD_LETTER_LOOK = 0.05
 """Seconds at least between two looks for expired messages of the queues with
 ``dead_letter_expired``: when the soonest is due sooner than :data:`_EXPIRY_TICK`, the
-look is then (a listing of each such queue per look)."""
+look is then (a listing of each such queue per look), but no sooner than this, nor than
+ten times the previous look took."""
 _EXPIRY_LOOK = 0.25
 """Seconds between looks at a queue whose ``expires`` time is up but that is still in
 use (a consumer attached): when it is left, it goes within that."""
@@ -429,6 +430,7 @@ class Bus(Configured):
         self._keep_expired = False
         # When the soonest message of a queue with dead_letter_expired expires (time.time())
         self._dead_letter_due: float | None = None
+        self._dead_letter_look = _DEAD_LETTER_LOOK  # seconds at least between two looks
         # Takes the expired messages of a queue (queue, dead-letter topic, messages) that it
         # sends on itself (True), instead of their publish under the dead-letter topic: an
         # AMQP gateway routes them to the queue's dead-letter exchange at once.
@@ -2535,7 +2537,8 @@ class Bus(Configured):
                 if due is not None:
                     wait = min(wait, max(_EXPIRY_LOOK, due - time.time()))
                 if self._dead_letter_due is not None:
-                    wait = min(wait, max(_DEAD_LETTER_LOOK, self._dead_letter_due - time.time()))
+                    soon = self._dead_letter_due - time.time()
+                    wait = min(wait, max(self._dead_letter_look, soon))
             await anyio.sleep(max(0.0, wait))
             try:
                 if self._queue_name is None:
@@ -2554,7 +2557,11 @@ class Bus(Configured):
     async def _dead_letter_expired(self) -> None:
         """Republish the expired messages of the queues with ``dead_letter_expired``
         under their dead-letter topics (see :meth:`QueueStore.dead_letter_expired`)."""
+        started = time.monotonic()
         done = await anyio.to_thread.run_sync(self._queues.dead_letter_expired, self._send_expired)
+        # the next look no sooner than ten times this one took: a long queue is listed
+        # at most a tenth of the time
+        self._dead_letter_look = max(_DEAD_LETTER_LOOK, 10 * (time.monotonic() - started))
         self._dead_letter_due = None if done.next_ms is None else done.next_ms / 1000
 
     def _send_expired(self, queue: str, target: str, messages: list[Expired]) -> None:

@@ -7,6 +7,8 @@ Layout, under the bus directory::
     fsbus/queues/<name>/queue.json    the definition (written whole, then renamed)
     fsbus/queues/<name>/used          its mtime: the last declare or consumer change
     fsbus/queues/<name>/orphaned      a consumer died (see QueueStore._reaped)
+    fsbus/queues/<name>/expirer       flock held by the process that dead-letters the
+                                      queue's expired messages (dead_letter_expired)
     fsbus/queues/<name>/consumers/*   one file per consumer, flocked while it lives
     fsbus/queues/<name>/bus/          the queue's messages: a bus of its own holding one
                                       work-queue (single) message per queued copy
@@ -158,6 +160,8 @@ class QueueStore:
         # which queue each one was opened on (see identity): a queue another process
         # deleted, and perhaps declared again, is another one
         self._publisher_ids: dict[str, QueueId | Literal["gone"] | None] = {}
+        # queue -> (its uid, the descriptor holding the flock of its expirer file)
+        self._expirers: dict[str, tuple[str, int]] = {}
         # those found stale, closed once no publish that took one can still use it
         self._retired: list[tuple[float, QueueBus]] = []
         self._bad: set[str] = set()
@@ -886,14 +890,41 @@ class QueueStore:
         next pass. Also says when the soonest message left in them expires: when to
         look again."""
         sent, soonest = 0, None
-        for name in self.names():
+        names = self.names()
+        for gone in set(self._expirers) - set(names):  # (deleted: let its file go)
+            os.close(self._expirers.pop(gone)[1])
+        for name in names:
             d = self._defs.get(name)
-            if d is not None and d.options.dead_letter_expired:
+            if d is not None and d.options.dead_letter_expired and self._expires_here(name, d):
                 done = self._dead_letter_expired(name, d, send)
                 sent += done.sent
                 if done.next_ms is not None and (soonest is None or done.next_ms < soonest):
                     soonest = done.next_ms
         return DeadLettered(sent, soonest)
+
+    def _expires_here(self, name: str, d: Definition) -> bool:
+        """Whether this process is the one that dead-letters the expired messages of queue
+        ``name``: the one holding the flock of its ``expirer`` file, from its first look
+        until it closes or dies (then the next to look takes over), so that one process
+        lists the queue for them, not each. True when that cannot be told (the claims
+        still send each message once)."""
+        held = self._expirers.get(name)
+        if held is not None:
+            if held[0] == d.uid:
+                return True
+            os.close(self._expirers.pop(name)[1])  # deleted, and declared again since
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(f"{self.dir(name)}/{_EXPIRER}", flags, 0o666)
+        except OSError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            return exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)
+        self._expirers[name] = (d.uid, fd)
+        return True
 
     def _dead_letter_expired(self, name: str, d: Definition, send: ExpiredSend) -> DeadLettered:
         pub = self._publisher(name)
@@ -970,6 +1001,10 @@ class QueueStore:
                 self._retired.append((time.monotonic(), pub))
 
     def close(self) -> None:
+        for _uid, fd in self._expirers.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._expirers = {}
         with self._lock:
             pubs, self._publishers = list(self._publishers.values()), {}
             self._publisher_ids = {}
@@ -1013,6 +1048,7 @@ def _names_in(folder: str) -> list[str]:
 
 
 _ORPHANED = "orphaned"
+_EXPIRER = "expirer"
 """A file a queue's folder holds once a consumer of it died (see QueueStore._reaped)."""
 
 

@@ -201,6 +201,62 @@ def test_processes_that_all_look_for_expired_messages_send_each_once(
         assert bus.queue_info("delay").depth == 0
 
 
+def _expirer_holder(root: Path, queue: str) -> int | None:
+    """The pid holding the flock of ``queue``'s expirer file, from /proc/locks."""
+    try:
+        inode = (root / "fsbus" / "queues" / queue / "expirer").stat().st_ino
+    except FileNotFoundError:
+        return None
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "FLOCK" in fields and fields[-3].split(":")[-1] == str(inode):
+            return int(fields[-4])
+    return None
+
+
+def test_one_process_lists_a_delay_queue_and_another_takes_over_when_it_dies(
+    root: Path, spawn: Spawn
+) -> None:
+    """Of two processes with the bus open, one holds the queue's ``expirer`` flock and
+    dead-letters its expired messages (the other does not list the queue for them);
+    SIGKILLed, the other takes over: every message of both halves arrives once."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue(
+            "delay", ["d.#"], message_ttl=0.2, dead_letter="dead.delay", dead_letter_expired=True
+        )
+        bus.declare_queue("dead", ["dead.#"])
+    consumers = [spawn("consumer", queue="dead", config=FAST) for _ in range(2)]
+    for c in consumers:
+        c.wait_count("ready", 1)
+    pids = {c.proc.pid: c for c in consumers}
+
+    def deliver(ids: list[str]) -> None:
+        spawn("pub", messages=[["d.x", i] for i in ids], config=FAST).wait_count(
+            "published", len(ids)
+        )
+        deadline = time.monotonic() + 60
+        while not set(ids) <= {e["id"] for c in consumers for e in c.of("done")}:
+            assert time.monotonic() < deadline, "\n".join(c.describe() for c in consumers)
+            time.sleep(0.05)
+        with BlockingBus(root) as bus:  # and acked ("done" comes just before the ack)
+            while bus.queue_info("dead").depth:
+                assert time.monotonic() < deadline, "dead-lettered, not acked"
+                time.sleep(0.05)
+
+    first = [f"a{i}" for i in range(50)]
+    deliver(first)
+    holder = _expirer_holder(root, "delay")
+    assert holder in pids, holder
+    pids[holder].proc.kill()
+    pids[holder].wait_exit()
+    second = [f"b{i}" for i in range(50)]
+    deliver(second)
+    assert _expirer_holder(root, "delay") in set(pids) - {holder}
+    done = Counter(e["id"] for c in consumers for e in c.of("done"))
+    assert set(done) == set(first + second)
+    assert max(done.values()) == 1
+
+
 _SENDER = textwrap.dedent(
     """
     import os, signal, sys, anyio
