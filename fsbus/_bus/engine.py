@@ -116,7 +116,7 @@ _DEAD_LETTER_LOOK = 0.05
 """Seconds at least between two looks for expired messages of the queues with
 ``dead_letter_expired``: when the soonest is due sooner than :data:`_EXPIRY_TICK`, the
 look is then (a listing of each such queue per look), but no sooner than this, nor than
-ten times the previous look took."""
+ten times the previous look's listing took."""
 _EXPIRY_LOOK = 0.25
 """Seconds between looks at a queue whose ``expires`` time is up but that is still in
 use (a consumer attached): when it is left, it goes within that."""
@@ -2557,11 +2557,11 @@ class Bus(Configured):
     async def _dead_letter_expired(self) -> None:
         """Republish the expired messages of the queues with ``dead_letter_expired``
         under their dead-letter topics (see :meth:`QueueStore.dead_letter_expired`)."""
-        started = time.monotonic()
         done = await anyio.to_thread.run_sync(self._queues.dead_letter_expired, self._send_expired)
-        # the next look no sooner than ten times this one took: a long queue is listed
-        # at most a tenth of the time
-        self._dead_letter_look = max(_DEAD_LETTER_LOOK, 10 * (time.monotonic() - started))
+        # the next look no sooner than ten times this one's listing took: a long queue is
+        # listed at most a tenth of the time (its sending is not counted: a backlog goes
+        # out as fast as it can)
+        self._dead_letter_look = max(_DEAD_LETTER_LOOK, 10 * done.listing)
         self._dead_letter_due = None if done.next_ms is None else done.next_ms / 1000
 
     def _send_expired(self, queue: str, target: str, messages: list[Expired]) -> None:

@@ -148,8 +148,10 @@ class QueueWriter:
         fs = self._fs
         buckets = self.layout.buckets
         n = 0
+        started = time.monotonic()
         census = self._census()
         next_ms = soonest_expiry_ms(name for _bi, name in census.singles)
+        listing = time.monotonic() - started
         expired = [(bi, name) for bi, name, kind in census.expired if kind == "s"]
         expired.sort(key=lambda m: name_rank(m[1]))  # in queue order, as a consumer's
         claims: list[Claim] = []
@@ -176,7 +178,7 @@ class QueueWriter:
                     fs.ack(c)
                 n += len(claims)
                 claims, batch = [], []
-        return DeadLettered(n, next_ms)
+        return DeadLettered(n, next_ms, listing)
 
     def trim(self, max_length: int) -> tuple[int, int]:
         """Count the queue and remove from its head, of the messages no consumer holds,

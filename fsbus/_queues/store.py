@@ -106,6 +106,8 @@ class DeadLettered(NamedTuple):
     """Messages sent under their dead-letter topic (and removed)."""
     next_ms: int | None
     """When the soonest message left expires (ms since the epoch), if a name tells."""
+    listing: float = 0.0
+    """Seconds spent listing the queues (not sending)."""
 
 
 Expired = tuple[str, bytes, dict[str, str]]
@@ -889,7 +891,7 @@ class QueueStore:
         again (at least once). A failing send leaves its batch in place, logged, for the
         next pass. Also says when the soonest message left in them expires: when to
         look again."""
-        sent, soonest = 0, None
+        sent, soonest, listing = 0, None, 0.0
         names = self.names()
         for gone in set(self._expirers) - set(names):  # (deleted: let its file go)
             os.close(self._expirers.pop(gone)[1])
@@ -898,9 +900,10 @@ class QueueStore:
             if d is not None and d.options.dead_letter_expired and self._expires_here(name, d):
                 done = self._dead_letter_expired(name, d, send)
                 sent += done.sent
+                listing += done.listing
                 if done.next_ms is not None and (soonest is None or done.next_ms < soonest):
                     soonest = done.next_ms
-        return DeadLettered(sent, soonest)
+        return DeadLettered(sent, soonest, listing)
 
     def _expires_here(self, name: str, d: Definition) -> bool:
         """Whether this process is the one that dead-letters the expired messages of queue
