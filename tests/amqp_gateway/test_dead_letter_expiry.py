@@ -237,3 +237,27 @@ def get_unacked(ch: Channel, queue: str) -> tuple[Any, Any, bytes]:
             return method, props, body
         assert time.monotonic() < deadline, f"nothing in {queue} within {WAIT} s"
         time.sleep(0.02)
+
+
+def test_an_expired_message_dead_lettered_back_into_its_own_queue_is_dropped(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """``x-dead-letter-exchange`` "" (the default exchange) with no routing key sends an
+    expired message back into the queue it died in: a cycle with no rejection in it,
+    which RabbitMQ breaks by dropping the message. The queue empties and stays empty
+    over several ttl and looks for expired messages (polled for 1.5 s: a message that
+    came back would be counted for its 200 ms each time)."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare(
+        names("self-cycle"), arguments={"x-message-ttl": 200, "x-dead-letter-exchange": ""}
+    ).method.queue
+    for i in range(3):
+        ch.basic_publish("", q, str(i).encode())
+    wait_for_count(ch, q, 0, "expired")
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:
+        assert count(ch, q) == 0, "came back into the queue it died in"
+        time.sleep(0.05)
+    assert ch.basic_get(q, auto_ack=True)[0] is None
+    ch.queue_delete(q)
