@@ -16,7 +16,7 @@ from typing import Any
 
 from pamqp import commands as spec
 
-__all__ = ["dead_lettered"]
+__all__ = ["cycle_queues", "dead_lettered"]
 
 
 def dead_lettered(
@@ -63,3 +63,20 @@ def dead_lettered(
     headers["x-last-death-exchange"] = exchange
     fields["headers"] = headers
     return spec.Basic.Properties(**fields)
+
+
+def cycle_queues(props: spec.Basic.Properties) -> frozenset[str]:
+    """The queues a message just dead-lettered (``props`` with its new ``x-death``) must
+    not be routed back into: each queue it died in, newest first, until a death by
+    rejection. RabbitMQ drops a dead letter that would close such a cycle (one with no
+    rejection in it), so a ttl that leads back to its own queue does not go round
+    forever."""
+    deaths = (props.headers or {}).get("x-death")
+    out: set[str] = set()
+    for d in deaths if isinstance(deaths, list) else []:
+        if not isinstance(d, dict) or d.get("reason") == "rejected":
+            break
+        queue = d.get("queue")
+        if isinstance(queue, str):
+            out.add(queue)
+    return frozenset(out)

@@ -231,6 +231,9 @@ class RouteJob:
     internal_ok: bool = False
     """Routed by the gateway itself (dead-lettering): an internal exchange takes it, as it
     takes no client's publish."""
+    not_into: frozenset[str] = frozenset()
+    """Bus queues it is not routed into (a dead letter's cycle: see
+    :func:`~fsbus.amqp._deaths.cycle_queues`)."""
 
 
 @dataclass(frozen=True)

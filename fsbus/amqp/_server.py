@@ -37,7 +37,7 @@ from ._channel import (
 )
 from ._connection import Connection
 from ._contracts import CountMark
-from ._deaths import dead_lettered
+from ._deaths import cycle_queues, dead_lettered
 from ._frames import decode_properties
 from ._routing import (
     ACCESS_REFUSED,
@@ -337,6 +337,8 @@ class Gateway:
                     priority=job.priority,
                 )
                 return len(targets)
+        if job.not_into:
+            targets = [t for t in targets if t not in job.not_into]
         if not targets:
             return 0
         # one call for every queue: the copies are named and their headers encoded once;
@@ -459,6 +461,7 @@ class Gateway:
             )
             headers = dict(old)
             headers[PROPS] = base64.b64encode(props.marshal()).decode("ascii")
+            not_into = frozenset(bus_queue_name(q) for q in cycle_queues(props))
             headers[EXCHANGE] = str(dlx)
             headers[ROUTING_KEY] = rk
             jobs.append(
@@ -472,6 +475,7 @@ class Gateway:
                     priority=amqp_priority_to_bus(props.priority),
                     amqp_priority=props.priority,
                     internal_ok=True,
+                    not_into=not_into,
                 )
             )
         if cycles:

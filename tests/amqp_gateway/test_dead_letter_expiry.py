@@ -261,3 +261,35 @@ def test_an_expired_message_dead_lettered_back_into_its_own_queue_is_dropped(
         time.sleep(0.05)
     assert ch.basic_get(q, auto_ack=True)[0] is None
     ch.queue_delete(q)
+
+
+def test_an_expired_message_is_not_routed_back_into_a_queue_it_died_in(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """A fanout dead-letter exchange bound to the queue itself and to a collector: each
+    expired message reaches the collector once, and not the queue it died in (RabbitMQ
+    leaves out a queue that would close a cycle with no rejection); the queue stays
+    empty over several ttl (polled for 1.5 s)."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    dlx = names("cycle-dlx")
+    ch.exchange_declare(dlx, "fanout")
+    src = ch.queue_declare(
+        names("cycle-src"), arguments={"x-message-ttl": 200, "x-dead-letter-exchange": dlx}
+    ).method.queue
+    kept = ch.queue_declare(names("cycle-kept")).method.queue
+    for q in (src, kept):
+        ch.queue_bind(q, dlx)
+    for i in range(3):
+        ch.basic_publish("", src, str(i).encode())
+    got = get_all(ch, kept, 3)
+    assert sorted(body for _m, _p, body in got) == [b"0", b"1", b"2"]
+    assert {death_without_time(dict(p.headers))["queue"] for _m, p, _b in got} == {src}
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:
+        assert count(ch, src) == 0, "routed back into the queue it died in"
+        time.sleep(0.05)
+    assert count(ch, kept) == 0
+    for q in (src, kept):
+        ch.queue_delete(q)
+    ch.exchange_delete(dlx)
