@@ -84,6 +84,9 @@ async def test_orphan_sidecars_are_swept_and_never_delivered(tmp_path: Path) -> 
         spill = root / "topics" / info.bucket / info.name
         meta = root / "fsbus" / "meta" / info.bucket / info.name
         await inbox.wait(1)
+        # acked: the message gone, and its sidecars after it (an ack still removing them
+        # would take the ones written below)
+        await until(lambda: bus.statistics().acked == 1)
         await until(lambda: not Path(info.path).exists())
         # Simulate a publisher that died after writing its sidecars, before the rename.
         spill.write_text("ab" * 10)
