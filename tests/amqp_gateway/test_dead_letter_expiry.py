@@ -12,25 +12,11 @@ from typing import Any
 import pika
 
 from .conftest import Names
+from .test_features import get_all
 
 WAIT = 20.0  # the gateway may look for expired messages about once a second
 
 Channel = pika.adapters.blocking_connection.BlockingChannel
-
-
-def get_all(ch: Channel, queue: str, n: int) -> list[tuple[Any, Any, bytes]]:
-    """``n`` messages of ``queue`` through basic.get (each acked), polling up to WAIT s."""
-    out: list[tuple[Any, Any, bytes]] = []
-    deadline = time.monotonic() + WAIT
-    while len(out) < n:
-        method, props, body = ch.basic_get(queue)
-        if method is None:
-            assert time.monotonic() < deadline, f"only {len(out)} of {n} within {WAIT} s"
-            time.sleep(0.02)
-            continue
-        ch.basic_ack(method.delivery_tag)
-        out.append((method, props, body))
-    return out
 
 
 def count(ch: Channel, queue: str) -> int:
@@ -44,6 +30,19 @@ def wait_for_count(ch: Channel, queue: str, n: int, why: str) -> None:
     while (got := count(ch, queue)) != n:
         assert time.monotonic() < deadline, f"{why}: {got} messages, not {n}, after {WAIT} s"
         time.sleep(0.05)
+
+
+def dead_letter_fanout(ch: Channel, names: Names, base: str) -> tuple[str, str, str]:
+    """A fanout ``dlx``, a queue ``dead`` bound to it, and a queue ``src`` whose
+    dead-letter exchange it is (no ttl): (dlx, dead, src)."""
+    dlx = names(f"{base}-dlx")
+    ch.exchange_declare(dlx, "fanout")
+    dead = ch.queue_declare(names(f"{base}-dead")).method.queue
+    ch.queue_bind(dead, dlx)
+    src = ch.queue_declare(
+        names(f"{base}-src"), arguments={"x-dead-letter-exchange": dlx}
+    ).method.queue
+    return dlx, dead, src
 
 
 def death_without_time(headers: dict[str, Any]) -> dict[str, Any]:
@@ -123,13 +122,7 @@ def test_a_message_expiration_dead_letters_only_the_expiring_messages(
     the head of the queue, so the expiring 5 are published first."""
     ch = conn.channel()
     ch.confirm_delivery()
-    dlx = names("expiry-dlx")
-    ch.exchange_declare(dlx, "fanout")
-    dead = ch.queue_declare(names("expiry-dead")).method.queue
-    ch.queue_bind(dead, dlx)
-    src = ch.queue_declare(
-        names("expiry-src"), arguments={"x-dead-letter-exchange": dlx}
-    ).method.queue
+    dlx, dead, src = dead_letter_fanout(ch, names, "expiry")
     for i in range(5):
         props = pika.BasicProperties(expiration="200", headers={"n": i})
         ch.basic_publish("", src, f"short {i}".encode(), props)
@@ -187,13 +180,7 @@ def test_a_rejected_and_an_expired_message_are_dead_lettered_each_with_its_reaso
     ``basic.get``, leaving the expiring one at the head, where RabbitMQ expires it."""
     ch = conn.channel()
     ch.confirm_delivery()
-    dlx = names("both-dlx")
-    ch.exchange_declare(dlx, "fanout")
-    dead = ch.queue_declare(names("both-dead")).method.queue
-    ch.queue_bind(dead, dlx)
-    src = ch.queue_declare(
-        names("both-src"), arguments={"x-dead-letter-exchange": dlx}
-    ).method.queue
+    dlx, dead, src = dead_letter_fanout(ch, names, "both")
     ch.basic_publish("", src, b"poison")
     ch.basic_publish("", src, b"stale", pika.BasicProperties(expiration="200"))
     method, _p, body = get_unacked(ch, src)

@@ -166,20 +166,27 @@ def test_the_cli_declares_a_delay_queue(root: Path) -> None:
     assert options.dead_letter_expired is True
 
 
-def test_processes_that_all_look_for_expired_messages_send_each_once(
-    root: Path, spawn: Spawn
-) -> None:
-    """Three consumer processes of "dead" (each with the bus open, each looking for
-    expired messages) and 300 messages expiring in "delay": every one reaches "dead"
-    exactly once, none lost, none twice."""
+def delay_and_dead(root: Path, spawn: Spawn, *, consumers: int, ttl: float) -> list[JsonLinesPeer]:
+    """Queue "delay" (``ttl``, dead-lettered under "dead.delay", expired ones too) and
+    queue "dead" bound to it, and ``consumers`` processes consuming "dead", ready."""
     with BlockingBus(root) as bus:
         bus.declare_queue(
-            "delay", ["d.#"], message_ttl=0.3, dead_letter="dead.delay", dead_letter_expired=True
+            "delay", ["d.#"], message_ttl=ttl, dead_letter="dead.delay", dead_letter_expired=True
         )
         bus.declare_queue("dead", ["dead.#"])
-    consumers = [spawn("consumer", queue="dead", config=FAST) for _ in range(3)]
-    for c in consumers:
-        c.wait_count("ready", 1)
+    peers = [spawn("consumer", queue="dead", config=FAST) for _ in range(consumers)]
+    for p in peers:
+        p.wait_count("ready", 1)
+    return peers
+
+
+def test_processes_with_the_bus_open_dead_letter_each_expired_message_once(
+    root: Path, spawn: Spawn
+) -> None:
+    """Three consumer processes of "dead" (each with the bus open; one of them at a time
+    looks for expired messages) and 300 messages expiring in "delay": every one reaches
+    "dead" exactly once, none lost, none twice."""
+    consumers = delay_and_dead(root, spawn, consumers=3, ttl=0.3)
     ids = {f"m{i}" for i in range(300)}
     pub = spawn("pub", messages=[["d.x", i] for i in sorted(ids)], config=FAST)
     pub.wait_count("published", 300)
@@ -220,14 +227,7 @@ def test_one_process_lists_a_delay_queue_and_another_takes_over_when_it_dies(
     """Of two processes with the bus open, one holds the queue's ``expirer`` flock and
     dead-letters its expired messages (the other does not list the queue for them);
     SIGKILLed, the other takes over: every message of both halves arrives once."""
-    with BlockingBus(root) as bus:
-        bus.declare_queue(
-            "delay", ["d.#"], message_ttl=0.2, dead_letter="dead.delay", dead_letter_expired=True
-        )
-        bus.declare_queue("dead", ["dead.#"])
-    consumers = [spawn("consumer", queue="dead", config=FAST) for _ in range(2)]
-    for c in consumers:
-        c.wait_count("ready", 1)
+    consumers = delay_and_dead(root, spawn, consumers=2, ttl=0.2)
     pids = {c.proc.pid: c for c in consumers}
 
     def deliver(ids: list[str]) -> None:
