@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
@@ -64,8 +63,6 @@ from ._routing import (
     queue_arguments,
 )
 from ._state import jsonable, try_lock
-
-_log = logging.getLogger("fsbus.amqp")
 
 if TYPE_CHECKING:
     from ._contracts import ConnectionPort, CountMark
@@ -556,8 +553,9 @@ class Channel:
                         )
             # With a dead-letter exchange, a message that expires in the queue, or (with
             # x-delivery-limit) is delivered one time more than the limit and given back
-            # each time, goes to the exchange (resolved then, as RabbitMQ does) through
-            # the gateways' own queue; without one it is dropped.
+            # each time, goes to the exchange (resolved then, as RabbitMQ does): from the
+            # gateway that finds it, or through the gateways' own queue; without one it
+            # is dropped.
             limit = args.delivery_limit
             dead_letter = DEAD_TOPIC if args.dead_letter_exchange is not None else None
             try:
@@ -577,13 +575,7 @@ class Channel:
                     dead_letter_expired=dead_letter is not None,
                 )
             except QueueMismatch as exc:
-                if meta is None:
-                    raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
-                # Its AMQP arguments are the same (checked above): a queue an older
-                # gateway declared, whose bus queue differs in what that one made of them
-                # (expired messages were not dead-lettered before 0.1.0's queues had
-                # dead_letter_expired). It stays as it is until deleted and declared again.
-                _log.info("queue %r keeps the bus options it was declared with: %s", name, exc)
+                raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None
             except UsageError as exc:
                 raise AmqpError(
                     PRECONDITION_FAILED,

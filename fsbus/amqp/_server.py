@@ -441,16 +441,10 @@ class Gateway:
         queue = str(meta.get("name", bus_queue))
         now = time.time()
         jobs = []
-        cycles = 0
         for old, topic, payload in items:
             view, exchange, first_rk = message_view(old, topic)
             props = decode_properties(view) if isinstance(view, bytes) else view
             rk = str(args.get("x-dead-letter-routing-key", first_rk))
-            if reason != "rejected" and dlx == "" and rk == queue:
-                # back into the queue it died in, through the default exchange, with no
-                # rejection on the way: a cycle, which RabbitMQ breaks by dropping it
-                cycles += 1
-                continue
             props = dead_lettered(
                 props,
                 queue=queue,
@@ -478,16 +472,7 @@ class Gateway:
                     not_into=not_into,
                 )
             )
-        if cycles:
-            log.warning(
-                "%d message(s) %s in queue %r dropped: its dead-letter exchange is the "
-                "default one and its routing key the queue's own name, a cycle (as "
-                "RabbitMQ does); give the queue x-dead-letter-routing-key",
-                cycles,
-                reason,
-                queue,
-            )
-        return await self.route_many(jobs) if jobs else []
+        return await self.route_many(jobs)
 
     # ------------------------------------------------------------------ consumers
     def track(self, queue: str, sub: Subscription) -> None:
