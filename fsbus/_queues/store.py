@@ -863,8 +863,8 @@ class QueueStore:
         """Remove expired messages from every queue, and delete the queues with
         ``expires`` set and no use for that long, and the ``auto_delete`` ones whose last
         consumer died (see :meth:`_reaped`); their names. The expired messages of a
-        queue with ``dead_letter_expired`` go to ``send`` (see :meth:`dead_letter_expired`),
-        or stay, without one, for a process that passes one."""
+        queue with ``dead_letter_expired`` go to ``send`` (see :meth:`dead_letter_expired`)
+        if this process is the one that looks for them, or stay, for the one that is."""
         if self._messages is not None:
             self.sweep_routed(self._messages)
         for name in self.names():
@@ -872,7 +872,7 @@ class QueueStore:
             if d is None:
                 continue
             if d.options.dead_letter_expired:
-                if send is not None:
+                if send is not None and self._expires_here(name, d):
                     self._dead_letter_expired(name, d, send)
                 continue
             pub = self._publisher(name)
