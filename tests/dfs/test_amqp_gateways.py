@@ -149,3 +149,42 @@ def test_topics_and_rpc_across_clients(gateways: tuple[Gateway, Gateway]) -> Non
     finally:
         stop.set()
         t.join()
+
+
+def test_retry_after_a_delay_across_clients(gateways: tuple[Gateway, Gateway]) -> None:
+    """RabbitMQ's "retry after a delay" through the two gateways: a waiting queue with
+    ``x-message-ttl`` whose dead-letter exchange leads to the work queue. Published
+    through gateway A, consumed through gateway B; whichever gateway holds the waiting
+    queue's expirer lock dead-letters them: each of 30 arrives once, with its
+    ``x-death``, and the waiting queue is left empty."""
+    a, b = gateways
+    with connect(a) as conn:
+        ch = conn.channel()
+        ch.queue_declare("work", durable=True)
+        ch.queue_declare(
+            "waiting",
+            durable=True,
+            arguments={
+                "x-message-ttl": 500,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": "work",
+            },
+        )
+        ch.confirm_delivery()
+        for i in range(30):
+            ch.basic_publish("", "waiting", f"retry {i}".encode())
+    reasons: list[str] = []
+    got: list[bytes] = []
+    with connect(b) as conn:
+        ch = conn.channel()
+        for method, props, body in ch.consume("work", inactivity_timeout=WAIT):
+            assert method is not None, f"only {len(got)} of 30 within {WAIT} s"
+            ch.basic_ack(method.delivery_tag)
+            got.append(body)
+            reasons.append(props.headers["x-death"][0]["reason"])
+            if len(got) == 30:
+                break
+        ch.cancel()
+        assert ch.queue_declare("waiting", passive=True).method.message_count == 0
+    assert Counter(got) == Counter(f"retry {i}".encode() for i in range(30))
+    assert set(reasons) == {"expired"}
