@@ -363,6 +363,7 @@ class BlockingBus(Configured):
         auto_delete: bool = False,
         expires: float | None = None,
         dead_letter_expired: bool = False,
+        dead_letter_dropped: bool = False,
     ) -> QueueInfo:
         """Declare a durable queue (see :meth:`Bus.declare_queue`)."""
         self._check_writable(f"declaring queue {name!r}")
@@ -375,6 +376,7 @@ class BlockingBus(Configured):
             auto_delete=auto_delete,
             expires=expires,
             dead_letter_expired=dead_letter_expired,
+            dead_letter_dropped=dead_letter_dropped,
         )
         if isinstance(bindings, str):
             bindings = [bindings]

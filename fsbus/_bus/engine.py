@@ -22,6 +22,7 @@ import math
 import operator
 import os
 import random
+import threading
 import time
 import typing
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -109,7 +110,7 @@ _EXPIRY_TICK = 1.0
 """Seconds between looks at when the next queue with ``expires`` is due (a stat of each
 such queue's ``used``), and at the expired messages of the queues with
 ``dead_letter_expired``, beside the gc every gc_interval."""
-ExpiredHook = Callable[[str, str, list[Expired]], Awaitable[bool]]
+ExpiredHook = Callable[[str, str, list[Expired], str], Awaitable[bool]]
 """See ``Bus._expired_hook``."""
 
 _DEAD_LETTER_LOOK = 0.05
@@ -419,6 +420,7 @@ class Bus(Configured):
         # A main bus's stamps say they are fsbus's while a router is at work (stamps.py)
         self._fs.tag_stamps = True
         self._queues.on_router = self._fs.note_router
+        self._queues.on_spooled = self._nudge_gc
         self._fs.router_active = self._queues.router_active
         self._queue_buses: dict[str, _Hosted] = {}
         # Queue -> this bus's consumer files of it -> their subscriptions (None while
@@ -431,6 +433,17 @@ class Bus(Configured):
         # When the soonest message of a queue with dead_letter_expired expires (time.time())
         self._dead_letter_due: float | None = None
         self._dead_letter_look = _DEAD_LETTER_LOOK  # seconds at least between two looks
+        self._census_at = 0.0  # time.time() of the last listing for expired messages
+        # this process dead-letters for a queue with dead_letter_dropped: look at its
+        # spool every _DEAD_LETTER_LOOK
+        self._spooling = False
+        # A queue's bus, its queue capped with drop-head: after it gives a message back
+        self._given_back: Callable[[], Awaitable[None]] | None = None
+        # wakes the gc loop early (_nudge_gc): a queue here spooled what it dropped
+        self._gc_wake = anyio.Event()
+        self._gc_nudged = threading.Event()
+        self._gc_token: anyio.lowlevel.EventLoopToken | None = None
+        self._gc_thread: int | None = None
         # Takes the expired messages of a queue (queue, dead-letter topic, messages) that it
         # sends on itself (True), instead of their publish under the dead-letter topic: an
         # AMQP gateway routes them to the queue's dead-letter exchange at once.
@@ -2376,6 +2389,8 @@ class Bus(Configured):
             self._retries.add(
                 (self.layout.buckets.index(claim.bucket), claim.name), time.monotonic() + wait
             )
+            if self._given_back is not None:
+                await self._given_back()
 
     async def _run_finishing(
         self,
@@ -2519,8 +2534,23 @@ class Bus(Configured):
                     self._cfg.claim_lease,
                 )
 
+    def _nudge_gc(self) -> None:
+        """From any thread: wake the gc loop now (a queue spooled messages it dropped,
+        to be dead-lettered: see :meth:`_dead_letter_expired`); bursts coalesce."""
+        token = self._gc_token
+        if token is None or self._gc_nudged.is_set():
+            return
+        self._gc_nudged.set()
+        if threading.get_ident() == self._gc_thread:
+            self._gc_wake.set()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the bus is closing
+            anyio.from_thread.run_sync(self._gc_wake.set, token=token)
+
     async def _gc_loop(self) -> None:
         next_gc = time.monotonic() + self._cfg.gc_interval
+        self._gc_token = anyio.lowlevel.current_token()
+        self._gc_thread = threading.get_ident()
         while True:
             # A queue with ``expires`` is deleted when its time is up, not at the next gc
             # (every gc_interval): its lifetime is looked at then, alone.
@@ -2539,7 +2569,12 @@ class Bus(Configured):
                 if self._dead_letter_due is not None:
                     soon = self._dead_letter_due - time.time()
                     wait = min(wait, max(self._dead_letter_look, soon))
-            await anyio.sleep(max(0.0, wait))
+                if self._spooling:
+                    wait = min(wait, _DEAD_LETTER_LOOK)
+            with anyio.move_on_after(max(0.0, wait)):
+                await self._gc_wake.wait()
+            self._gc_wake = anyio.Event()
+            self._gc_nudged.clear()
             try:
                 if self._queue_name is None:
                     await self._dead_letter_expired()
@@ -2556,23 +2591,45 @@ class Bus(Configured):
 
     async def _dead_letter_expired(self) -> None:
         """Republish the expired messages of the queues with ``dead_letter_expired``
-        under their dead-letter topics (see :meth:`QueueStore.dead_letter_expired`)."""
-        done = await anyio.to_thread.run_sync(self._queues.dead_letter_expired, self._send_expired)
+        under their dead-letter topics, and what the queues with ``dead_letter_dropped``
+        dropped (see :meth:`QueueStore.dead_letter_expired`).
+
+        While this process sends for a queue with ``dead_letter_dropped``, it looks at
+        the spools every :data:`_DEAD_LETTER_LOOK` (a listing of a folder, empty but for
+        an overflow), and lists the queues for expired messages only when the soonest is
+        due, or a second after the last listing, as without spools."""
+        now = time.time()
+        due, since = self._dead_letter_due, now - self._census_at
+        census = (
+            not self._spooling
+            or since >= _EXPIRY_TICK
+            or (due is not None and due <= now and since >= self._dead_letter_look)
+        )
+        done = await anyio.to_thread.run_sync(
+            functools.partial(self._queues.dead_letter_expired, self._send_expired, census=census)
+        )
+        self._spooling = done.spooling
+        if not census:
+            return
+        self._census_at = now
         # the next look no sooner than ten times this one's listing took: a long queue is
         # listed at most a tenth of the time (its sending is not counted: a backlog goes
         # out as fast as it can)
         self._dead_letter_look = max(_DEAD_LETTER_LOOK, 10 * done.listing)
         self._dead_letter_due = None if done.next_ms is None else done.next_ms / 1000
 
-    def _send_expired(self, queue: str, target: str, messages: list[Expired]) -> None:
-        """From a worker thread: publish expired messages of ``queue`` under ``target``,
-        in order (with their queue, topic and the reason in ``x-fsbus-*`` headers), as
-        :meth:`_give_up` does a failed one; or hand them to :attr:`_expired_hook`."""
-        anyio.from_thread.run(self._publish_expired, queue, target, messages)
+    def _send_expired(self, queue: str, target: str, messages: list[Expired], reason: str) -> None:
+        """From a worker thread: publish expired (``reason`` ``expired``) or dropped
+        (``maxlen``) messages of ``queue`` under ``target``, in order (with their queue,
+        topic and the reason in ``x-fsbus-*`` headers), as :meth:`_give_up` does a failed
+        one; or hand them to :attr:`_expired_hook`."""
+        anyio.from_thread.run(self._publish_expired, queue, target, messages, reason)
 
-    async def _publish_expired(self, queue: str, target: str, messages: list[Expired]) -> None:
+    async def _publish_expired(
+        self, queue: str, target: str, messages: list[Expired], reason: str
+    ) -> None:
         hook = self._expired_hook
-        if hook is not None and await hook(queue, target, messages):
+        if hook is not None and await hook(queue, target, messages, reason):
             self._counts["dead_lettered"] += len(messages)
             return
         for topic, payload, headers in messages:
@@ -2580,12 +2637,16 @@ class Bus(Configured):
                 **headers,
                 "x-fsbus-queue": queue,
                 "x-fsbus-topic": topic,
-                "x-fsbus-reason": "expired",
+                "x-fsbus-reason": reason,
             }
             await self.publish(target, payload, headers=headers)
             self._counts["dead_lettered"] += 1
         log.debug(
-            "%d expired message(s) of queue %r dead-lettered to %r", len(messages), queue, target
+            "%d message(s) of queue %r dead-lettered to %r (%s)",
+            len(messages),
+            queue,
+            target,
+            reason,
         )
 
     async def _gc_if_turn(self) -> None:
@@ -2683,6 +2744,7 @@ class Bus(Configured):
         auto_delete: bool = False,
         expires: float | None = None,
         dead_letter_expired: bool = False,
+        dead_letter_dropped: bool = False,
     ) -> QueueInfo:
         """Declare a durable queue: every message published from now on whose topic
         matches one of ``bindings`` gets a copy in it, kept until a consumer of the queue
@@ -2702,6 +2764,7 @@ class Bus(Configured):
             auto_delete=auto_delete,
             expires=expires,
             dead_letter_expired=dead_letter_expired,
+            dead_letter_dropped=dead_letter_dropped,
         )
         if isinstance(bindings, str):
             bindings = [bindings]
@@ -3289,6 +3352,16 @@ class Bus(Configured):
             starting.set()
         return hosted.bus
 
+    async def _trim_given_back(self, queue: str) -> None:
+        """A message of ``queue`` (capped, ``drop-head``) was given back: ready again, it
+        counts towards ``max_length`` again, and a full queue drops its head now, as
+        RabbitMQ drops a message requeued into a full queue (see
+        :meth:`QueueStore.trim_given_back`)."""
+        try:
+            await anyio.to_thread.run_sync(self._queues.trim_given_back, queue)
+        except (FsBusError, OSError) as exc:  # the next publish trims it
+            log.warning("trimming queue %r after a give-back failed: %s", queue, exc)
+
     async def _host_queue_bus(
         self, name: str, hosted: _Hosted, *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
@@ -3302,6 +3375,8 @@ class Bus(Configured):
             with contextlib.suppress(FsBusError, OSError):  # (gone: no messages to keep)
                 d = await anyio.to_thread.run_sync(self._queues.get, name)
                 inner._keep_expired = d.options.dead_letter_expired
+                if d.options.max_length is not None and d.options.overflow == "drop-head":
+                    inner._given_back = functools.partial(self._trim_given_back, name)
             inner._fs.peerless = True  # (only fsbus processes read a queue's bus)
             if not self._fs.platform.shared:  # (flock and listings: see share.py)
                 inner._share_look = functools.partial(

@@ -18,6 +18,7 @@ from .._errors import QueueFull, StorageError, storage_error
 from .._queues.definition import Definition
 from .._queues.store import DeadLettered, DeadLetterSend, Expired, QueueStore, copy_ttl
 from .._settings import Settings
+from .dropped import Spooled, spool, take_spooled
 from .fs import BusFS, Claim, Go, NameClash, Then, Withdrawn, decode_meta, stamps_batched
 from .layout import Layout
 from .namer import Namer, next_unique
@@ -180,25 +181,78 @@ class QueueWriter:
                 claims, batch = [], []
         return DeadLettered(n, next_ms, listing)
 
-    def trim(self, max_length: int) -> tuple[int, int]:
-        """Count the queue and remove from its head, of the messages no consumer holds,
-        what goes beyond ``max_length``: (depth counted, removed)."""
+    def trim(self, max_length: int, spool: str | None = None) -> tuple[int, int, int]:
+        """Count the queue and remove from its head what goes beyond ``max_length`` of the
+        messages no consumer holds (as RabbitMQ counts towards ``x-max-length`` only the
+        ready ones): (depth counted, held ones passed over, removed). The held ones are
+        told by their locks from the head on, where consumers take them, until enough
+        are removed: one held further back counts as ready. ``spool``: write each one
+        removed there first, whole, for its dead-lettering (see :mod:`.dropped`)."""
         singles = self._census().singles
-        excess = len(singles) - max_length
-        if excess <= 0:
-            return len(singles), 0
+        depth = len(singles)
+        if depth <= max_length:
+            return depth, 0, 0
         buckets = self.layout.buckets
         # the head of the queue: what a consumer would take next (priority, then
         # publish time and the publisher's sequence)
         ranked = sorted((name_rank(name), bi, name) for bi, name in singles)
-        head = []
+        if spool is not None:
+            return (depth, *self._spool_head(ranked, depth - max_length, spool))
+        head: list[tuple[str, str]] = []
+        held = 0
         for _, bi, name in ranked:
+            if depth - held - len(head) <= max_length:
+                break
             bucket = buckets[bi]
-            if not self._fs.is_locked(bucket, name):
+            if self._fs.is_locked(bucket, name):
+                held += 1
+            else:
                 head.append((bucket, name))
-                if len(head) == excess:
+        return depth, held, self.remove(head)
+
+    def _spool_head(
+        self, ranked: list[tuple[int, int, str]], excess: int, folder: str
+    ) -> tuple[int, int]:
+        """Claim from the head of ``ranked`` those no consumer holds, until ``excess``
+        less those held are claimed, write them into spool ``folder`` and only then
+        remove them: (held ones passed over, removed)."""
+        fs = self._fs
+        buckets = self.layout.buckets
+        claims: list[Claim] = []
+        items: list[Spooled] = []
+        held = 0
+        try:
+            for _, bi, name in ranked:
+                if len(claims) + held >= excess:
                     break
-        return len(singles), self.remove(head)
+                spills = fs.read_spills([(bi, name)]) if "@l+" in name else {}
+                entry = parse_entry(bi, name, spills)
+                if entry is None or entry.topic is None:
+                    continue
+                fields = entry.fields
+                has_meta = fields is not None and bool(fields.flags & FLAG_META)
+                claim = fs.claim(buckets[bi], name, has_meta=has_meta, attempts=False)
+                if claim is None:
+                    held += 1  # a consumer holds it (or took it since the census)
+                    continue
+                claims.append(claim)
+                items.append((entry.topic, claim.payload, decode_meta(claim.meta)))
+            spool(fs.ops, folder, items)
+        except BaseException:
+            for c in claims:
+                fs.release(c, failed=False)
+            raise
+        for c in claims:
+            fs.ack(c)
+        return held, len(claims)
+
+    def dead_letter_dropped(self, folder: str, send: DeadLetterSend, quarantine: str) -> int:
+        """Hand what spool ``folder`` holds (the messages this queue dropped) to
+        ``send``, in the order dropped, then remove it; how many (see :mod:`.dropped`).
+        A file there that is not a dropped message goes to ``quarantine``."""
+        return take_spooled(
+            self._fs.ops, folder, send, batch=DEAD_LETTER_BATCH, quarantine=quarantine
+        )
 
     def remove(self, messages: list[tuple[str, str]]) -> int:
         return purge_some(self._fs, [], messages)[0]

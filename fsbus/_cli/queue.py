@@ -74,7 +74,7 @@ def add_queue_commands(
     p.add_argument(
         "--max-length",
         metavar="N",
-        type=_positive_int,
+        type=_count,
         help="the queue holds at most N messages; see --overflow",
     )
     p.add_argument(
@@ -101,6 +101,12 @@ def add_queue_commands(
         action="store_true",
         help="republish under --dead-letter TOPIC the messages that expire in the queue "
         "too (default: drop them)",
+    )
+    p.add_argument(
+        "--dead-letter-dropped",
+        action="store_true",
+        help="republish under --dead-letter TOPIC the messages a full drop-head queue "
+        "drops from its head too (default: drop them)",
     )
     p.add_argument(
         "--auto-delete",
@@ -194,14 +200,18 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, least: int = 1) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {text!r}")
     return value
+
+
+def _count(text: str) -> int:
+    return _positive_int(text, least=0)
 
 
 # --- what is printed ------------------------------------------------------------------------
@@ -329,6 +339,7 @@ def run_declare(args: argparse.Namespace) -> int:
         auto_delete=args.auto_delete,
         expires=args.expires,
         dead_letter_expired=args.dead_letter_expired,
+        dead_letter_dropped=args.dead_letter_dropped,
     )
 
     async def body(bus: Bus) -> int:

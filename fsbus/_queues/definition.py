@@ -36,16 +36,17 @@ def validate_queue_name(name: object) -> str:
     return name
 
 
-def _positive(value: object, what: str, *, integer: bool = False) -> None:
+def _positive(value: object, what: str, *, integer: bool = False, least: int = 1) -> None:
     """Raise :class:`UsageError` unless ``value`` is None or, for ``integer``, an int of
-    1 or more (not a bool), else a finite number of seconds more than 0 (not NaN, not
+    ``least`` or more (not a bool), else a finite number of seconds more than 0 (not NaN, not
     infinity: a queue option is stored and applied to every message routed into it)."""
     if value is None:
         return
     if integer:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= least:
             return
-        raise UsageError(f"{what} must be a positive int (1 or more) or None, not {value!r}")
+        kind = "a positive int (1 or more)" if least == 1 else f"an int of {least} or more"
+        raise UsageError(f"{what} must be {kind} or None, not {value!r}")
     if (
         isinstance(value, int | float)
         and not isinstance(value, bool)
@@ -65,7 +66,8 @@ class QueueOptions:
     message_ttl: float | None = None
     """Seconds a message waits in the queue at most (the message's own TTL may be less)."""
     max_length: int | None = None
-    """Messages the queue holds at most; see :attr:`overflow`."""
+    """Messages ready in the queue at most (those a consumer holds do not count, as on
+    RabbitMQ); see :attr:`overflow`. 0: it keeps none (each is dropped, or refused)."""
     overflow: Overflow = "drop-head"
     """When full: drop the oldest message ("drop-head") or refuse the publish
     ("reject-publish": ``publish`` raises :class:`~fsbus.QueueFull`)."""
@@ -77,6 +79,10 @@ class QueueOptions:
     queue's ``message_ttl`` or their own ttl), as RabbitMQ's dead-letter exchange takes
     expired messages: a queue with a ttl and no consumers is a delay. False: an expired
     message is dropped."""
+    dead_letter_dropped: bool = False
+    """Also republish under ``dead_letter`` the messages a full ``drop-head`` queue drops
+    from its head, as RabbitMQ's dead-letter exchange takes them (reason ``maxlen``): an
+    overflow is kept, not lost. False: a dropped message is gone."""
     max_deliveries: int | None = None
     """Failed deliveries before a message is dead-lettered (None: retried until it expires)."""
     auto_delete: bool = False
@@ -86,7 +92,7 @@ class QueueOptions:
 
     def __post_init__(self) -> None:
         _positive(self.message_ttl, "message_ttl")
-        _positive(self.max_length, "max_length", integer=True)
+        _positive(self.max_length, "max_length", integer=True, least=0)
         _positive(self.max_deliveries, "max_deliveries", integer=True)
         _positive(self.expires, "expires")
         if self.overflow not in OVERFLOWS:
@@ -107,6 +113,15 @@ class QueueOptions:
             raise UsageError(
                 "dead_letter_expired needs a dead_letter topic to republish expired messages "
                 "under; give dead_letter=, or leave dead_letter_expired False"
+            )
+        if not isinstance(self.dead_letter_dropped, bool):
+            raise UsageError(
+                f"dead_letter_dropped must be True or False, not {self.dead_letter_dropped!r}"
+            )
+        if self.dead_letter_dropped and self.dead_letter is None:
+            raise UsageError(
+                "dead_letter_dropped needs a dead_letter topic to republish dropped messages "
+                "under; give dead_letter=, or leave dead_letter_dropped False"
             )
 
     def differences(self, other: QueueOptions) -> list[str]:
@@ -175,8 +190,9 @@ def _options_doc(options: QueueOptions) -> dict[str, Any]:
     """``options`` as stored; an option added since format 1 is left out while it has its
     default, so that an older fsbus on the bus still reads the definition."""
     doc = asdict(options)
-    if not options.dead_letter_expired:
-        del doc["dead_letter_expired"]
+    for added in ("dead_letter_expired", "dead_letter_dropped"):
+        if not doc[added]:
+            del doc[added]
     return doc
 
 

@@ -9,6 +9,9 @@ Layout, under the bus directory::
     fsbus/queues/<name>/orphaned      a consumer died (see QueueStore._reaped)
     fsbus/queues/<name>/expirer       flock held by the process that dead-letters the
                                       queue's expired messages (dead_letter_expired)
+                                      and those it dropped (dead_letter_dropped)
+    fsbus/queues/<name>/dropped/*     messages a full queue dropped, to be dead-lettered
+                                      (dead_letter_dropped: see fsbus/_bus/dropped.py)
     fsbus/queues/<name>/consumers/*   one file per consumer, flocked while it lives
     fsbus/queues/<name>/bus/          the queue's messages: a bus of its own holding one
                                       work-queue (single) message per queued copy
@@ -28,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
 import logging
 import math
 import os
@@ -84,9 +86,16 @@ class QueueBus(Protocol):
         order (in batches), then remove them. The messages of a batch ``send`` raises
         for are given back, and the exception raised."""
 
-    def trim(self, max_length: int) -> tuple[int, int]:
-        """Count the queue (as :meth:`depth`) and remove from its head, of the messages no
-        consumer holds, what goes beyond ``max_length``: (depth counted, removed)."""
+    def trim(self, max_length: int, spool: str | None = None) -> tuple[int, int, int]:
+        """Count the queue (as :meth:`depth`) and remove from its head what goes beyond
+        ``max_length`` of the messages no consumer holds: (depth counted, held ones
+        passed over, removed). ``spool``: write each one removed into that folder
+        first, for its dead-lettering."""
+
+    def dead_letter_dropped(self, folder: str, send: DeadLetterSend, quarantine: str) -> int:
+        """Hand the messages in spool ``folder`` to ``send`` in the order dropped, in
+        batches, then remove them; how many. A batch ``send`` raises for stays; a file
+        that is not a dropped message goes to ``quarantine``."""
 
     def remove(self, messages: list[tuple[str, str]]) -> int:
         """Remove these messages (as a consumer would); how many were removed."""
@@ -108,6 +117,9 @@ class DeadLettered(NamedTuple):
     """When the soonest message left expires (ms since the epoch), if a name tells."""
     listing: float = 0.0
     """Seconds spent listing the queues (not sending)."""
+    spooling: bool = False
+    """A queue this process dead-letters for has ``dead_letter_dropped``: its spool is
+    looked at again soon (see :meth:`QueueStore.spool_of`)."""
 
 
 Expired = tuple[str, bytes, dict[str, str]]
@@ -116,9 +128,9 @@ Expired = tuple[str, bytes, dict[str, str]]
 DeadLetterSend = Callable[[list[Expired]], None]
 """Publishes expired messages of a queue under its dead-letter topic, in order."""
 
-ExpiredSend = Callable[[str, str, list[Expired]], None]
-"""Publishes expired messages of a queue under its dead-letter topic: (queue, dead-letter
-topic, the messages, in order)."""
+ExpiredSend = Callable[[str, str, list[Expired], str], None]
+"""Publishes expired or dropped messages of a queue under its dead-letter topic: (queue,
+dead-letter topic, the messages, in order, the reason: ``expired`` or ``maxlen``)."""
 
 Opener = Callable[[str, Settings], QueueBus]
 """Opens the bus of a queue: (its directory, its configuration) -> a handle."""
@@ -171,6 +183,10 @@ class QueueStore:
         self.on_router: Callable[[bool], None] | None = None
         """Called with whether a router of queue consumers is at work on the bus
         (:meth:`router_active`), as that changes: looked at with ``VERSION``."""
+        self._trimming: dict[str, threading.Lock] = {}  # queue -> held while trimming it
+        self.on_spooled: Callable[[], None] | None = None
+        """Called (from the thread that trimmed) when a queue spooled messages it
+        dropped, to be dead-lettered: the engine looks at the spools at once."""
         self._router_seen: bool | None = None
         self._router_fd: int | None = None
         self._router_warned = False
@@ -431,7 +447,24 @@ class QueueStore:
             if t is not None:
                 t[0] += 1
         if o.overflow == "drop-head":
-            self._drop_head(d.name, o.max_length)
+            self._drop_head(d.name, o.max_length, self.spool_of(d))
+
+    def trim_given_back(self, name: str) -> None:
+        """A message of queue ``name`` was given back (ready again): if the queue is a
+        full ``drop-head`` one (its tally of ready messages, if fresh, says it had no
+        room left), count it and drop its head beyond ``max_length``."""
+        d = self._defs.get(name)
+        o = None if d is None else d.options
+        if d is None or o is None or o.max_length is None or o.overflow != "drop-head":
+            return
+        if self._tallied(name, o.max_length - 1) is not None:
+            return  # room for it
+        self._trimmed(name, o.max_length, self.spool_of(d))
+
+    def spool_of(self, d: Definition) -> str | None:
+        """Where queue ``d`` spools the messages it drops from its head, to be
+        dead-lettered (``dead_letter_dropped``); None: it removes them."""
+        return f"{self.dir(d.name)}/{_DROPPED}" if d.options.dead_letter_dropped else None
 
     def _tallied(self, name: str, most: int) -> int | None:
         """The tally of capped queue ``name`` if it can stand for a count: the last count,
@@ -489,21 +522,31 @@ class QueueStore:
             self._publisher_ids[name] = self.identity(name)
             return pub
 
-    def _drop_head(self, name: str, max_length: int) -> None:
+    def _drop_head(self, name: str, max_length: int, spool: str | None) -> None:
         # A queue may go max_length // 32 over before its head is dropped (then down to
         # max_length): a deep capped queue is counted once per that many copies.
         if self._tallied(name, max_length + max_length // 32) is not None:
             return
-        self._trimmed(name, max_length)
+        self._trimmed(name, max_length, spool)
 
-    def _trimmed(self, name: str, max_length: int) -> int:
-        """Count queue ``name``, drop its head beyond ``max_length``; the depth left."""
+    def _trimmed(self, name: str, max_length: int, spool: str | None) -> int:
+        """Count queue ``name``, drop its head beyond ``max_length`` ready messages (into
+        ``spool``, if given: see :meth:`spool_of`); the depth left (the held ones
+        counted in). Its tally is of the ready ones (the held ones do not count towards
+        the limit): a message given back is counted at the next count."""
         pub = self._publisher(name)
         if pub is None:
             return 0
-        since = time.monotonic()
-        depth, removed = pub.trim(max_length)
-        self._counted(name, depth - removed, since)
+        with self._lock:
+            trimming = self._trimming.setdefault(name, threading.Lock())
+        # One trim of a queue at a time in a process: another's claims would look held
+        # to it (a second copy dropped), and their spool files could swap places.
+        with trimming:
+            since = time.monotonic()
+            depth, held, removed = pub.trim(max_length, spool)
+            self._counted(name, depth - held - removed, since)
+        if removed and spool is not None and self.on_spooled is not None:
+            self.on_spooled()
         return depth - removed
 
     # ------------------------------------------------------------------ peers' messages
@@ -774,7 +817,7 @@ class QueueStore:
             # A drop-head queue may be up to a 32nd over between two counts (see
             # _drop_head); trimmed here, the depth a caller reads is never over.
             try:
-                depth = self._trimmed(name, o.max_length)
+                depth = self._trimmed(name, o.max_length, self.spool_of(d))
             except (FsBusError, OSError):
                 depth = self.depth(name)  # not ours to trim (a read-only observer)
         else:
@@ -871,6 +914,8 @@ class QueueStore:
             d = self._defs.get(name)
             if d is None:
                 continue
+            if d.options.dead_letter_dropped and send is not None and self._expires_here(name, d):
+                self._dead_letter_dropped(name, d, send)
             if d.options.dead_letter_expired:
                 if send is not None and self._expires_here(name, d):
                     self._dead_letter_expired(name, d, send)
@@ -881,29 +926,41 @@ class QueueStore:
                     pub.expire()
         return self.expire_queues()
 
-    def dead_letter_expired(self, send: ExpiredSend) -> DeadLettered:
+    def dead_letter_expired(self, send: ExpiredSend, *, census: bool = True) -> DeadLettered:
         """Hand every expired message of the queues with ``dead_letter_expired`` that no
-        consumer holds to ``send`` (queue, dead-letter topic, messages) under a claim, in
-        batches, and remove them once sent. Every process that runs the bus's engine does
-        this, once a second or when the soonest is due: the claim (a ``flock``, or a
-        rename where flock does not cross hosts) gives each message to one of them. A
-        process killed after a send and before the removal leaves that batch to be sent
-        again (at least once). A failing send leaves its batch in place, logged, for the
-        next pass. Also says when the soonest message left in them expires: when to
-        look again."""
-        sent, soonest, listing = 0, None, 0.0
+        consumer holds to ``send`` (queue, dead-letter topic, messages, ``"expired"``)
+        under a claim, in batches, and remove them once sent; and what the queues with
+        ``dead_letter_dropped`` spooled (reason ``"maxlen"``: see :meth:`spool_of`).
+        Every process that runs the bus's engine does this, once a second or when the
+        soonest is due: the claim (a ``flock``, or a rename where flock does not cross
+        hosts) gives each message to one of them. A process killed after a send and
+        before the removal leaves that batch to be sent again (at least once). A failing
+        send leaves its batch in place, logged, for the next pass. Also says when the
+        soonest message left in them expires: when to look again. ``census``: False
+        looks at the spools only (no queue is listed)."""
+        sent, soonest, listing, spooling = 0, None, 0.0, False
         names = self.names()
         for gone in set(self._expirers) - set(names):  # (deleted: let its file go)
             os.close(self._expirers.pop(gone)[1])
         for name in names:
             d = self._defs.get(name)
-            if d is not None and d.options.dead_letter_expired and self._expires_here(name, d):
+            if d is None:
+                continue
+            o = d.options
+            if not (o.dead_letter_expired or o.dead_letter_dropped):
+                continue
+            if not self._expires_here(name, d):
+                continue
+            if o.dead_letter_dropped:
+                spooling = True
+                sent += self._dead_letter_dropped(name, d, send)
+            if o.dead_letter_expired and census:
                 done = self._dead_letter_expired(name, d, send)
                 sent += done.sent
                 listing += done.listing
                 if done.next_ms is not None and (soonest is None or done.next_ms < soonest):
                     soonest = done.next_ms
-        return DeadLettered(sent, soonest, listing)
+        return DeadLettered(sent, soonest, listing, spooling)
 
     def _expires_here(self, name: str, d: Definition) -> bool:
         """Whether this process is the one that dead-letters the expired messages of queue
@@ -935,7 +992,7 @@ class QueueStore:
         if pub is None or target is None:
             return DeadLettered(0, None)
         try:
-            return pub.dead_letter_expired(functools.partial(send, name, target))
+            return pub.dead_letter_expired(lambda batch: send(name, target, batch, "expired"))
         except ClosedError:
             raise  # the bus is closing: the next process to open it sends them
         except (FsBusError, OSError) as exc:
@@ -947,6 +1004,28 @@ class QueueStore:
                 exc,
             )
             return DeadLettered(0, None)
+
+    def _dead_letter_dropped(self, name: str, d: Definition, send: ExpiredSend) -> int:
+        pub = self._publisher(name)
+        target, folder = d.options.dead_letter, self.spool_of(d)
+        if pub is None or target is None or folder is None:
+            return 0
+        try:
+            return pub.dead_letter_dropped(
+                folder, lambda batch: send(name, target, batch, "maxlen"), self._quarantine
+            )
+        except ClosedError:
+            raise  # the bus is closing: the next process to open it sends them
+        except (FsBusError, OSError) as exc:
+            log.warning(
+                "dead-lettering the messages queue %r dropped to %r failed: %s; they stay "
+                "in %s and are tried again shortly",
+                name,
+                target,
+                exc,
+                folder,
+            )
+            return 0
 
     def expire_queues(self) -> list[str]:
         """Delete the queues with ``expires`` set and no use for that long, and the
@@ -1052,6 +1131,7 @@ def _names_in(folder: str) -> list[str]:
 
 _ORPHANED = "orphaned"
 _EXPIRER = "expirer"
+_DROPPED = "dropped"
 """A file a queue's folder holds once a consumer of it died (see QueueStore._reaped)."""
 
 

@@ -563,7 +563,7 @@ class Channel:
                     bus_queue_name(name),
                     [own_pattern(name)],
                     message_ttl=args.message_ttl,
-                    max_length=args.max_length or None,
+                    max_length=args.max_length,
                     overflow=args.overflow,
                     dead_letter=dead_letter,
                     max_deliveries=None if limit is None else limit + 1,
@@ -573,6 +573,7 @@ class Channel:
                     auto_delete=bool(meta is not None and meta.get("bus_auto_delete")),
                     expires=args.expires,
                     dead_letter_expired=dead_letter is not None,
+                    dead_letter_dropped=dead_letter is not None,
                 )
             except QueueMismatch as exc:
                 raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None

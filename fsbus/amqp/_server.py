@@ -390,9 +390,10 @@ class Gateway:
                 await self.bus.unsubscribe(sub)
 
     async def _limit_reached(self, msg: Message) -> None:
-        """A message that expired in its queue, or was delivered ``x-delivery-limit`` + 1
-        times and given back each time, which a bus published to :data:`DEAD_TOPIC` (its
-        queue, topic and, for an expired one, the reason in ``x-fsbus-*`` headers): to
+        """A message that expired in its queue, was dropped from the head of a full one, or
+        was delivered ``x-delivery-limit`` + 1 times and given back each time, which a bus
+        published to :data:`DEAD_TOPIC` (its queue, topic and, for an expired or dropped
+        one, the reason in ``x-fsbus-*`` headers): to
         that queue's dead-letter exchange. Raising gives it back for a retry."""
         queue = msg.headers.get("x-fsbus-queue")
         if queue is None:
@@ -401,8 +402,8 @@ class Gateway:
         ours = ("x-fsbus-queue", "x-fsbus-topic", "x-fsbus-reason")
         inner = {k: v for k, v in msg.headers.items() if k not in ours}
         topic = msg.headers.get("x-fsbus-topic", msg.topic)
-        expired = msg.headers.get("x-fsbus-reason") == "expired"
-        reason = "expired" if expired else "delivery_limit"
+        said = msg.headers.get("x-fsbus-reason")
+        reason = said if said in ("expired", "maxlen") else "delivery_limit"
         await self._dead_letter(queue, inner, topic, msg.payload, reason)
 
     async def _dead_letter(
@@ -411,9 +412,14 @@ class Gateway:
         await self._dead_letter_many(bus_queue, [(old, topic, payload)], reason)
 
     async def _expired(
-        self, bus_queue: str, target: str, messages: list[tuple[str, bytes, dict[str, str]]]
+        self,
+        bus_queue: str,
+        target: str,
+        messages: list[tuple[str, bytes, dict[str, str]]],
+        reason: str,
     ) -> bool:
-        """The bus's hook for the expired messages of a queue it found (see
+        """The bus's hook for the expired messages of a queue it found, or those a full
+        queue dropped from its head (``reason``: ``expired``, ``maxlen``; see
         ``Bus._expired_hook``): those of a queue with a dead-letter exchange (its
         dead-letter topic is :data:`DEAD_TOPIC`) are routed to the exchange here and now,
         in order, rather than through :data:`DEAD_QUEUE`. One that cannot be written is
@@ -421,7 +427,7 @@ class Gateway:
         if target != DEAD_TOPIC:
             return False
         items = [(headers, topic, payload) for topic, payload, headers in messages]
-        for outcome in await self._dead_letter_many(bus_queue, items, "expired"):
+        for outcome in await self._dead_letter_many(bus_queue, items, reason):
             if isinstance(outcome, Exception) and not isinstance(outcome, AmqpError | QueueFull):
                 raise outcome
         return True

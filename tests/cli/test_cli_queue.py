@@ -114,7 +114,7 @@ def test_declare_is_idempotent_and_a_mismatch_says_what_differs(cli: Cli) -> Non
 def test_declare_options_round_trip(cli: Cli) -> None:
     args = ["--message-ttl", "30", "--max-length", "5", "--dead-letter", "dead.jobs"]
     args += ["--max-deliveries", "3", "--expires", "3600", "--auto-delete"]
-    args += ["--dead-letter-expired"]
+    args += ["--dead-letter-expired", "--dead-letter-dropped"]
     [info] = ok(cli("queue", "declare", "opts", "x.#", *args, "--json")).json_lines()
     assert info["options"] == {
         "message_ttl": 30.0,
@@ -125,6 +125,7 @@ def test_declare_options_round_trip(cli: Cli) -> None:
         "auto_delete": True,
         "expires": 3600.0,
         "dead_letter_expired": True,
+        "dead_letter_dropped": True,
     }
     ok(cli("queue", "declare", "opts", *args))  # the same again: fine
     assert queues(cli)["opts"]["options"] == info["options"]
@@ -354,7 +355,7 @@ def test_invalid_pattern_is_a_usage_error(cli: Cli, args: list[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["queue", "declare", "q", "--max-length", "0"], "--max-length: must be at least 1"),
+        (["queue", "declare", "q", "--max-length", "-1"], "--max-length: must be at least 0"),
         (["queue", "declare", "q", "--max-deliveries", "x"], "expected a whole number"),
         (["queue", "declare", "q", "--message-ttl", "0"], "must be more than 0"),
         (["queue", "declare", "q", "--expires", "-5"], "must be more than 0"),

@@ -1,0 +1,327 @@
+"""A queue with ``dead_letter_dropped``: what a full queue drops goes to its dead-letter topic.
+
+A ``drop-head`` queue at its ``max_length`` drops its oldest message for each new one.
+With ``dead_letter_dropped`` (and a ``dead_letter`` topic), as with RabbitMQ's
+``x-max-length`` and a dead-letter exchange, the dropped messages are not lost: the
+publisher that overfilled the queue writes each into the queue's spool
+(``fsbus/queues/<name>/dropped/``) before it removes it, and the process that
+dead-letters the queue (the holder of its ``expirer`` lock) publishes them under the
+dead-letter topic, in the order dropped, with ``x-fsbus-reason: maxlen``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fsbus import BlockingBus, Bus, BusConfig, Message, QueueMismatch, UsageError
+from tests.peer_process import JsonLinesPeer
+
+from .conftest import REPO, Inbox, wait_until
+
+Spawn = Callable[..., JsonLinesPeer]
+FAST = {"poll_interval": 0.05, "retry_interval": 0.05, "gc_interval": 0.2}
+
+
+def spool_of(root: Path, queue: str) -> Path:
+    return root / "fsbus" / "queues" / queue / "dropped"
+
+
+@pytest.mark.anyio
+async def test_a_full_queue_dead_letters_each_message_it_drops_once_in_order(
+    root: Path, fast: BusConfig
+) -> None:
+    """ "capped" holds 5: of 50 messages published into it, the first 45 are dropped and
+    each is published once under the dead-letter topic, in the order published, with its
+    payload, headers, queue, topic and reason ``maxlen``; the last 5 stay in the queue,
+    and the spool is left empty."""
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "capped",
+            ["job.*"],
+            max_length=5,
+            dead_letter="overflow.capped",
+            dead_letter_dropped=True,
+        )
+        await bus.declare_queue("overflow", ["overflow.#"])
+        await bus.subscribe(None, dead, queue="overflow", prefetch=1)
+        for i in range(50):
+            await bus.publish("job.a", str(i).encode(), headers={"n": str(i)})
+        got = await dead.wait_for(45)
+        await wait_until(lambda: bus.statistics().dead_lettered == 45)
+        kept = []
+        while True:
+            async with bus.get("capped") as msg:
+                if msg is None:
+                    break
+                kept.append(msg.payload)
+    assert [m.payload for m in got] == [str(i).encode() for i in range(45)]
+    assert kept == [str(i).encode() for i in range(45, 50)]
+    for m in got:
+        assert m.topic == "overflow.capped"
+        assert m.delivery_count == 1
+        assert m.headers["n"] == m.payload.decode()
+        assert m.headers["x-fsbus-queue"] == "capped"
+        assert m.headers["x-fsbus-topic"] == "job.a"
+        assert m.headers["x-fsbus-reason"] == "maxlen"
+    assert not [p for p in spool_of(root, "capped").iterdir() if p.is_file()]
+
+
+@pytest.mark.anyio
+async def test_a_message_a_consumer_holds_is_not_dropped(root: Path, fast: BusConfig) -> None:
+    """A consumer holds "held", the oldest: it is not counted towards ``max_length`` (as
+    RabbitMQ counts only the ready messages), and the queue drops the oldest of those
+    nobody holds instead; the held one stays its consumer's."""
+    dead = Inbox()
+    handled: list[Message] = []
+    release = anyio.Event()
+
+    async def slow(msg: Message) -> None:
+        handled.append(msg)
+        await release.wait()
+
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "q", ["t.#"], max_length=2, dead_letter="dead.q", dead_letter_dropped=True
+        )
+        await bus.declare_queue("dlq", ["dead.#"])
+        await bus.subscribe(None, dead, queue="dlq")
+        await bus.subscribe(None, slow, queue="q", prefetch=1)
+        await bus.publish("t.x", b"held")
+        await wait_until(lambda: len(handled) == 1)
+        for name in (b"a", b"b", b"c"):
+            await bus.publish("t.x", name)
+        await dead.wait_for(1)
+        assert (await bus.queue_info("q")).depth == 3  # "held", and 2 ready
+        release.set()
+        await wait_until(lambda: len(handled) == 3)
+        # "held", "b" and "c" by the slow consumer, "a" in dlq
+        await wait_until(lambda: bus.statistics().acked == 4)
+        assert (await bus.queue_info("q")).depth == 0
+    assert dead.payloads == [b"a"]
+    assert [m.payload for m in handled] == [b"held", b"b", b"c"]
+
+
+@pytest.mark.anyio
+async def test_without_the_option_a_dropped_message_is_gone(root: Path, fast: BusConfig) -> None:
+    """``dead_letter`` alone is for failed deliveries: a full queue's dropped messages
+    go nowhere, and no spool is made."""
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue("q", ["t.#"], max_length=3, dead_letter="dead.q")
+        await bus.declare_queue("dlq", ["dead.#", "marker"])
+        await bus.subscribe(None, dead, queue="dlq")
+        for i in range(10):
+            await bus.publish("t.x", str(i).encode())
+        assert (await bus.queue_info("q")).depth == 3
+        await bus.publish("marker", b"after")
+        await dead.wait_for(1)
+    assert dead.payloads == [b"after"]
+    assert not spool_of(root, "q").exists()
+
+
+def test_the_option_needs_a_dead_letter_topic_and_is_part_of_the_queues_options(
+    root: Path,
+) -> None:
+    """Without ``dead_letter`` the option is refused, saying what to give; declared
+    again with it changed is a mismatch; left False, it is not written into the
+    definition (an older fsbus reads it)."""
+    with BlockingBus(root) as bus:
+        with pytest.raises(UsageError, match="dead_letter_dropped needs a dead_letter topic"):
+            bus.declare_queue("q", ["t.#"], max_length=3, dead_letter_dropped=True)
+        bus.declare_queue("plain", ["t.#"], max_length=3, dead_letter="dead.t")
+        bus.declare_queue(
+            "capped", ["c.#"], max_length=3, dead_letter="dead.c", dead_letter_dropped=True
+        )
+        with pytest.raises(QueueMismatch, match="dead_letter_dropped"):
+            bus.declare_queue("capped", ["c.#"], max_length=3, dead_letter="dead.c")
+        assert bus.queue_info("capped").options.dead_letter_dropped is True
+        assert bus.queue_info("plain").options.dead_letter_dropped is False
+    docs = {
+        p.parent.name: json.loads(p.read_text())
+        for p in (root / "fsbus" / "queues").glob("*/queue.json")
+    }
+    assert "dead_letter_dropped" not in docs["plain"]["options"]
+    assert docs["capped"]["options"]["dead_letter_dropped"] is True
+
+
+def test_the_cli_declares_a_queue_that_dead_letters_what_it_drops(root: Path) -> None:
+    """``fsbus queue declare NAME PATTERN --max-length N --dead-letter T
+    --dead-letter-dropped``."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fsbus",
+            "queue",
+            "declare",
+            "capped",
+            "c.#",
+            "--root",
+            str(root),
+            "--max-length",
+            "10",
+            "--dead-letter",
+            "over.c",
+            "--dead-letter-dropped",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    with BlockingBus(root) as bus:
+        options = bus.queue_info("capped").options
+    assert (options.max_length, options.dead_letter) == (10, "over.c")
+    assert options.dead_letter_dropped is True
+
+
+def test_a_publishing_process_drops_and_consumer_processes_dead_letter_each_once(
+    root: Path, spawn: Spawn
+) -> None:
+    """A publisher process (its bus never runs the engine) overfills "capped" (10) with
+    400 messages; of two consumer processes of "overflow", one sends the spool on: each
+    message is either still in "capped" or was dead-lettered exactly once, none lost,
+    none twice, and 390 were dead-lettered."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue(
+            "capped", ["c.#"], max_length=10, dead_letter="over.c", dead_letter_dropped=True
+        )
+        bus.declare_queue("overflow", ["over.#"])
+    consumers = [spawn("consumer", queue="overflow", config=FAST) for _ in range(2)]
+    for c in consumers:
+        c.wait_count("ready", 1)
+    ids = [f"m{i:03d}" for i in range(400)]
+    pub = spawn("pub", messages=[["c.x", i] for i in ids], config=FAST)
+    pub.wait_count("published", 400)
+    deadline = time.monotonic() + 60
+    done: Counter[str] = Counter()
+    while sum(done.values()) < 390:
+        assert time.monotonic() < deadline, f"{sum(done.values())} of 390 dead-lettered\n" + (
+            "\n".join(c.describe() for c in consumers)
+        )
+        time.sleep(0.05)
+        done = Counter(e["id"] for c in consumers for e in c.of("done"))
+    with BlockingBus(root) as bus:
+        kept = []
+        while True:
+            with bus.get("capped") as msg:
+                if msg is None:
+                    break
+                kept.append(msg.payload.decode())
+    assert max(done.values()) == 1, [i for i, n in done.items() if n > 1]
+    assert not set(done) & set(kept)
+    assert sorted(set(done) | set(kept)) == ids
+    assert kept == ids[-10:]
+    heads = [e["headers"] for c in consumers for e in c.of("done")]
+    assert {h["x-fsbus-reason"] for h in heads} == {"maxlen"}
+    assert {h["x-fsbus-queue"] for h in heads} == {"capped"}
+
+
+@pytest.mark.anyio
+async def test_a_file_in_the_spool_that_is_not_a_dropped_message_is_quarantined(
+    root: Path, fast: BusConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A foreign file in the spool is moved to the bus's quarantine with a warning that
+    names it; the dropped messages beside it are dead-lettered all the same."""
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "q", ["t.#"], max_length=1, dead_letter="dead.q", dead_letter_dropped=True
+        )
+        await bus.declare_queue("dlq", ["dead.#"])
+        spool = spool_of(root, "q")
+        spool.mkdir()
+        (spool / "00000000000000000000-planted").write_bytes(b"not a message")
+        with caplog.at_level(logging.WARNING, logger="fsbus.queues"):
+            await bus.subscribe(None, dead, queue="dlq")
+            for i in range(3):
+                await bus.publish("t.x", str(i).encode())
+            got = await dead.wait_for(2)
+            await wait_until(lambda: not (spool / "00000000000000000000-planted").exists())
+    assert [m.payload for m in got] == [b"0", b"1"]
+    assert "00000000000000000000-planted is not a dropped message" in caplog.text
+    quarantined = list((root / "fsbus" / "quarantine").glob("*-dropped-*planted"))
+    assert [p.read_bytes() for p in quarantined] == [b"not a message"]
+
+
+_SENDER = textwrap.dedent(
+    """
+    import os, signal, sys, anyio
+    from fsbus import Bus, BusConfig
+    from tests.tracked_ops import TrackedOps
+
+    class DiesRemovingIt(TrackedOps):
+        # killed when it removes a spooled message, which comes after its dead letter
+        # is published: the window where it goes out twice
+        def unlink(self, path):
+            if "/dropped/" in path and "/.tmp-" not in path:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().unlink(path)
+
+    async def main():
+        config = BusConfig(poll_interval=0.05, retry_interval=0.05, gc_interval=0.2)
+        async with Bus(sys.argv[1], config=config, ops=DiesRemovingIt("/dropped/")):
+            print("ready", flush=True)
+            await anyio.sleep_forever()
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.anyio
+async def test_a_process_killed_between_sending_and_removing_leaves_it_to_be_sent_again(
+    root: Path, fast: BusConfig
+) -> None:
+    """A process (real, SIGKILLed from inside its I/O seam) published a dropped message's
+    dead letter and died before removing it from the spool: the file is still there,
+    whole, and the next process sends it again. At least once: never lost."""
+
+    def declare_and_overfill() -> None:
+        with BlockingBus(root) as bus:
+            bus.declare_queue(
+                "q", ["t.#"], max_length=1, dead_letter="dead.q", dead_letter_dropped=True
+            )
+            bus.declare_queue("dlq", ["dead.#"])
+            bus.publish("t.x", b"dropped")
+            bus.publish("t.x", b"kept")
+
+    def run_sender() -> int:
+        with subprocess.Popen(
+            [sys.executable, "-c", _SENDER, str(root)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        ) as proc:
+            try:
+                assert proc.stdout is not None
+                assert proc.stdout.readline() == "ready\n"
+                return proc.wait(timeout=60)
+            finally:
+                proc.kill()
+
+    await anyio.to_thread.run_sync(declare_and_overfill)
+    [spooled] = list(spool_of(root, "q").iterdir())
+    assert spooled.read_bytes().endswith(b"\ndropped")
+    assert await anyio.to_thread.run_sync(run_sender) == -9
+    assert spooled.exists()  # sent once, not removed
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.subscribe(None, dead, queue="dlq")
+        got = await dead.wait_for(2)
+        await wait_until(lambda: not spooled.exists())
+        await wait_until(lambda: bus.statistics().acked == 2)
+        assert (await bus.queue_info("q")).depth == 1
+    assert [m.payload for m in got] == [b"dropped", b"dropped"]
+    assert {m.headers["x-fsbus-reason"] for m in got} == {"maxlen"}
