@@ -8,11 +8,12 @@ Bus uses, so a copy in a queue is an ordinary message of that bus.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from .._errors import QueueFull, StorageError, storage_error
 from .._queues.definition import Definition
@@ -146,8 +147,6 @@ class QueueWriter:
         """Claim the expired messages no consumer holds, hand them to ``send`` in queue
         order, :data:`DEAD_LETTER_BATCH` at a time, then remove them. The messages of a
         batch ``send`` raises for are given back untouched, and the exception raised."""
-        fs = self._fs
-        buckets = self.layout.buckets
         n = 0
         started = time.monotonic()
         census = self._census()
@@ -158,25 +157,13 @@ class QueueWriter:
         claims: list[Claim] = []
         batch: list[Expired] = []
         for i, (bi, name) in enumerate(expired):
-            spills = fs.read_spills([(bi, name)]) if "@l+" in name else {}
-            entry = parse_entry(bi, name, spills)
-            if entry is not None and entry.topic is not None:
-                fields = entry.fields
-                has_meta = fields is not None and bool(fields.flags & FLAG_META)
-                # None: a consumer holds it, or another process is sending it
-                claim = fs.claim(buckets[bi], name, has_meta=has_meta, attempts=False)
-                if claim is not None:
-                    claims.append(claim)
-                    batch.append((entry.topic, claim.payload, decode_meta(claim.meta)))
+            # None: not a message, a consumer holds it, or another process is sending it
+            taken = self._take_whole(bi, name)
+            if taken:
+                claims.append(taken[0])
+                batch.append(taken[1])
             if claims and (len(claims) == DEAD_LETTER_BATCH or i == len(expired) - 1):
-                try:
-                    send(batch)
-                except BaseException:
-                    for c in claims:
-                        fs.release(c, failed=False)
-                    raise
-                for c in claims:
-                    fs.ack(c)
+                self._hand_over(claims, functools.partial(send, batch))
                 n += len(claims)
                 claims, batch = [], []
         return DeadLettered(n, next_ms, listing)
@@ -216,8 +203,6 @@ class QueueWriter:
         """Claim from the head of ``ranked`` those no consumer holds, until ``excess``
         less those held are claimed, write them into spool ``folder`` and only then
         remove them: (held ones passed over, removed)."""
-        fs = self._fs
-        buckets = self.layout.buckets
         claims: list[Claim] = []
         items: list[Spooled] = []
         held = 0
@@ -225,26 +210,48 @@ class QueueWriter:
             for _, bi, name in ranked:
                 if len(claims) + held >= excess:
                     break
-                spills = fs.read_spills([(bi, name)]) if "@l+" in name else {}
-                entry = parse_entry(bi, name, spills)
-                if entry is None or entry.topic is None:
-                    continue
-                fields = entry.fields
-                has_meta = fields is not None and bool(fields.flags & FLAG_META)
-                claim = fs.claim(buckets[bi], name, has_meta=has_meta, attempts=False)
-                if claim is None:
+                taken = self._take_whole(bi, name)
+                if taken is None:
                     held += 1  # a consumer holds it (or took it since the census)
-                    continue
-                claims.append(claim)
-                items.append((entry.topic, claim.payload, decode_meta(claim.meta)))
-            spool(fs.ops, folder, items)
+                elif taken:
+                    claims.append(taken[0])
+                    items.append(taken[1])
         except BaseException:
-            for c in claims:
-                fs.release(c, failed=False)
+            self._give_back(claims)
+            raise
+        self._hand_over(claims, lambda: spool(self._fs.ops, folder, items))
+        return held, len(claims)
+
+    def _take_whole(self, bi: int, name: str) -> tuple[Claim, Expired] | Literal[False] | None:
+        """Claim message ``name`` of bucket ``bi`` as a consumer would, with its topic,
+        payload and headers; None when it is held (by a consumer, or another process
+        that takes it whole); False when it is not a message (or went with its spill)."""
+        fs = self._fs
+        spills = fs.read_spills([(bi, name)]) if "@l+" in name else {}
+        entry = parse_entry(bi, name, spills)
+        if entry is None or entry.topic is None:
+            return False
+        fields = entry.fields
+        has_meta = fields is not None and bool(fields.flags & FLAG_META)
+        claim = fs.claim(self.layout.buckets[bi], name, has_meta=has_meta, attempts=False)
+        if claim is None:
+            return None
+        return claim, (entry.topic, claim.payload, decode_meta(claim.meta))
+
+    def _hand_over(self, claims: list[Claim], then: Callable[[], None]) -> None:
+        """Run ``then`` (the messages of ``claims`` sent on, or kept elsewhere), then
+        remove them; if it raises, give them back untouched (and raise)."""
+        try:
+            then()
+        except BaseException:
+            self._give_back(claims)
             raise
         for c in claims:
-            fs.ack(c)
-        return held, len(claims)
+            self._fs.ack(c)
+
+    def _give_back(self, claims: list[Claim]) -> None:
+        for c in claims:
+            self._fs.release(c, failed=False)
 
     def dead_letter_dropped(self, folder: str, send: DeadLetterSend, quarantine: str) -> int:
         """Hand what spool ``folder`` holds (the messages this queue dropped) to
