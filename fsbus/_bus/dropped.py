@@ -17,11 +17,14 @@ and before the removal, the message is in both (sent once from the spool, delive
 maybe once more from the queue: at least once, never lost). A sender killed between its
 send and the removal sends the file again (at least once). Senders of one file take
 turns by its ``flock``, and one that got it after another had removed the file sees no
-link left and passes it over.
+link left and passes it over. Where flock does not cross hosts (``locking="rename"``),
+a sender claims a file by renaming it to ``.sending-NAME`` (one winner); one it left
+behind when it died is given back once :data:`LEASE` old.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -36,12 +39,17 @@ from typing import Final
 from .._errors import storage_error
 from .ops import Ops
 
-__all__ = ["DEBRIS_AGE", "Spooled", "spool", "take_spooled"]
+__all__ = ["DEBRIS_AGE", "LEASE", "Spooled", "spool", "take_spooled"]
 
 DEBRIS_AGE: Final = 600.0
 """Seconds after which a half-written spool file (a publisher died writing it) is removed."""
 
+LEASE: Final = 60.0
+"""Seconds after which a ``.sending-`` file (claimed by a rename, where flock does not
+cross hosts) whose sender died is given back, to be sent again."""
+
 _TMP: Final = ".tmp-"
+_SENDING: Final = ".sending-"
 
 Spooled = tuple[str, bytes, dict[str, str]]
 """A dropped message: its topic, payload and headers."""
@@ -116,11 +124,13 @@ def take_spooled(
     *,
     batch: int,
     quarantine: str,
+    by_rename: bool = False,
 ) -> int:
     """Hand what spool ``folder`` holds to ``send``, in the order dropped, ``batch`` at a
-    time, each under its ``flock``, and remove each batch once sent; how many were sent.
-    A batch ``send`` raises for stays (and the exception is raised). A file that is not
-    a dropped message is moved to ``quarantine`` with a warning."""
+    time, each claimed (its ``flock``; ``by_rename``, where flock does not cross hosts:
+    renamed to ``.sending-NAME``, one winner), and remove each batch once sent; how many
+    were sent. A batch ``send`` raises for is given back (and the exception raised). A
+    file that is not a dropped message is moved to ``quarantine`` with a warning."""
     try:
         listed = ops.listdir(folder)
     except FileNotFoundError:
@@ -129,51 +139,54 @@ def take_spooled(
         raise storage_error("listing a queue's spool of dropped messages", exc, folder) from exc
     names = sorted(n for n in listed if not n.startswith("."))
     sent = 0
-    held: list[tuple[str, int]] = []
+    held: list[tuple[str, str, int]] = []  # (path claimed, its spool path, descriptor)
     items: list[Spooled] = []
 
-    def flush() -> None:
-        nonlocal sent
-        try:
-            if items:
-                send(items)
-                for path, _fd in held:
-                    try:
-                        ops.unlink(path)
-                    except FileNotFoundError:
-                        pass
-                sent += len(items)
-        finally:
-            for _path, fd in held:
-                ops.close(fd)
-            held.clear()
-            items.clear()
+    def let_go(*, sent_on: bool) -> None:
+        for claimed, path, fd in held:
+            ops.close(fd)
+            try:
+                if sent_on:
+                    ops.unlink(claimed)
+                elif claimed != path:
+                    ops.rename(claimed, path)  # given back (the flock goes with the close)
+            except FileNotFoundError:
+                pass
+        held.clear()
+        items.clear()
 
     try:
         for name in names:
             path = f"{folder}/{name}"
-            fd = _claim(ops, path)
+            claimed = f"{folder}/{_SENDING}{name}" if by_rename else path
+            fd = _claim_by_rename(ops, path, claimed) if by_rename else _claim(ops, path)
             if fd is None:
                 continue
             try:
                 item = _parse(_read_all(ops, fd))
             except (ValueError, UnicodeDecodeError) as exc:
                 ops.close(fd)
-                _quarantine(ops, path, quarantine, str(exc))
+                _quarantine(ops, claimed, quarantine, f"{folder}/{name}", str(exc))
                 continue
             except OSError:
                 ops.close(fd)
+                if claimed != path:
+                    ops.rename(claimed, path)
                 raise
-            held.append((path, fd))
+            held.append((claimed, path, fd))
             items.append(item)
             if len(items) == batch:
-                flush()
-        flush()
+                send(items)
+                sent += len(items)
+                let_go(sent_on=True)
+        if items:
+            send(items)
+            sent += len(items)
+            let_go(sent_on=True)
     except BaseException:
-        for _path, fd in held:
-            ops.close(fd)
+        let_go(sent_on=False)
         raise
-    _sweep_debris(ops, folder, [n for n in listed if n.startswith(_TMP)])
+    _sweep_debris(ops, folder, listed)
     return sent
 
 
@@ -197,11 +210,28 @@ def _claim(ops: Ops, path: str) -> int | None:
     return fd
 
 
-def _quarantine(ops: Ops, path: str, quarantine: str, why: str) -> None:
-    dst = f"{quarantine}/{int(time.time() * 1000):x}-dropped-{os.path.basename(path)}"
+def _claim_by_rename(ops: Ops, path: str, claimed: str) -> int | None:
+    """``path`` renamed to ``claimed`` (one sender wins), its lease started, opened; None
+    when another sender won it."""
+    try:
+        ops.rename(path, claimed)
+    except FileNotFoundError:
+        return None
+    try:
+        ops.utime(claimed)  # its lease starts now (a rename keeps the old times)
+        return ops.open(claimed, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        with contextlib.suppress(OSError):
+            ops.rename(claimed, path)
+        raise
+
+
+def _quarantine(ops: Ops, path: str, quarantine: str, was: str, why: str) -> None:
+    """Move ``path`` (spool file ``was``, maybe claimed under another name) aside."""
+    dst = f"{quarantine}/{int(time.time() * 1000):x}-dropped-{os.path.basename(was)}"
     log.warning(
         "%s is not a dropped message (%s): moved to %s; remove it once looked at",
-        path,
+        was,
         why,
         dst,
     )
@@ -219,14 +249,20 @@ def _quarantine(ops: Ops, path: str, quarantine: str, why: str) -> None:
             pass
 
 
-def _sweep_debris(ops: Ops, folder: str, names: list[str]) -> None:
-    """Remove those of ``names`` (half-written files) older than :data:`DEBRIS_AGE`:
-    their publishers died writing them."""
+def _sweep_debris(ops: Ops, folder: str, listed: list[str]) -> None:
+    """Remove the half-written files of ``listed`` older than :data:`DEBRIS_AGE` (their
+    publishers died writing them), and give back the ``.sending-`` ones older than
+    :data:`LEASE` (their senders died, where claims are renames)."""
     now = time.time()
-    for name in names:
+    for name in listed:
+        if not name.startswith((_TMP, _SENDING)):
+            continue
         path = f"{folder}/{name}"
         try:
-            if now - ops.lstat(path).st_mtime > DEBRIS_AGE:
+            age = now - ops.lstat(path).st_mtime
+            if name.startswith(_TMP) and age > DEBRIS_AGE:
                 ops.unlink(path)
+            elif name.startswith(_SENDING) and age > LEASE:
+                ops.rename(path, f"{folder}/{name[len(_SENDING) :]}")  # sent again
         except OSError:
             pass

@@ -258,7 +258,12 @@ class QueueWriter:
         ``send``, in the order dropped, then remove it; how many (see :mod:`.dropped`).
         A file there that is not a dropped message goes to ``quarantine``."""
         return take_spooled(
-            self._fs.ops, folder, send, batch=DEAD_LETTER_BATCH, quarantine=quarantine
+            self._fs.ops,
+            folder,
+            send,
+            batch=DEAD_LETTER_BATCH,
+            quarantine=quarantine,
+            by_rename=self._fs.locking == "rename",
         )
 
     def remove(self, messages: list[tuple[str, str]]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,7 @@ import anyio
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, Message, QueueMismatch, UsageError
+from fsbus._bus.dropped import LEASE
 from tests.peer_process import JsonLinesPeer
 
 from .conftest import REPO, Inbox, wait_until
@@ -325,3 +327,62 @@ async def test_a_process_killed_between_sending_and_removing_leaves_it_to_be_sen
         assert (await bus.queue_info("q")).depth == 1
     assert [m.payload for m in got] == [b"dropped", b"dropped"]
     assert {m.headers["x-fsbus-reason"] for m in got} == {"maxlen"}
+
+
+def renaming(fast: BusConfig) -> BusConfig:
+    """``fast``, claiming by rename (as where flock does not cross hosts)."""
+    return fast.model_copy(update={"locking": "rename"})
+
+
+@pytest.mark.anyio
+async def test_where_claims_are_renames_each_dropped_message_is_dead_lettered_once(
+    root: Path, fast: BusConfig
+) -> None:
+    """With ``locking="rename"`` a sender claims a spool file by renaming it to
+    ``.sending-NAME`` (one winner across hosts): each of the 25 dropped is dead-lettered
+    once, in order, and no claimed file is left."""
+    dead = Inbox()
+    async with Bus(root, config=renaming(fast)) as bus:
+        await bus.declare_queue(
+            "q", ["t.#"], max_length=5, dead_letter="dead.q", dead_letter_dropped=True
+        )
+        await bus.declare_queue("dlq", ["dead.#"])
+        await bus.subscribe(None, dead, queue="dlq", prefetch=1)
+        for i in range(30):
+            await bus.publish("t.x", str(i).encode())
+        got = await dead.wait_for(25)
+        await wait_until(lambda: bus.statistics().acked == 25)
+    assert [m.payload for m in got] == [str(i).encode() for i in range(25)]
+    assert list(spool_of(root, "q").iterdir()) == []
+
+
+@pytest.mark.anyio
+async def test_a_file_claimed_by_a_sender_that_died_is_sent_after_its_lease(
+    root: Path, fast: BusConfig
+) -> None:
+    """Where claims are renames, a sender killed holding a spool file leaves it as
+    ``.sending-NAME``: once older than the lease, it is given back and sent (at least
+    once: never lost); a younger one is left to its sender."""
+    async with Bus(root, config=renaming(fast)) as bus:
+        await bus.declare_queue(
+            "q", ["t.#"], max_length=1, dead_letter="dead.q", dead_letter_dropped=True
+        )
+        await bus.declare_queue("dlq", ["dead.#"])
+    spool = spool_of(root, "q")
+    spool.mkdir()
+    body = b'{"topic":"t.x","headers":{}}\n'
+    stale = spool / ".sending-00000000000000000001-1-00000000"
+    stale.write_bytes(body + b"orphaned")
+    old = time.time() - LEASE - 5
+    os.utime(stale, (old, old))
+    young = spool / ".sending-00000000000000000002-1-00000000"
+    young.write_bytes(body + b"in hand")
+    dead = Inbox()
+    async with Bus(root, config=renaming(fast)) as bus:
+        await bus.subscribe(None, dead, queue="dlq")
+        await bus.publish("t.x", b"a")
+        await bus.publish("t.x", b"b")  # drops "a": the spool is looked at
+        got = await dead.wait_for(2)
+        await wait_until(lambda: not stale.exists())
+    assert sorted(m.payload for m in got) == [b"a", b"orphaned"]
+    assert young.exists()
