@@ -462,6 +462,63 @@ def test_expired_messages_are_dead_lettered_once_across_the_two_clients(
         until(lambda: bus.queue_info("delay").depth == 0, "the delay queue empty")
 
 
+def test_dropped_messages_are_dead_lettered_once_across_the_two_clients(
+    two_clients: TwoClients, peers: Peers
+) -> None:
+    """A full queue (``max_length`` 10, ``dead_letter_dropped``) overfilled by a publisher
+    on each client at once, and consumers of its dead-letter queue on both: each of the
+    300 messages is either still in the queue or was dead-lettered exactly once (reason
+    ``maxlen``), whichever client dropped it and whichever sent it on; none lost, none
+    twice, and the queue holds at most 10."""
+    a, b = two_clients.a / "bus", two_clients.b / "bus"
+    with BlockingBus(a) as bus:
+        bus.declare_queue(
+            "capped", ["c.#"], max_length=10, dead_letter="over.c", dead_letter_dropped=True
+        )
+        bus.declare_queue("over", ["over.#"])
+    consumers = [
+        peers.fsbus("consumer", root, name=f"over on {side}", child=QUEUE_CHILD, queue="over")
+        for side, root in (("A", a), ("B", b))
+    ]
+    for c in consumers:
+        c.wait_count("ready", 1, timeout=WAIT)
+    ids = {side: [f"{side}{i}" for i in range(150)] for side in "AB"}
+    pubs = [
+        peers.fsbus(
+            "pub",
+            root,
+            name=f"publisher on {side}",
+            child=QUEUE_CHILD,
+            messages=[["c.x", i] for i in ids[side]],
+        )
+        for side, root in (("A", a), ("B", b))
+    ]
+    for p, side in zip(pubs, "AB", strict=True):
+        p.wait_count("published", len(ids[side]), timeout=WAIT)
+    every = set(ids["A"] + ids["B"])
+
+    def settled() -> bool:
+        with BlockingBus(a) as bus:
+            depth = bus.queue_info("capped").depth  # (trims it first)
+        return len(counts(consumers, "done")) + depth >= len(every)
+
+    until(settled, "every message kept or dead-lettered", timeout=2 * WAIT)
+    done = counts(consumers, "done")
+    assert [i for i, k in done.items() if k > 1] == []
+    left: list[str] = []
+    with BlockingBus(b) as bus:
+        while True:
+            with bus.get("capped") as msg:
+                if msg is None:
+                    break
+                left.append(msg.payload.decode())
+    assert not set(done) & set(left)
+    assert set(done) | set(left) == every
+    assert len(left) <= 10
+    reasons = {e["headers"]["x-fsbus-reason"] for c in consumers for e in c.of("done")}
+    assert reasons == {"maxlen"}
+
+
 # --------------------------------------------------------------------------- a client dies
 def test_a_dead_clients_held_jobs_are_redelivered_once(
     two_clients: TwoClients, peers: Peers
