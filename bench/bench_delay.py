@@ -1,4 +1,5 @@
-"""Delay queues through the AMQP gateway beside RabbitMQ: expired messages dead-lettered.
+"""Delay queues through the AMQP gateway beside RabbitMQ: expired (and dropped) messages
+dead-lettered.
 
 RabbitMQ's "retry after a delay": a ``wait`` queue with ``x-message-ttl`` and a
 dead-letter exchange leading to a ``work`` queue, and no consumer of ``wait``. One pika
@@ -10,12 +11,18 @@ docs/queues.md, "Delays"), sent on through its own dead-letter queue and routed;
 RabbitMQ, by the queue's expiry timer.
 
 Two scenarios: *burst*, N messages published at once (they expire within the time it
-took to publish them), and *steady*, 1,000 a second for 5 s (2 s quick).
+took to publish them), and *steady*, 1,000 a second for 5 s (2 s quick). A third,
+*overflow*, dead-letters by length, not time: the wait queue has ``x-max-length`` 100 and
+no ttl, N messages are published at once, and the oldest N - 100 are dropped from its
+head into the work queue (reason ``maxlen``; on the gateway through the queue's spool of
+dropped messages, see docs/queues.md, "Overflow"); the newest 100 must stay.
 
 * **late**: how long after its expiry (publish time + ttl) each message reached the
-  client: median, 99th percentile and the worst, in ms;
+  client (*overflow*: after the publish of the message that pushed it out): median, 99th
+  percentile and the worst, in ms;
 * **rate** (burst): N / (the first message's expiry .. the last receipt): how fast a
-  backlog that expires at once is dead-lettered.
+  backlog that expires at once is dead-lettered; (overflow): (N - 100) / (the first
+  publish .. the last receipt).
 
 Each (server, round) runs on fresh queues, the order of the two servers alternating; the
 medians of the rounds are kept. Ratios are speeds, fsbus / RabbitMQ (above 1 = fsbus
@@ -47,26 +54,35 @@ PACE = 1000.0
 """Messages a second of the *steady* scenario."""
 STEADY_QUICK, STEADY_FULL = 2.0, 5.0
 """Seconds of publishing of the *steady* scenario."""
+OVERFLOW_LENGTH = 100
+"""``x-max-length`` of the *overflow* scenario's wait queue."""
 STALL_SECONDS = 30.0
 """A run that receives nothing for this long fails, saying what it has."""
 
 
-def one_run(server: Server, n: int, ttl_ms: int, pace: float | None) -> dict[str, Any]:
+def one_run(
+    server: Server, n: int, ttl_ms: int, pace: float | None, *, overflow: bool = False
+) -> dict[str, Any]:
     """Publish ``n`` messages into a fresh wait queue (all at once, or ``pace`` a second)
     and take them all from its work queue; the lateness of each and the rate (see the
-    module's doc)."""
+    module's doc). ``overflow``: the wait queue has a length, not a ttl."""
     conn, ch = server.channel()
     tag = secrets.token_hex(4)
     work = ch.queue_declare(f"delay-work-{tag}", durable=True).method.queue
+    limit: dict[str, Any] = (
+        {"x-max-length": OVERFLOW_LENGTH} if overflow else {"x-message-ttl": ttl_ms}
+    )
     wait = ch.queue_declare(
         f"delay-wait-{tag}",
         durable=True,
         arguments={
-            "x-message-ttl": ttl_ms,
+            **limit,
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": work,
         },
     ).method.queue
+    kept = OVERFLOW_LENGTH if overflow else 0
+    want = n - kept
     ch.basic_qos(prefetch_count=PREFETCH)
     arrived: dict[int, float] = {}
     duplicates = 0
@@ -93,7 +109,7 @@ def one_run(server: Server, n: int, ttl_ms: int, pace: float | None) -> dict[str
         published.append(time.time())
         ch.basic_publish("", wait, str(i).encode().ljust(SIZE, b" "))
     last_news = time.monotonic()
-    while len(arrived) < n:
+    while len(arrived) < want:
         conn.process_data_events(time_limit=0.1)
         if time.monotonic() - last_news > STALL_SECONDS + ttl_ms / 1000:
             break
@@ -102,13 +118,17 @@ def one_run(server: Server, n: int, ttl_ms: int, pace: float | None) -> dict[str
     for q in (wait, work):
         ch.queue_delete(q)
     conn.close()
-    ok = len(arrived) == n and not duplicates and left == 0
-    late = sorted(arrived[i] - (published[i] + ttl_ms / 1000) for i in arrived)
-    first_expiry = published[0] + ttl_ms / 1000
-    rate = n / (max(arrived.values()) - first_expiry) if ok else None
+    ok = set(arrived) == set(range(want)) and not duplicates and left == kept
+    if overflow:  # dropped when the message OVERFLOW_LENGTH after it came
+        late = sorted(arrived[i] - published[i + kept] for i in arrived if i + kept < n)
+        start_at = published[0]
+    else:
+        late = sorted(arrived[i] - (published[i] + ttl_ms / 1000) for i in arrived)
+        start_at = published[0] + ttl_ms / 1000
+    rate = want / (max(arrived.values()) - start_at) if ok else None
     return {
         "ok": ok,
-        "note": "" if ok else f"{len(arrived)} of {n}, {duplicates} twice, {left} left",
+        "note": "" if ok else f"{len(arrived)} of {want}, {duplicates} twice, {left} left",
         "late_p50_ms": 1000 * late[len(late) // 2] if late else None,
         "late_p99_ms": 1000 * late[min(len(late) - 1, int(len(late) * 0.99))] if late else None,
         "late_max_ms": 1000 * late[-1] if late else None,
@@ -134,7 +154,8 @@ def run_fs(
                 for r in range(rounds):
                     order = SYSTEMS if r % 2 == 0 else tuple(reversed(SYSTEMS))
                     for s in order:
-                        run = one_run(servers[s], n, ttl_ms, pace)
+                        over = name == "overflow"
+                        run = one_run(servers[s], n, ttl_ms, pace, overflow=over)
                         log(f"{fs} {name} round {r + 1} {s}: {run}")
                         runs[s].append(run)
                 out[name] = {}
@@ -159,7 +180,7 @@ def _ms(v: float | None) -> str:
 
 def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        "# Delay queues: expired messages dead-lettered, the fsbus gateway and RabbitMQ",
+        "# Dead-lettering by time (delay queues) and by length (overflow): fsbus and RabbitMQ",
         "",
         f"- {meta['date']}; {meta['machine']}; Python {meta['python']}",
         f"- {SIZE} B messages, x-message-ttl {meta['ttl_ms']} ms, {meta['rounds']} rounds, "
@@ -167,10 +188,13 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         f"- command: `{meta['command']}`",
         "",
         "*burst*: all N published at once, so they expire within the publishing time; "
-        f"*steady*: {meta['pace']:,.0f} a second. *late*: ms from a message's expiry to its "
-        "receipt (median, 99th percentile, worst); *rate* (burst): messages/s from the "
-        "first expiry to the last receipt. Ratios are speeds, fsbus / RabbitMQ (above 1 = "
-        "fsbus faster).",
+        f"*steady*: {meta['pace']:,.0f} a second. *overflow*: no ttl, x-max-length "
+        f"{OVERFLOW_LENGTH}, N published at once: the oldest N - {OVERFLOW_LENGTH} are "
+        "dead-lettered (reason maxlen). *late*: ms from a message's expiry (overflow: the "
+        "publish that pushed it out) to its receipt (median, 99th percentile, worst); "
+        "*rate* (burst, overflow): messages dead-lettered a second, from the first expiry "
+        "(overflow: the first publish) to the last receipt. Ratios are speeds, fsbus / "
+        "RabbitMQ (above 1 = fsbus faster).",
         "",
         "| fs | scenario | N | late p50 fsbus | RabbitMQ | late p99 fsbus | RabbitMQ "
         "| worst fsbus | RabbitMQ | rate fsbus | RabbitMQ | p50 ratio | rate ratio |",
@@ -179,7 +203,7 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     for fs, by_scenario in results.items():
         for name, res in by_scenario.items():
             f, r = res["fsbus"], res["rabbitmq"]
-            burst = name == "burst"
+            burst = name in ("burst", "overflow")
             lines.append(
                 f"| {fs} | {name} | {meta['n'][name]:,} "
                 f"| {_ms(f['late_p50_ms'])} | {_ms(r['late_p50_ms'])} "
@@ -206,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     n = args.n or (2_000 if args.quick else 10_000)
     steady = max(1, int(args.pace * (STEADY_QUICK if args.quick else STEADY_FULL)))
-    scenarios = [("burst", n, None), ("steady", steady, args.pace)]
+    scenarios = [("burst", n, None), ("steady", steady, args.pace), ("overflow", n, None)]
     filesystems = [f for f in args.fs.split(",") if f]
     for fs in filesystems:
         why = unavailable(fs)
