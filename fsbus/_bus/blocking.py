@@ -215,7 +215,7 @@ class BlockingBus(Configured):
                 )
             data = bytes(payload)
             self._namer.check_size(len(data))
-            self._queues.check_room(targets)
+            self._queues.check_room(targets, (topic, data, headers))
             planned = [plan]
             # The message, then a copy in each queue before this returns (a durable one
             # syncs them all together: see route).
@@ -459,7 +459,7 @@ class BlockingBus(Configured):
                 priority=priority,
             )
         d = self._queues.current(queue)
-        self._queues.check_room((d,))
+        self._queues.check_room((d,), (topic, data, headers))
         return self._queues.enqueue(
             d, topic, data, ttl=ttl, durable=durable, headers=headers, priority=priority
         )

@@ -806,7 +806,7 @@ class Bus(Configured):
             planned = [plan]
 
             def routed() -> int:
-                self._queues.check_room(targets)
+                self._queues.check_room(targets, (topic, data, headers))
                 return route(
                     self._queues,
                     targets,
@@ -886,8 +886,10 @@ class Bus(Configured):
         if capped:
 
             def check_rooms() -> None:
-                for targets in capped:
-                    self._queues.check_room(targets)
+                for targets, topic, data in copies:
+                    if any(d.options.max_length is not None for d in targets):
+                        refused = (topic, data, headers)
+                        self._queues.check_room(targets, refused)
 
             await anyio.to_thread.run_sync(check_rooms)
         results = await anyio.to_thread.run_sync(self._fs.publish_many, plans)
@@ -2875,7 +2877,7 @@ class Bus(Configured):
             else:
                 d = await anyio.to_thread.run_sync(store.current, queue)
             targets: tuple[Definition, ...] = (d,)
-            checked = functools.partial(store.check_room, targets)
+            checked = functools.partial(store.check_room, targets, (topic, data, headers))
             put: Callable[[], int] = functools.partial(
                 store.enqueue,
                 d,

@@ -253,6 +253,11 @@ class QueueWriter:
         for c in claims:
             self._fs.release(c, failed=False)
 
+    def spool(self, folder: str, messages: list[Expired]) -> None:
+        """Write ``messages`` into spool ``folder``, to be dead-lettered (a full
+        ``reject-publish`` queue's refused copy: see :mod:`.dropped`)."""
+        spool(self._fs.ops, folder, messages)
+
     def dead_letter_dropped(self, folder: str, send: DeadLetterSend, quarantine: str) -> int:
         """Hand what spool ``folder`` holds (the messages this queue dropped) to
         ``send``, in the order dropped, then remove it; how many (see :mod:`.dropped`).
@@ -561,7 +566,7 @@ def enqueue_each(
     for d in targets:
         try:
             if not rooms_checked:
-                store.check_room((d,))
+                store.check_room((d,), (topic, payload, headers))
         except QueueFull:
             full.append(d)
             continue

@@ -40,7 +40,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 from .._core.trie import TopicTrie
@@ -91,6 +91,9 @@ class QueueBus(Protocol):
         ``max_length`` of the messages no consumer holds: (depth counted, held ones
         passed over, removed). ``spool``: write each one removed into that folder
         first, for its dead-lettering."""
+
+    def spool(self, folder: str, messages: list[Expired]) -> None:
+        """Write ``messages`` into spool ``folder``, to be dead-lettered."""
 
     def dead_letter_dropped(self, folder: str, send: DeadLetterSend, quarantine: str) -> int:
         """Hand the messages in spool ``folder`` to ``send`` in the order dropped, in
@@ -388,18 +391,36 @@ class QueueStore:
             dst,
         )
 
-    def check_room(self, targets: tuple[Definition, ...]) -> None:
-        """Raise :class:`QueueFull` if a reject-publish queue among ``targets`` is full."""
+    def check_room(
+        self,
+        targets: tuple[Definition, ...],
+        refused: tuple[str, bytes, Mapping[str, str] | None] | None = None,
+    ) -> None:
+        """Raise :class:`QueueFull` if a reject-publish queue among ``targets`` is full.
+        ``refused``: the message (topic, payload, headers), which each full one with
+        ``dead_letter_dropped`` spools to be dead-lettered first (RabbitMQ's
+        ``reject-publish-dlx``: see :meth:`spool_of`)."""
+        first: QueueFull | None = None
         for d in targets:
             o = d.options
             if o.max_length is not None and o.overflow == "reject-publish":
                 depth = self._tally(d.name, o.max_length - 1)
                 if depth >= o.max_length:
-                    raise QueueFull(
+                    folder = self.spool_of(d)
+                    pub = None if folder is None or refused is None else self._publisher(d.name)
+                    if pub is not None and folder is not None and refused is not None:
+                        topic, payload, headers = refused
+                        pub.spool(folder, [(topic, payload, dict(headers or {}))])
+                        if self.on_spooled is not None:
+                            self.on_spooled()
+                    first = first or QueueFull(
                         f"queue {d.name!r} is full ({depth} of max_length={o.max_length}, "
                         "overflow='reject-publish'): nothing was published; consume from it, "
                         "purge it, or publish again later"
+                        + ("" if folder is None else " (it was dead-lettered)")
                     )
+        if first is not None:
+            raise first
 
     def enqueue(
         self,
@@ -462,8 +483,9 @@ class QueueStore:
         self._trimmed(name, o.max_length, self.spool_of(d))
 
     def spool_of(self, d: Definition) -> str | None:
-        """Where queue ``d`` spools the messages it drops from its head, to be
-        dead-lettered (``dead_letter_dropped``); None: it removes them."""
+        """Where queue ``d`` spools the messages it drops from its head (``drop-head``)
+        or refuses (``reject-publish``), to be dead-lettered (``dead_letter_dropped``);
+        None: they are gone."""
         return f"{self.dir(d.name)}/{_DROPPED}" if d.options.dead_letter_dropped else None
 
     def _tallied(self, name: str, most: int) -> int | None:

@@ -564,7 +564,7 @@ class Channel:
                     [own_pattern(name)],
                     message_ttl=args.message_ttl,
                     max_length=args.max_length,
-                    overflow=args.overflow,
+                    overflow=args.bus_overflow,
                     dead_letter=dead_letter,
                     max_deliveries=None if limit is None else limit + 1,
                     # the gateway deletes an auto-delete queue when its last AMQP
@@ -573,7 +573,7 @@ class Channel:
                     auto_delete=bool(meta is not None and meta.get("bus_auto_delete")),
                     expires=args.expires,
                     dead_letter_expired=dead_letter is not None,
-                    dead_letter_dropped=dead_letter is not None,
+                    dead_letter_dropped=args.dead_letters_overflow,
                 )
             except QueueMismatch as exc:
                 raise AmqpError(PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}") from None

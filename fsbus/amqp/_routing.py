@@ -249,6 +249,19 @@ class QueueArguments:
     max_priority: int | None = None
     delivery_limit: int | None = None
 
+    @property
+    def bus_overflow(self) -> str:
+        """The bus queue's ``overflow``: ``reject-publish-dlx`` is ``reject-publish``
+        (with ``dead_letter_dropped``: see :attr:`dead_letters_overflow`)."""
+        return "reject-publish" if self.overflow.startswith("reject") else self.overflow
+
+    @property
+    def dead_letters_overflow(self) -> bool:
+        """Whether what overflows is dead-lettered, as RabbitMQ does: the head a full
+        drop-head queue drops, the publish a full reject-publish-dlx one refuses (not
+        with plain reject-publish); only with a dead-letter exchange."""
+        return self.dead_letter_exchange is not None and self.overflow != "reject-publish"
+
 
 def _int_arg(args: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
     if key not in args:
@@ -272,11 +285,11 @@ def queue_arguments(args: Mapping[str, Any] | None) -> QueueArguments:
     max_priority = _int_arg(args, "x-max-priority", minimum=0)
     limit = _int_arg(args, "x-delivery-limit", minimum=0)
     overflow = str(args.get("x-overflow", "drop-head"))
-    if overflow not in ("drop-head", "reject-publish"):
+    if overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
         raise AmqpError(
             PRECONDITION_FAILED,
             f"PRECONDITION_FAILED - invalid arg 'x-overflow' for queue: {overflow!r} (this "
-            "gateway takes drop-head or reject-publish)",
+            "gateway takes drop-head, reject-publish or reject-publish-dlx)",
         )
     if max_priority is not None and max_priority > 255:
         raise AmqpError(

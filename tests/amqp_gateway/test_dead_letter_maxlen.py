@@ -308,3 +308,64 @@ def test_a_dropped_head_dead_lettered_back_into_its_own_queue_is_dropped(
     assert [p.headers for _m, p, _b in kept] == [None, None]  # not dead-lettered
     assert ch.basic_get(q) == (None, None, None)
     ch.queue_delete(q)
+
+
+def overflowing(ch: Channel, names: Names, base: str, overflow: str) -> tuple[str, str, str]:
+    """``dead_letter_fanout``'s (dlx, dead, src), ``src`` declared again with
+    ``x-max-length`` 2 and ``x-overflow`` ``overflow``."""
+    dlx, dead, src = dead_letter_fanout(ch, names, base)
+    ch.queue_delete(src)
+    args = {"x-max-length": 2, "x-overflow": overflow, "x-dead-letter-exchange": dlx}
+    ch.queue_declare(src, arguments=args)
+    return dlx, dead, src
+
+
+def publish_confirmed(ch: Channel, queue: str, n: int) -> list[bool]:
+    """Publish 0 .. n-1 to ``queue`` with confirms: whether each was acked (not nacked)."""
+    acked = []
+    for i in range(n):
+        try:
+            ch.basic_publish("", queue, str(i).encode())
+            acked.append(True)
+        except pika.exceptions.NackError:
+            acked.append(False)
+    return acked
+
+
+def test_a_reject_publish_dlx_queue_nacks_and_dead_letters_what_it_refuses(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """``x-overflow: reject-publish-dlx`` with ``x-max-length`` 2: of 5 confirmed
+    publishes the first 2 are acked and kept, the other 3 are nacked and each
+    dead-lettered once, in order, with reason ``maxlen``."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    dlx, dead, src = overflowing(ch, names, "rpdlx", "reject-publish-dlx")
+    assert publish_confirmed(ch, src, 5) == [True, True, False, False, False]
+    got = consume_all(conn, ch, dead, 3)
+    assert [b for _m, _p, b in got] == [b"2", b"3", b"4"]
+    for _m, props, _b in got:
+        assert death_without_time(dict(props.headers)) == maxlen_death(src)
+    assert [b for _m, _p, b in get_all(ch, src, 2)] == [b"0", b"1"]
+    for q in (src, dead):
+        assert count(ch, q) == 0
+        ch.queue_delete(q)
+    ch.exchange_delete(dlx)
+
+
+def test_a_reject_publish_queue_nacks_and_dead_letters_nothing(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """Plain ``x-overflow: reject-publish`` with a dead-letter exchange: the refused
+    publishes are nacked and go nowhere (only ``reject-publish-dlx`` dead-letters them)."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    dlx, dead, src = overflowing(ch, names, "rp", "reject-publish")
+    assert publish_confirmed(ch, src, 4) == [True, True, False, False]
+    ch.basic_publish(dlx, "", b"marker")  # straight to the dead queue: it comes after
+    got = consume_all(conn, ch, dead, 1)
+    assert [b for _m, _p, b in got] == [b"marker"]
+    assert [b for _m, _p, b in get_all(ch, src, 2)] == [b"0", b"1"]
+    for q in (src, dead):
+        ch.queue_delete(q)
+    ch.exchange_delete(dlx)

@@ -25,7 +25,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fsbus import BlockingBus, Bus, BusConfig, Message, QueueMismatch, UsageError
+from fsbus import (
+    BlockingBus,
+    Bus,
+    BusConfig,
+    Message,
+    QueueFull,
+    QueueMismatch,
+    UsageError,
+)
 from fsbus._bus.dropped import LEASE
 from tests.peer_process import JsonLinesPeer
 
@@ -386,3 +394,80 @@ async def test_a_file_claimed_by_a_sender_that_died_is_sent_after_its_lease(
         await wait_until(lambda: not stale.exists())
     assert sorted(m.payload for m in got) == [b"a", b"orphaned"]
     assert young.exists()
+
+
+@pytest.mark.anyio
+async def test_a_full_reject_publish_queue_dead_letters_each_copy_it_refuses(
+    root: Path, fast: BusConfig
+) -> None:
+    """``overflow="reject-publish"`` with ``dead_letter_dropped`` (RabbitMQ's
+    ``reject-publish-dlx``): a publish into the full queue still raises ``QueueFull``
+    (saying the message was dead-lettered), and the refused message goes to the
+    dead-letter topic, once each, in order, with reason ``maxlen``; the queue keeps the
+    first 2. Through ``publish``, ``publish_many`` and ``enqueue`` alike."""
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "q",
+            ["t.#"],
+            max_length=2,
+            overflow="reject-publish",
+            dead_letter="dead.q",
+            dead_letter_dropped=True,
+        )
+        await bus.declare_queue("dlq", ["dead.#"])
+        await bus.subscribe(None, dead, queue="dlq", prefetch=1)
+        await bus.publish("t.x", b"0")
+        await bus.publish("t.x", b"1")
+        with pytest.raises(QueueFull, match="it was dead-lettered"):
+            await bus.publish("t.x", b"2", headers={"k": "v"})
+        with pytest.raises(QueueFull):
+            await bus.publish_many([("t.x", b"3")])
+        with pytest.raises(QueueFull):
+            await bus.enqueue("q", "t.y", b"4")
+        got = await dead.wait_for(3)
+        kept = []
+        while True:
+            async with bus.get("q") as msg:
+                if msg is None:
+                    break
+                kept.append(msg.payload)
+    assert [m.payload for m in got] == [b"2", b"3", b"4"]
+    assert [m.headers["x-fsbus-topic"] for m in got] == ["t.x", "t.x", "t.y"]
+    assert {m.headers["x-fsbus-reason"] for m in got} == {"maxlen"}
+    assert got[0].headers["k"] == "v"
+    assert kept == [b"0", b"1"]
+
+
+@pytest.mark.anyio
+async def test_a_blocking_publisher_refused_by_a_full_queue_has_it_dead_lettered(
+    root: Path, fast: BusConfig
+) -> None:
+    """The blocking face's ``publish`` and ``enqueue`` (a process that never runs the
+    engine) spool what a full ``reject-publish`` queue refuses; a process with the bus
+    open sends it on."""
+
+    def overfill() -> None:
+        with BlockingBus(root) as bus:
+            bus.declare_queue(
+                "q",
+                ["t.#"],
+                max_length=1,
+                overflow="reject-publish",
+                dead_letter="dead.q",
+                dead_letter_dropped=True,
+            )
+            bus.declare_queue("dlq", ["dead.#"])
+            bus.publish("t.x", b"kept")
+            with pytest.raises(QueueFull):
+                bus.publish("t.x", b"a")
+            with pytest.raises(QueueFull):
+                bus.enqueue("q", "t.x", b"b")
+
+    await anyio.to_thread.run_sync(overfill)
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.subscribe(None, dead, queue="dlq", prefetch=1)
+        got = await dead.wait_for(2)
+        assert (await bus.queue_info("q")).depth == 1
+    assert [m.payload for m in got] == [b"a", b"b"]
