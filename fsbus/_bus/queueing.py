@@ -137,6 +137,19 @@ class QueueWriter:
         """Messages not expired: waiting, or held by a consumer."""
         return len(self._census().singles)
 
+    def ready(self) -> int:
+        """Messages not expired that no consumer holds: the count, less the held ones
+        at its head, told by their locks from the head on until one is not held
+        (consumers take from the head; one held further back counts as ready)."""
+        singles = self._census().singles
+        buckets = self.layout.buckets
+        held = 0
+        for _, bi, name in sorted((name_rank(name), bi, name) for bi, name in singles):
+            if not self._fs.is_locked(buckets[bi], name):
+                break
+            held += 1
+        return len(singles) - held
+
     def expire(self) -> int:
         """Remove the expired messages no consumer holds; how many."""
         buckets = self.layout.buckets

@@ -78,6 +78,10 @@ class QueueBus(Protocol):
     def depth(self) -> int:
         """Messages not expired: waiting, or held by a consumer."""
 
+    def ready(self) -> int:
+        """Messages not expired that no consumer holds (those held further back than
+        the first one not held, from the head, may count as ready)."""
+
     def expire(self) -> int:
         """Remove the expired messages no consumer holds; how many."""
 
@@ -508,11 +512,13 @@ class QueueStore:
             self._tallies[name] = [depth, since + max(RECOUNT, took * 10)]
 
     def _tally(self, name: str, most: int) -> int:
-        """The depth of capped queue ``name``: its tally, or counted (see :meth:`_tallied`)."""
+        """The ready messages of capped queue ``name``: its tally, or counted (see
+        :meth:`_tallied`; those a consumer holds do not count, as on RabbitMQ)."""
         depth = self._tallied(name, most)
         if depth is None:
             since = time.monotonic()
-            depth = self.depth(name)
+            pub = self._publisher(name)
+            depth = 0 if pub is None else pub.ready()
             self._counted(name, depth, since)
         return depth
 

@@ -369,3 +369,31 @@ def test_a_reject_publish_queue_nacks_and_dead_letters_nothing(
     for q in (src, dead):
         ch.queue_delete(q)
     ch.exchange_delete(dlx)
+
+
+def test_an_unacked_message_does_not_count_towards_a_reject_publish_queues_length(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """``x-overflow: reject-publish``, ``x-max-length`` 2: message 0 taken by
+    ``basic.get`` and not acked does not count, so 1 and 2 are acked and only 3 is
+    nacked; the queue then holds 1 and 2 ready."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    dlx, dead, src = overflowing(ch, names, "rpheld", "reject-publish")
+    assert publish_confirmed(ch, src, 1) == [True]
+    held, _p, body = ch.basic_get(src)
+    assert body == b"0"
+    acked = []
+    for i in (1, 2, 3):
+        try:
+            ch.basic_publish("", src, str(i).encode())
+            acked.append(True)
+        except pika.exceptions.NackError:
+            acked.append(False)
+    assert acked == [True, True, False]
+    assert count(ch, src) == 2
+    ch.basic_ack(held.delivery_tag)
+    assert [b for _m, _p, b in get_all(ch, src, 2)] == [b"1", b"2"]
+    for q in (src, dead):
+        ch.queue_delete(q)
+    ch.exchange_delete(dlx)
