@@ -471,3 +471,26 @@ async def test_a_blocking_publisher_refused_by_a_full_queue_has_it_dead_lettered
         got = await dead.wait_for(2)
         assert (await bus.queue_info("q")).depth == 1
     assert [m.payload for m in got] == [b"a", b"b"]
+
+
+@pytest.mark.anyio
+async def test_a_queue_of_max_length_0_keeps_no_copy(root: Path, fast: BusConfig) -> None:
+    """``max_length=0`` is a limit, as RabbitMQ's ``x-max-length`` 0: a ``drop-head``
+    queue dead-letters each copy as it comes, in order, and a ``reject-publish`` one
+    refuses every publish; neither holds anything."""
+    dead = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "none", ["t.#"], max_length=0, dead_letter="dead.none", dead_letter_dropped=True
+        )
+        await bus.declare_queue("closed", ["c.#"], max_length=0, overflow="reject-publish")
+        await bus.declare_queue("dlq", ["dead.#"])
+        await bus.subscribe(None, dead, queue="dlq", prefetch=1)
+        for i in range(5):
+            await bus.publish("t.x", str(i).encode())
+        with pytest.raises(QueueFull):
+            await bus.publish("c.x", b"refused")
+        got = await dead.wait_for(5)
+        assert (await bus.queue_info("none")).depth == 0
+        assert (await bus.queue_info("closed")).depth == 0
+    assert [m.payload for m in got] == [str(i).encode() for i in range(5)]
