@@ -6,8 +6,10 @@ deadline, never a bare sleep.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -101,3 +103,18 @@ def spawn(tmp_path: Path, root: Path) -> Iterator[Callable[..., JsonLinesPeer]]:
     yield start
     for peer in started:
         peer.kill()
+
+
+@contextlib.contextmanager
+def ready_child(script: str, root: Path) -> Iterator[subprocess.Popen[str]]:
+    """``python -c script root`` from the repository, once it printed "ready" (its bus
+    is open); killed when the block ends if it still runs."""
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "ready\n"
+            yield proc
+        finally:
+            proc.kill()

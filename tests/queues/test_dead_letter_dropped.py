@@ -37,7 +37,7 @@ from fsbus import (
 from fsbus._bus.dropped import LEASE
 from tests.peer_process import JsonLinesPeer
 
-from .conftest import REPO, Inbox, wait_until
+from .conftest import Inbox, ready_child, wait_until
 
 Spawn = Callable[..., JsonLinesPeer]
 FAST = {"poll_interval": 0.05, "retry_interval": 0.05, "gc_interval": 0.2}
@@ -308,18 +308,8 @@ async def test_a_process_killed_between_sending_and_removing_leaves_it_to_be_sen
             bus.publish("t.x", b"kept")
 
     def run_sender() -> int:
-        with subprocess.Popen(
-            [sys.executable, "-c", _SENDER, str(root)],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        ) as proc:
-            try:
-                assert proc.stdout is not None
-                assert proc.stdout.readline() == "ready\n"
-                return proc.wait(timeout=60)
-            finally:
-                proc.kill()
+        with ready_child(_SENDER, root) as proc:
+            return proc.wait(timeout=60)
 
     await anyio.to_thread.run_sync(declare_and_overfill)
     [spooled] = list(spool_of(root, "q").iterdir())

@@ -24,7 +24,7 @@ import pytest
 from fsbus import BlockingBus, Bus, BusConfig, Message, QueueMismatch, UsageError
 from tests.peer_process import JsonLinesPeer
 
-from .conftest import REPO, Inbox, wait_until
+from .conftest import Inbox, ready_child, wait_until
 
 Spawn = Callable[..., JsonLinesPeer]
 FAST = {"poll_interval": 0.05, "retry_interval": 0.05, "gc_interval": 0.2}
@@ -308,18 +308,8 @@ async def test_a_process_killed_between_sending_and_removing_leaves_it_to_be_sen
             bus.publish("d.x", b"m")
 
     def run_sender() -> int:
-        with subprocess.Popen(
-            [sys.executable, "-c", _SENDER, str(root)],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        ) as proc:
-            try:
-                assert proc.stdout is not None
-                assert proc.stdout.readline() == "ready\n"
-                return proc.wait(timeout=60)
-            finally:
-                proc.kill()
+        with ready_child(_SENDER, root) as proc:
+            return proc.wait(timeout=60)
 
     def depths() -> dict[str, int]:
         with BlockingBus(root) as bus:

@@ -11,8 +11,6 @@ its router copies.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 from fsbus import BlockingBus, Bus
 from fsbus._queues import routed
 
-from .conftest import REPO, Inbox, wait_until
+from .conftest import Inbox, ready_child, wait_until
 from .test_peer_router import FAST, PEER, plant_peer_message
 
 _ROUTER = textwrap.dedent(
@@ -69,19 +67,9 @@ def _declare(root: Path) -> None:
 def _kill_router_mid_copy(root: Path) -> str:
     """Run the router, plant a peer's message and wait for the router's SIGKILL; returns
     the message's name."""
-    with subprocess.Popen(
-        [sys.executable, "-c", _ROUTER, str(root)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    ) as proc:
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline() == "ready\n"
-            name = plant_peer_message(root, b"peer")
-            assert proc.wait(timeout=30) == -9
-        finally:
-            proc.kill()
+    with ready_child(_ROUTER, root) as proc:
+        name = plant_peer_message(root, b"peer")
+        assert proc.wait(timeout=30) == -9
     return name
 
 
