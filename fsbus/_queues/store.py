@@ -412,6 +412,7 @@ class QueueStore:
                 if depth >= o.max_length:
                     folder = self.spool_of(d)
                     pub = None if folder is None or refused is None else self._publisher(d.name)
+                    spooled = pub is not None and folder is not None and refused is not None
                     if pub is not None and folder is not None and refused is not None:
                         topic, payload, headers = refused
                         pub.spool(folder, [(topic, payload, dict(headers or {}))])
@@ -419,9 +420,9 @@ class QueueStore:
                             self.on_spooled()
                     first = first or QueueFull(
                         f"queue {d.name!r} is full ({depth} of max_length={o.max_length}, "
-                        "overflow='reject-publish'): nothing was published; consume from it, "
-                        "purge it, or publish again later"
-                        + ("" if folder is None else " (it was dead-lettered)")
+                        "overflow='reject-publish'): nothing was published"
+                        + ("; the message goes to its dead-letter topic" if spooled else "")
+                        + "; consume from it, purge it, or publish again later"
                     )
         if first is not None:
             raise first

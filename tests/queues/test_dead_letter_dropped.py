@@ -392,7 +392,7 @@ async def test_a_full_reject_publish_queue_dead_letters_each_copy_it_refuses(
 ) -> None:
     """``overflow="reject-publish"`` with ``dead_letter_dropped`` (RabbitMQ's
     ``reject-publish-dlx``): a publish into the full queue still raises ``QueueFull``
-    (saying the message was dead-lettered), and the refused message goes to the
+    (saying the message goes to the dead-letter topic), and the refused message goes to the
     dead-letter topic, once each, in order, with reason ``maxlen``; the queue keeps the
     first 2. Through ``publish``, ``publish_many`` and ``enqueue`` alike."""
     dead = Inbox()
@@ -409,7 +409,7 @@ async def test_a_full_reject_publish_queue_dead_letters_each_copy_it_refuses(
         await bus.subscribe(None, dead, queue="dlq", prefetch=1)
         await bus.publish("t.x", b"0")
         await bus.publish("t.x", b"1")
-        with pytest.raises(QueueFull, match="it was dead-lettered"):
+        with pytest.raises(QueueFull, match="the message goes to its dead-letter topic"):
             await bus.publish("t.x", b"2", headers={"k": "v"})
         with pytest.raises(QueueFull):
             await bus.publish_many([("t.x", b"3")])
