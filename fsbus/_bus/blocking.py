@@ -26,7 +26,7 @@ from .._settings import Settings, settings
 from .browse import browse_messages, read_browsed
 from .configured import Configured
 from .engine import Bus, Kind
-from .fs import BusFS, NameClash, stamps_batched
+from .fs import BusFS, NameClash
 from .iterator import MessageIterator
 from .layout import Layout
 from .loop_thread import LoopThread
@@ -423,12 +423,6 @@ class BlockingBus(Configured):
             except FsBusError:
                 continue  # deleted meanwhile
         return out
-
-    def _stamps_batched(self) -> AbstractContextManager[None]:
-        """Stamp each bucket once for the plain publishes and copies this thread makes in
-        the block, when it ends (the AMQP gateway's batches: see
-        :func:`~fsbus._bus.fs.stamps_batched`)."""
-        return stamps_batched()
 
     def enqueue(
         self,

@@ -122,25 +122,28 @@ that bus wants any of them (:meth:`BusFS.stamp_own`)."""
 
 
 @contextlib.contextmanager
-def stamps_batched(*, strict: bool = False) -> Iterator[None]:
+def stamps_batched() -> Iterator[None]:
     """Hold back the stamps of the messages this thread places, on any bus, until the
     block ends; then stamp each bucket that got one once, in the order they came.
 
-    - **A durable publish** (``strict``) stamps nothing before all of it is synced: a
-      stamp wakes subscribers, whose listings (an access time on a ``relatime`` mount),
-      claims and removals in the bucket, and the stamp's own write, would otherwise land
-      between the publish's syncs and make each of the later ones a journal commit of
-      its own (measured on journaled ext4: 0.4 ms each, where they take 0.03 ms with
-      nothing between them). A subscriber is also woken only for a message that a power
-      cut would keep. A stamp that fails is raised once every stamp was tried, unless
-      the block raised: its own error is not hidden.
-    - **A batch of publishes** (the AMQP gateway's batch of a connection's publishes)
-      stamps a bucket once, not once per message: into 16-bucket queues, most of its
-      stamps were repeats. A stamp that fails is logged, not raised: its messages are
-      in place, and a full listing finds them.
+    It is a durable publish's (one message and its queue copies): it stamps nothing
+    before all of it is synced. A stamp wakes subscribers, whose listings (an access
+    time on a ``relatime`` mount), claims and removals in the bucket, and the stamp's
+    own write, would otherwise land between the publish's syncs and make each of the
+    later ones a journal commit of its own (measured on journaled ext4: 0.4 ms each,
+    where they take 0.03 ms with nothing between them). A subscriber is also woken only
+    for a message that a power cut would keep. A stamp that fails is raised once every
+    stamp was tried, unless the block raised (then it is logged): its own error is not
+    hidden.
+
+    Not for a batch of several messages into one bus: a listing takes only messages
+    named before it began, which keeps each publisher's order only if every earlier
+    message was placed *and stamped* by then (:func:`~fsbus._bus.scan.split_fresh`).
+    (The AMQP gateway once stamped a batch of a connection's publishes this way: a
+    consumer then got a later message of the batch before an earlier one.)
 
     A block that raises still stamps what it placed (a stamp for a message taken back
-    costs a listing). Nested blocks stamp when the outermost one ends, under its rule.
+    costs a listing). Nested blocks stamp when the outermost one ends.
     """
     if getattr(_BATCH, "due", None) is not None:
         yield
@@ -161,7 +164,7 @@ def stamps_batched(*, strict: bool = False) -> Iterator[None]:
                 else:
                     fs.stamp(bucket_index)
             except StorageError as exc:
-                if strict and ok:
+                if ok:
                     first = first or exc
                 else:
                     log.warning(
@@ -1180,7 +1183,7 @@ class BusFS:
         if go is not None and not go():
             self.abort(plan, fd)
             raise Withdrawn(f"{self.layout.staging}/{plan.name}")
-        with stamps_batched(strict=True):
+        with stamps_batched():
             final = self.place_open(plan, fd)
             self.sync_placed(plan, fd, final, then)
 

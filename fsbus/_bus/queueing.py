@@ -484,7 +484,7 @@ def route(
             for w, plan in written:
                 w.take_back(plan)
             raise
-    with stamps_batched(strict=True):
+    with stamps_batched():
         return _durable_route(store, writers, payload, plan_for, publish)
 
 

@@ -976,11 +976,11 @@ class QueueStore:
             if d is None:
                 continue
             o = d.options
-            if not (o.dead_letter_expired or o.dead_letter_dropped):
+            if not (o.dead_letter_expired or (o.dead_letter_dropped and o.max_length is not None)):
                 continue
             if not self._expires_here(name, d):
                 continue
-            if o.dead_letter_dropped:
+            if o.dead_letter_dropped and o.max_length is not None:  # (none: nothing drops)
                 spooling = True
                 sent += self._dead_letter_dropped(name, d, send)
             if o.dead_letter_expired and census:

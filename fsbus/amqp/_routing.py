@@ -259,8 +259,12 @@ class QueueArguments:
     def dead_letters_overflow(self) -> bool:
         """Whether what overflows is dead-lettered, as RabbitMQ does: the head a full
         drop-head queue drops, the publish a full reject-publish-dlx one refuses (not
-        with plain reject-publish); only with a dead-letter exchange."""
-        return self.dead_letter_exchange is not None and self.overflow != "reject-publish"
+        with plain reject-publish); only with a dead-letter exchange and a length."""
+        return (
+            self.dead_letter_exchange is not None
+            and self.max_length is not None
+            and self.overflow != "reject-publish"
+        )
 
 
 def _int_arg(args: Mapping[str, Any], key: str, *, minimum: int) -> int | None:

@@ -268,9 +268,14 @@ class Gateway:
 
     def _route_many(self, jobs: list[RouteJob]) -> list[int | BaseException]:
         started = time.perf_counter()
+        # Each message's bucket is stamped as it is placed, not once at the batch's end:
+        # a consumer's listing takes a message only if it was named before the listing
+        # began, which keeps one publisher's order only if each earlier message was
+        # placed and stamped by then (scan.split_fresh). Stamped at the end, a later
+        # message of the batch, seen in a bucket a listing looked at for another stamp,
+        # went out before an earlier one whose bucket it did not look at.
         try:
-            with self.blocking._stamps_batched():  # a bucket's stamp once a batch
-                return self._route_jobs(jobs)
+            return self._route_jobs(jobs)
         finally:
             cost = (time.perf_counter() - started) / max(len(jobs), 1)
             self._route_cost += (cost - self._route_cost) / 4
