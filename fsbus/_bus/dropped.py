@@ -143,17 +143,26 @@ def take_spooled(
     items: list[Spooled] = []
 
     def let_go(*, sent_on: bool) -> None:
+        # Removed before its descriptor (and flock) goes: a sender that gets the lock
+        # after finds no link left and passes it over (see _claim).
         for claimed, path, fd in held:
-            ops.close(fd)
             try:
                 if sent_on:
                     ops.unlink(claimed)
                 elif claimed != path:
-                    ops.rename(claimed, path)  # given back (the flock goes with the close)
+                    ops.rename(claimed, path)  # given back
             except FileNotFoundError:
                 pass
+            finally:
+                ops.close(fd)
         held.clear()
         items.clear()
+
+    def send_held() -> None:
+        nonlocal sent
+        send(list(items))
+        sent += len(items)
+        let_go(sent_on=True)
 
     try:
         for name in names:
@@ -176,13 +185,9 @@ def take_spooled(
             held.append((claimed, path, fd))
             items.append(item)
             if len(items) == batch:
-                send(items)
-                sent += len(items)
-                let_go(sent_on=True)
+                send_held()
         if items:
-            send(items)
-            sent += len(items)
-            let_go(sent_on=True)
+            send_held()
     except BaseException:
         let_go(sent_on=False)
         raise
