@@ -19,7 +19,8 @@ from .._errors import QueueFull, StorageError, storage_error
 from .._queues.definition import Definition
 from .._queues.store import DeadLettered, DeadLetterSend, Expired, QueueStore, copy_ttl
 from .._settings import Settings
-from .dropped import Spooled, spool, take_spooled
+from .dropped import spool as spool_messages
+from .dropped import take_spooled
 from .fs import BusFS, Claim, Go, NameClash, Then, Withdrawn, decode_meta, stamps_batched
 from .layout import Layout
 from .namer import Namer, next_unique
@@ -192,48 +193,48 @@ class QueueWriter:
         depth = len(singles)
         if depth <= max_length:
             return depth, 0, 0
-        buckets = self.layout.buckets
         # the head of the queue: what a consumer would take next (priority, then
         # publish time and the publisher's sequence)
         ranked = sorted((name_rank(name), bi, name) for bi, name in singles)
-        if spool is not None:
-            return (depth, *self._spool_head(ranked, depth - max_length, spool))
-        head: list[tuple[str, str]] = []
-        held = 0
-        for _, bi, name in ranked:
-            if depth - held - len(head) <= max_length:
-                break
-            bucket = buckets[bi]
-            if self._fs.is_locked(bucket, name):
-                held += 1
-            else:
-                head.append((bucket, name))
-        return depth, held, self.remove(head)
+        held, claims, items = self._claim_head(ranked, depth - max_length, whole=spool is not None)
+        if spool is None:
+            self._hand_over(claims, lambda: None)
+        else:
+            self._hand_over(claims, lambda: spool_messages(self._fs.ops, spool, items))
+        return depth, held, len(claims)
 
-    def _spool_head(
-        self, ranked: list[tuple[int, int, str]], excess: int, folder: str
-    ) -> tuple[int, int]:
+    def _claim_head(
+        self, ranked: list[tuple[int, int, str]], excess: int, *, whole: bool
+    ) -> tuple[int, list[Claim], list[Expired]]:
         """Claim from the head of ``ranked`` those no consumer holds, until ``excess``
-        less those held are claimed, write them into spool ``folder`` and only then
-        remove them: (held ones passed over, removed)."""
+        less those held are claimed: (held ones passed over, the claims, and for
+        ``whole`` each one's topic, payload and headers)."""
+        buckets = self.layout.buckets
         claims: list[Claim] = []
-        items: list[Spooled] = []
+        items: list[Expired] = []
         held = 0
         try:
             for _, bi, name in ranked:
                 if len(claims) + held >= excess:
                     break
-                taken = self._take_whole(bi, name)
+                taken: tuple[Claim, Expired | None] | Literal[False] | None
+                if not whole:
+                    claim = self._fs.claim(buckets[bi], name, has_meta=False, attempts=False)
+                    taken = None if claim is None else (claim, None)
+                else:
+                    taken = self._take_whole(bi, name)
+                    if taken is False:
+                        continue  # not a message
                 if taken is None:
                     held += 1  # a consumer holds it (or took it since the census)
-                elif taken:
-                    claims.append(taken[0])
+                    continue
+                claims.append(taken[0])
+                if taken[1] is not None:
                     items.append(taken[1])
         except BaseException:
             self._give_back(claims)
             raise
-        self._hand_over(claims, lambda: spool(self._fs.ops, folder, items))
-        return held, len(claims)
+        return held, claims, items
 
     def _take_whole(self, bi: int, name: str) -> tuple[Claim, Expired] | Literal[False] | None:
         """Claim message ``name`` of bucket ``bi`` as a consumer would, with its topic,
@@ -259,8 +260,12 @@ class QueueWriter:
         except BaseException:
             self._give_back(claims)
             raise
-        for c in claims:
-            self._fs.ack(c)
+        for i, c in enumerate(claims):
+            try:
+                self._fs.ack(c)
+            except BaseException:  # (one that cannot be removed: the rest given back)
+                self._give_back(claims[i + 1 :])
+                raise
 
     def _give_back(self, claims: list[Claim]) -> None:
         for c in claims:
@@ -269,7 +274,7 @@ class QueueWriter:
     def spool(self, folder: str, messages: list[Expired]) -> None:
         """Write ``messages`` into spool ``folder``, to be dead-lettered (a full
         ``reject-publish`` queue's refused copy: see :mod:`.dropped`)."""
-        spool(self._fs.ops, folder, messages)
+        spool_messages(self._fs.ops, folder, messages)
 
     def dead_letter_dropped(self, folder: str, send: DeadLetterSend, quarantine: str) -> int:
         """Hand what spool ``folder`` holds (the messages this queue dropped) to
