@@ -410,14 +410,7 @@ class QueueStore:
             if o.max_length is not None and o.overflow == "reject-publish":
                 depth = self._tally(d.name, o.max_length - 1)
                 if depth >= o.max_length:
-                    folder = self.spool_of(d)
-                    pub = None if folder is None or refused is None else self._publisher(d.name)
-                    spooled = pub is not None and folder is not None and refused is not None
-                    if pub is not None and folder is not None and refused is not None:
-                        topic, payload, headers = refused
-                        pub.spool(folder, [(topic, payload, dict(headers or {}))])
-                        if self.on_spooled is not None:
-                            self.on_spooled()
+                    spooled = refused is not None and self._spool_refused(d, *refused)
                     first = first or QueueFull(
                         f"queue {d.name!r} is full ({depth} of max_length={o.max_length}, "
                         "overflow='reject-publish'): nothing was published"
@@ -426,6 +419,20 @@ class QueueStore:
                     )
         if first is not None:
             raise first
+
+    def _spool_refused(
+        self, d: Definition, topic: str, payload: bytes, headers: Mapping[str, str] | None
+    ) -> bool:
+        """Spool the message full queue ``d`` refuses, if it dead-letters what it refuses
+        (see :meth:`spool_of`); whether it did."""
+        folder = self.spool_of(d)
+        pub = None if folder is None else self._publisher(d.name)
+        if folder is None or pub is None:
+            return False
+        pub.spool(folder, [(topic, payload, dict(headers or {}))])
+        if self.on_spooled is not None:
+            self.on_spooled()
+        return True
 
     def enqueue(
         self,
