@@ -287,7 +287,7 @@ class BlockingBus(Configured):
                 for t, p in items
             ]
 
-        return self._fs.durably(each) if durable else each()
+        return self._fs.durably(each, many=True) if durable else each()
 
     def _publish_file(self, plan: PublishPlan, fileobj: IO[bytes]) -> int:
         fd = self._fs.begin(plan)

@@ -871,14 +871,17 @@ class Bus(Configured):
     ) -> list[PublishInfo]:
         """Publish many (topic, payload) pairs with the same options in one batch."""
         self._check_open()
-        plans = []
+        checked: list[tuple[str, bytes]] = []
         for topic, payload in items:
             data = payload_bytes(payload)
             self._namer.check_size(len(data))
-            plans.append((self.plan(topic, single, ttl, durable, headers, priority), data))
+            self._namer.check_topic(topic)
+            checked.append((topic, data))
+        if checked:  # the options, the same for every message: checked with the first
+            self.plan(checked[0][0], single, ttl, durable, headers, priority)
         copies = [
             (targets, topic, data)
-            for (topic, _), (_, data) in zip(items, plans, strict=True)
+            for topic, data in checked
             if (targets := self._queues.targets(topic))
         ]
         # one worker-thread hop for each step of the batch, not one per message
@@ -892,11 +895,17 @@ class Bus(Configured):
                         self._queues.check_room(targets, refused)
 
             await anyio.to_thread.run_sync(check_rooms)
-        results = await anyio.to_thread.run_sync(self._fs.publish_many, plans)
+
+        def name(topic: str) -> PublishPlan:
+            # named as it goes out: after the one before it was placed and stamped
+            return self.plan(topic, single, ttl, durable, headers, priority)
+
+        results = await anyio.to_thread.run_sync(self._fs.publish_many, checked, name, durable)
         out = []
-        for (plan, _), r in zip(plans, results, strict=True):
+        for plan, r in results:
             if isinstance(r, BaseException):
                 raise r
+            assert plan is not None  # (a result that is no error had its plan)
             out.append(self._namer.info(plan, r))
         if copies:
 
@@ -916,7 +925,7 @@ class Bus(Configured):
 
             # (durable: one record of the durable log for every copy, where it is used)
             await anyio.to_thread.run_sync(
-                functools.partial(self._fs.durably, route_all) if durable else route_all
+                functools.partial(self._fs.durably, route_all, many=True) if durable else route_all
             )
         self._counts["published"] += len(out)
         return out

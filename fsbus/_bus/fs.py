@@ -20,7 +20,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -1048,37 +1048,51 @@ class BusFS:
             self._discard(fd, path)
             raise
 
-    def publish_many(self, items: Iterable[tuple[PublishPlan, bytes]]) -> list[int | BaseException]:
-        """Publish several messages in one call; each result is a size or the error.
+    def publish_many(
+        self,
+        items: Sequence[tuple[str, bytes]],
+        name: Callable[[str], PublishPlan],
+        durable: bool,
+    ) -> list[tuple[PublishPlan | None, int | BaseException]]:
+        """Publish several (topic, payload) messages in one call, one after the other;
+        each comes back with the plan it was published under and its size, or the error
+        (with no plan if naming it failed).
 
-        Durable ones through the durable log are one record (:meth:`durably`): if it
-        cannot be written, every message of the call is taken back and has its error."""
-        items = list(items)
-        out: list[int | BaseException] = []
+        ``name`` names each (validates and plans it) just before it is published: a
+        consumer keeps a publisher's order only for a message named after the one
+        before it was placed and stamped (:func:`~fsbus._bus.scan.split_fresh`), which a
+        batch named before the first of it went out would not be. ``durable``: the
+        messages are durable; through the durable log they are one record
+        (:meth:`durably`): if it cannot be written, every message of the call is taken
+        back and has its error."""
+        out: list[tuple[PublishPlan | None, int | BaseException]] = []
 
         def each() -> None:
-            for plan, payload in items:
+            for topic, payload in items:
+                plan = None
                 try:
-                    out.append(self.publish(plan, payload))
+                    plan = name(topic)
+                    out.append((plan, self.publish(plan, payload)))
                 except Exception as exc:
-                    out.append(exc)
+                    out.append((plan, exc))
 
-        if not any(plan.durable for plan, _ in items):
+        if not durable:
             each()
             return out
         try:
-            self.durably(each)
+            self.durably(each, many=True)
         except StorageError as exc:
-            return [exc] * len(items)
+            return [(None, exc)] * len(items)
         return out
 
-    def durably(self, fn: Callable[[], T]) -> T:
+    def durably(self, fn: Callable[[], T], *, many: bool = False) -> T:
         """Run ``fn`` (publishes) as one record of the process's durable log, one sync
-        for all of them (:meth:`~fsbus._bus.wal.DurableLog.durably`), where this bus
-        uses one; else just run it (each durable publish then syncs its own files)."""
+        for all of them (:meth:`~fsbus._bus.wal.DurableLog.durably`; ``many``: one
+        message after the other, each stamped as it is placed), where this bus uses
+        one; else just run it (each durable publish then syncs its own files)."""
         source = self.log_source
         durable_log = source() if source is not None else None
-        return fn() if durable_log is None else durable_log.durably(fn)
+        return fn() if durable_log is None else durable_log.durably(fn, many=many)
 
     def begin(self, plan: PublishPlan) -> int:
         """Create the staging file (O_EXCL) with its leading byte; returns the fd."""

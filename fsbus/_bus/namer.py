@@ -174,6 +174,12 @@ class Namer:
             self._form(topic)
         check_ttl_priority(self._config, True, ttl, priority)
 
+    def check_topic(self, topic: object) -> None:
+        """Validate a topic, as :meth:`plan` would (for a caller that names the message
+        later: ``publish_many``)."""
+        if type(topic) is not str or topic not in self._forms:
+            self._form(topic)
+
     def _form(self, topic: object) -> TopicForm:
         form = topic_form(topic, self._config.split_topic_at)
         if len(self._forms) >= self._MAX_FORMS:

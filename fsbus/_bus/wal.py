@@ -252,15 +252,25 @@ class DurableLog:
 
     # -- publishing
 
-    def durably(self, fn: Callable[[], T]) -> T:
+    def durably(self, fn: Callable[[], T], *, many: bool = False) -> T:
         """Run a publish (``fn``, writing without syncs) and make what it placed durable:
         one record and one data sync (or, for a big one, a sync of each file). A nested
         call joins the outer one. If the record cannot be written, the publish's files
-        are taken back and :class:`~fsbus.StorageError` is raised."""
+        are taken back and :class:`~fsbus.StorageError` is raised.
+
+        The stamps that wake subscribers wait for the record (:func:`hold_stamp`),
+        unless ``fn`` publishes ``many`` messages one after the other (``publish_many``):
+        then each is stamped as it is placed, before the next is named. A consumer
+        takes what it lists in publish order only if each message was placed *and
+        stamped* before the next one was named (:func:`~fsbus._bus.scan.split_fresh`);
+        with the stamps held to the end, a consumer woken by another publisher could
+        take a later message of the batch before an earlier one whose bucket it had no
+        stamp for. (The messages are visible before the record either way: a listing
+        for another reason finds them.)"""
         if getattr(_scope, "paths", None) is not None:
             return fn()
         paths: list[str] = []
-        stamps: list[tuple[Callable[[Any], object], Any]] = []
+        stamps: list[tuple[Callable[[Any], object], Any]] | None = None if many else []
         _scope.paths, _scope.stamps = paths, stamps
         with _active_lock:
             ACTIVE[0] += 1
@@ -279,10 +289,10 @@ class DurableLog:
             # Stamped all the same (a stamp for a file taken back costs a listing); an
             # error of a stamp does not hide the publish's own.
             with contextlib.suppress(StorageError):
-                _stamp_all(stamps)
+                _stamp_all(stamps or [])
             raise
         _leave()
-        _stamp_all(stamps)
+        _stamp_all(stamps or [])
         return out
 
     def commit(self, paths: list[str]) -> None:
