@@ -632,8 +632,8 @@ def _measure(
     )
 
 
-def _variants(clients: list[str]) -> tuple[tuple[str, str, str], ...]:
-    return tuple((s, c, m) for c in clients for m in MODES for s in SYSTEMS)
+def _variants(clients: list[str], modes: list[str]) -> tuple[tuple[str, str, str], ...]:
+    return tuple((s, c, m) for c in clients for m in modes for s in SYSTEMS)
 
 
 def _median(vals: list[float | None]) -> float | None:
@@ -669,7 +669,7 @@ def run_throughput(
                 log(f"  {system} skipped: {exc}")
                 out["skipped"][system] = str(exc)
         runs: dict[str, list[Run]] = {}
-        variants = _variants(args.clients)
+        variants = _variants(args.clients, args.modes)
         for r in range(args.rounds):
             for system, client, mode in _rotate(variants, r):
                 server = servers.get(system)
@@ -1148,6 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-rounds", type=int, help="start-up rounds (default: 3 quick, 5 full)")
     ap.add_argument("-n", type=int, help="messages per run (default: 3,000 quick, 30,000 full)")
     ap.add_argument("--clients", default=",".join(CLIENTS), help="pika,aio-pika")
+    ap.add_argument("--modes", default=",".join(MODES), help=",".join(MODES))
     ap.add_argument("--only", choices=("throughput", "startup"))
     ap.add_argument("--json", metavar="FILE", help="write the JSON there instead of stdout")
     ap.add_argument(
@@ -1164,6 +1165,10 @@ def main(argv: list[str] | None = None) -> int:
     for c in args.clients:
         if c not in CLIENTS:
             ap.error(f"unknown client {c!r}; choose from {', '.join(CLIENTS)}")
+    args.modes = [m for m in args.modes.split(",") if m]
+    for m in args.modes:
+        if m not in MODES:
+            ap.error(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
     filesystems = [f for f in args.fs.split(",") if f]
     for fs in filesystems:
         why = unavailable(fs)
@@ -1210,6 +1215,7 @@ def main(argv: list[str] | None = None) -> int:
         or custom
         or args.fs != FS_DEFAULT
         or tuple(args.clients) != CLIENTS
+        or tuple(args.modes) != MODES
     )
     out = Path(args.out) if args.out else None if partial else DEFAULT_OUT
     if out is None:

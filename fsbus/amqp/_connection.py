@@ -231,11 +231,14 @@ class Connection:
         )
         opened = False
         while True:
-            try:
-                with anyio.fail_after(HANDSHAKE_TIMEOUT if not opened else None):
-                    data = await self.stream.receive(65536)
-            except TimeoutError:
-                return
+            if opened:  # (no deadline: no cancel scope a frame, as a get round trip has)
+                data = await self.stream.receive(65536)
+            else:
+                try:
+                    with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                        data = await self.stream.receive(65536)
+                except TimeoutError:
+                    return
             self._last_recv = time.monotonic()
             try:
                 frames = reader.feed(data)
