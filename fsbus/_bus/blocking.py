@@ -21,7 +21,8 @@ from anyio.from_thread import BlockingPortal
 
 from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, UsageError
-from .._queues.definition import QueueInfo, QueueOptions
+from .._queues.definition import QueueInfo, QueueOptions, dead_letter_headers
+from .._queues.store import Expired
 from .._settings import Settings, settings
 from .browse import browse_messages, read_browsed
 from .configured import Configured
@@ -401,7 +402,16 @@ class BlockingBus(Configured):
     def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         """Delete queue ``name`` and its messages; returns how many messages it held."""
         self._check_writable(f"deleting queue {name!r}")
-        return self._queues.delete(name, if_unused=if_unused, if_empty=if_empty)
+        return self._queues.delete(
+            name, if_unused=if_unused, if_empty=if_empty, send=self._send_dropped
+        )
+
+    def _send_dropped(self, queue: str, target: str, messages: list[Expired], reason: str) -> None:
+        """Publish what queue ``queue`` dropped (``reason`` ``maxlen``) under its
+        dead-letter topic ``target``, in order, as the engine's sender does."""
+        for topic, payload, headers in messages:
+            headers = dead_letter_headers(headers, queue, topic, reason)
+            self.publish(target, payload, headers=headers)
 
     def routes(self, topic: str) -> list[str]:
         """The durable queues a message published on ``topic`` now gets a copy in."""

@@ -39,7 +39,7 @@ from typing import Final
 from .._errors import storage_error
 from .ops import Ops
 
-__all__ = ["DEBRIS_AGE", "LEASE", "Spooled", "spool", "take_spooled"]
+__all__ = ["DEBRIS_AGE", "LEASE", "Spooled", "count_spooled", "spool", "take_spooled"]
 
 DEBRIS_AGE: Final = 600.0
 """Seconds after which a half-written spool file (a publisher died writing it) is removed."""
@@ -115,6 +115,18 @@ def _read_all(ops: Ops, fd: int) -> bytes:
             break
         data += more
     return data
+
+
+def count_spooled(ops: Ops, folder: str) -> int:
+    """The messages in spool ``folder`` not sent yet: whole ones, and those a sender
+    has claimed by a rename (0 if there is no spool)."""
+    try:
+        names = ops.listdir(folder)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise storage_error("listing a queue's spool of dropped messages", exc, folder) from exc
+    return sum(1 for n in names if not n.startswith(_TMP))
 
 
 def take_spooled(

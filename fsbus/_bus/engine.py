@@ -41,7 +41,7 @@ from .._core.topics import validate_pattern, validate_topic
 from .._core.trie import TopicTrie
 from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, UsageError
-from .._queues.definition import Definition, QueueInfo, QueueOptions
+from .._queues.definition import Definition, QueueInfo, QueueOptions, dead_letter_headers
 from .._queues.routed import RouteMark
 from .._queues.store import Expired, QueueId, QueueStore, queue_id
 from .._settings import Settings, settings, was_set
@@ -2594,7 +2594,7 @@ class Bus(Configured):
                     await self._gc_if_turn()
                     await self._finish_peer_routes()
                 elif due is not None and due <= time.time():
-                    await anyio.to_thread.run_sync(self._queues.expire_queues)
+                    await anyio.to_thread.run_sync(self._queues.expire_queues, self._send_expired)
             except ClosedError:
                 return  # the bus is closing under us: not a failure worth a warning
             except Exception as exc:  # keep the bus running; say what went wrong
@@ -2644,12 +2644,7 @@ class Bus(Configured):
             self._counts["dead_lettered"] += len(messages)
             return
         for topic, payload, headers in messages:
-            headers = {
-                **headers,
-                "x-fsbus-queue": queue,
-                "x-fsbus-topic": topic,
-                "x-fsbus-reason": reason,
-            }
+            headers = dead_letter_headers(headers, queue, topic, reason)
             await self.publish(target, payload, headers=headers)
             self._counts["dead_lettered"] += 1
         log.debug(
@@ -2804,9 +2799,14 @@ class Bus(Configured):
     ) -> int:
         """Delete queue ``name`` and its messages; returns how many messages it held."""
         self._check_writable(f"deleting queue {name!r}")
-        held = await anyio.to_thread.run_sync(
-            functools.partial(self._queues.delete, name, if_unused=if_unused, if_empty=if_empty)
+        delete = functools.partial(
+            self._queues.delete,
+            name,
+            if_unused=if_unused,
+            if_empty=if_empty,
+            send=self._send_expired,  # (what it dropped goes to its dead-letter topic first)
         )
+        held = await anyio.to_thread.run_sync(delete)
         entry = self._queue_buses.get(name)
         if entry is not None and not entry.users:
             self._retire(name, entry)  # its bus, left open after its last consumer
@@ -3029,7 +3029,7 @@ class Bus(Configured):
             await self.publish(
                 target,
                 msg.payload,
-                headers={**msg.headers, "x-fsbus-queue": name, "x-fsbus-topic": msg.topic},
+                headers=dead_letter_headers(msg.headers, name, msg.topic),
             )
         log.warning(
             "message %s of queue %r failed %d times (last: %s); %s",

@@ -19,8 +19,8 @@ from .._errors import QueueFull, StorageError, storage_error
 from .._queues.definition import Definition
 from .._queues.store import DeadLettered, DeadLetterSend, Expired, QueueStore, copy_ttl
 from .._settings import Settings
+from .dropped import count_spooled, take_spooled
 from .dropped import spool as spool_messages
-from .dropped import take_spooled
 from .fs import BusFS, Claim, Go, NameClash, Then, Withdrawn, decode_meta, stamps_batched
 from .layout import Layout
 from .namer import Namer, next_unique
@@ -288,6 +288,10 @@ class QueueWriter:
             quarantine=quarantine,
             by_rename=self._fs.locking == "rename",
         )
+
+    def spooled(self, folder: str) -> int:
+        """Messages in spool ``folder`` not sent yet (see :mod:`.dropped`)."""
+        return count_spooled(self._fs.ops, folder)
 
     def remove(self, messages: list[tuple[str, str]]) -> int:
         return purge_some(self._fs, [], messages)[0]

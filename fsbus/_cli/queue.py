@@ -5,7 +5,7 @@ bindings until a consumer of the queue takes it (``fsbus subscribe --queue NAME`
 whether or not a consumer runs when it is published. ``ls`` prints a table, or one
 JSON object per queue with ``--json``::
 
-    {"name": "orders", "depth": 3, "consumers": 1, "bindings": ["orders.#"],
+    {"name": "orders", "depth": 3, "consumers": 1, "dead_lettering": 0, "bindings": ["orders.#"],
      "options": {"message_ttl": null, "max_length": null, "overflow": "drop-head", ...}}
 """
 
@@ -223,6 +223,7 @@ def queue_json(info: QueueInfo) -> dict[str, Any]:
         "name": info.name,
         "depth": info.depth,
         "consumers": info.consumers,
+        "dead_lettering": info.dead_lettering,
         "bindings": list(info.bindings),
         "options": dataclasses.asdict(info.options),
     }
@@ -287,6 +288,11 @@ def _info_line(verb: str, info: QueueInfo) -> str:
     return (
         f"{verb} queue {info.name!r}: bindings {_bindings_text(info.bindings)}; "
         f"{info.depth} message(s), {info.consumers} consumer(s)"
+        + (
+            f", {info.dead_lettering} dropped on their way to {info.options.dead_letter!r}"
+            if info.dead_lettering
+            else ""
+        )
     )
 
 

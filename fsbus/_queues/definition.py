@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -196,6 +197,19 @@ def _options_doc(options: QueueOptions) -> dict[str, Any]:
     return doc
 
 
+def dead_letter_headers(
+    headers: Mapping[str, str], queue: str, topic: str, reason: str | None = None
+) -> dict[str, str]:
+    """The headers a message of ``queue``, published on ``topic``, carries once
+    dead-lettered: its own, where it came from (``x-fsbus-queue``, ``x-fsbus-topic``) and
+    why (``x-fsbus-reason``: ``expired``, ``maxlen``; none for one that failed its last
+    delivery)."""
+    out = {**headers, "x-fsbus-queue": queue, "x-fsbus-topic": topic}
+    if reason is not None:
+        out["x-fsbus-reason"] = reason
+    return out
+
+
 @dataclass(frozen=True)
 class QueueInfo:
     """A queue: its definition and what it holds now."""
@@ -210,3 +224,6 @@ class QueueInfo:
     """Messages in it: waiting, or held by a consumer and not yet acknowledged."""
     consumers: int
     """Consumers attached to it now (in any process on any host)."""
+    dead_lettering: int = 0
+    """Messages it dropped from its head (or refused) and has not yet republished under
+    its dead-letter topic (``dead_letter_dropped``): out of the queue, on their way."""

@@ -104,6 +104,9 @@ class QueueBus(Protocol):
         batches, then remove them; how many. A batch ``send`` raises for stays; a file
         that is not a dropped message goes to ``quarantine``."""
 
+    def spooled(self, folder: str) -> int:
+        """Messages in spool ``folder`` not sent yet (0 if there is none)."""
+
     def remove(self, messages: list[tuple[str, str]]) -> int:
         """Remove these messages (as a consumer would); how many were removed."""
 
@@ -813,8 +816,27 @@ class QueueStore:
             raise storage_error(f"{what} {pattern!r} of queue {name!r}", exc) from exc
         return d
 
-    def delete(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
-        """Delete a queue and its messages; returns how many messages it held."""
+    def delete(
+        self,
+        name: str,
+        *,
+        if_unused: bool = False,
+        if_empty: bool = False,
+        send: ExpiredSend | None = None,
+    ) -> int:
+        """Delete a queue and its messages; returns how many messages it held.
+
+        ``send``: where what the queue dropped and has not dead-lettered yet goes first
+        (its spool, ``dead_letter_dropped``: see :meth:`dead_letter_expired`). Those
+        messages left the queue already: on RabbitMQ they would be in the dead-letter
+        exchange's queues by now, and go with this queue no more than they would there."""
+        if send is not None:
+            try:
+                d: Definition | None = self.get(name)
+            except QueueNotFound:
+                d = None  # (said below)
+            if d is not None and d.options.dead_letter_dropped:
+                self._dead_letter_dropped(name, d, send)  # (outside the lock: it publishes)
         with self._changing():
             self.get(name)
             if if_unused and self.consumers(name):
@@ -858,7 +880,10 @@ class QueueStore:
                 depth = self.depth(name)  # not ours to trim (a read-only observer)
         else:
             depth = self.depth(name)
-        return QueueInfo(d.name, d.bindings, o, depth, self.consumers(name, skip))
+        spool = self.spool_of(d)
+        pub = None if spool is None else self._publisher(name)
+        dead_lettering = 0 if spool is None or pub is None else pub.spooled(spool)
+        return QueueInfo(d.name, d.bindings, o, depth, self.consumers(name, skip), dead_lettering)
 
     def depth(self, name: str) -> int:
         """Messages in queue ``name`` not expired (0 if it is gone)."""
@@ -960,7 +985,7 @@ class QueueStore:
             if pub is not None:
                 with contextlib.suppress(OSError):
                     pub.expire()
-        return self.expire_queues()
+        return self.expire_queues(send)
 
     def dead_letter_expired(self, send: ExpiredSend, *, census: bool = True) -> DeadLettered:
         """Hand every expired message of the queues with ``dead_letter_expired`` that no
@@ -1063,10 +1088,11 @@ class QueueStore:
             )
             return 0
 
-    def expire_queues(self) -> list[str]:
+    def expire_queues(self, send: ExpiredSend | None = None) -> list[str]:
         """Delete the queues with ``expires`` set and no use for that long, and the
         ``auto_delete`` ones whose last consumer died; their names. (The part of
-        :meth:`expire_unused` that :meth:`expiry_due` times: no message is read.)"""
+        :meth:`expire_unused` that :meth:`expiry_due` times: no message is read.)
+        ``send`` as for :meth:`delete`."""
         gone = []
         now = time.time()
         for name in self.names():
@@ -1087,7 +1113,7 @@ class QueueStore:
                 if now - used < d.options.expires:
                     continue
             with contextlib.suppress(FsBusError, OSError):
-                self.delete(name)
+                self.delete(name, send=send)
                 gone.append(name)
         return gone
 

@@ -397,3 +397,24 @@ def test_an_unacked_message_does_not_count_towards_a_reject_publish_queues_lengt
     for q in (src, dead):
         ch.queue_delete(q)
     ch.exchange_delete(dlx)
+
+
+def test_deleting_a_full_queue_right_after_it_dropped_loses_no_dead_letter(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """A queue with ``x-max-length`` 2 sent 20 messages (confirmed: each in the queue, or
+    dropped from it) and deleted at once: the 18 it dropped are with its dead-letter
+    exchange all the same, once each, in order (on the gateway the queue's spool goes
+    out before the queue does), and ``queue.delete`` counts the 2 it held."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    dlx, dead, src = maxlen_fanout(ch, names, "maxlen-delete", 2)
+    for i in range(20):
+        ch.basic_publish("", src, str(i).encode())
+    assert ch.queue_delete(src).method.message_count == 2
+    got = consume_all(conn, ch, dead, 18)
+    assert [int(b) for _m, _p, b in got] == list(range(18))
+    for _m, props, _b in got:
+        assert death_without_time(dict(props.headers))["reason"] == "maxlen"
+    ch.queue_delete(dead)
+    ch.exchange_delete(dlx)

@@ -484,3 +484,69 @@ async def test_a_queue_of_max_length_0_keeps_no_copy(root: Path, fast: BusConfig
         assert (await bus.queue_info("none")).depth == 0
         assert (await bus.queue_info("closed")).depth == 0
     assert [m.payload for m in got] == [str(i).encode() for i in range(5)]
+
+
+def _overfill_capped(bus: BlockingBus) -> None:
+    """Queue "capped" (2 at most) overfilled by 5 from a process that runs no engine: its
+    spool keeps the 5 it dropped, for now."""
+    bus.declare_queue(
+        "capped",
+        ["job.*"],
+        max_length=2,
+        dead_letter="dead.capped",
+        dead_letter_dropped=True,
+    )
+    bus.declare_queue("dlq", ["dead.#"])
+    for i in range(7):
+        bus.publish("job.a", str(i))
+
+
+def _drain(bus: BlockingBus, queue: str) -> list[tuple[bytes, str]]:
+    out = []
+    while True:
+        with bus.get(queue) as msg:
+            if msg is None:
+                return out
+            out.append((msg.payload, msg.headers["x-fsbus-reason"]))
+
+
+def test_queue_info_counts_what_is_on_its_way_to_the_dead_letter_topic(root: Path) -> None:
+    with BlockingBus(root) as bus:
+        _overfill_capped(bus)
+        info = bus.queue_info("capped")
+        assert (info.depth, info.dead_lettering) == (2, 5)
+        assert bus.queue_info("dlq").dead_lettering == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "fsbus", "queue", "ls", "--root", str(root), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = {q["name"]: q for q in map(json.loads, done.stdout.splitlines())}
+    assert rows["capped"]["dead_lettering"] == 5
+
+
+def test_deleting_a_queue_sends_what_it_dropped_first(root: Path) -> None:
+    """What a queue dropped left it already (on RabbitMQ it would be in the dead-letter
+    exchange's queues by now): deleting the queue sends it on, once, in order, rather
+    than dropping it with the queue."""
+    with BlockingBus(root) as bus:
+        _overfill_capped(bus)
+        assert bus.delete_queue("capped") == 2
+        got = _drain(bus, "dlq")
+    assert got == [(str(i).encode(), "maxlen") for i in range(5)]
+
+
+@pytest.mark.anyio
+async def test_deleting_a_queue_through_the_engine_dead_letters_each_dropped_one_once(
+    root: Path, fast: BusConfig
+) -> None:
+    """The same through ``Bus.delete_queue`` (the CLI's and the AMQP gateway's), whose
+    own sender may be sending the spool meanwhile: each one dead-lettered once."""
+    with BlockingBus(root) as setup:
+        _overfill_capped(setup)
+    async with Bus(root, config=fast) as bus:
+        assert await bus.delete_queue("capped") == 2
+    with BlockingBus(root) as bus:
+        got = _drain(bus, "dlq")
+    assert got == [(str(i).encode(), "maxlen") for i in range(5)]
