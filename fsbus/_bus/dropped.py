@@ -117,16 +117,20 @@ def _read_all(ops: Ops, fd: int) -> bytes:
     return data
 
 
-def count_spooled(ops: Ops, folder: str) -> int:
-    """The messages in spool ``folder`` not sent yet: whole ones, and those a sender
-    has claimed by a rename (0 if there is no spool)."""
+def _listed(ops: Ops, folder: str) -> list[str]:
+    """The names in spool ``folder`` (none if nothing was ever dropped)."""
     try:
-        names = ops.listdir(folder)
+        return ops.listdir(folder)
     except FileNotFoundError:
-        return 0
+        return []
     except OSError as exc:
         raise storage_error("listing a queue's spool of dropped messages", exc, folder) from exc
-    return sum(1 for n in names if not n.startswith(_TMP))
+
+
+def count_spooled(ops: Ops, folder: str) -> int:
+    """The messages in spool ``folder`` not sent yet: whole ones, and those a sender
+    has claimed by a rename."""
+    return sum(1 for n in _listed(ops, folder) if not n.startswith(_TMP))
 
 
 def take_spooled(
@@ -143,12 +147,7 @@ def take_spooled(
     renamed to ``.sending-NAME``, one winner), and remove each batch once sent; how many
     were sent. A batch ``send`` raises for is given back (and the exception raised). A
     file that is not a dropped message is moved to ``quarantine`` with a warning."""
-    try:
-        listed = ops.listdir(folder)
-    except FileNotFoundError:
-        return 0  # nothing was ever dropped
-    except OSError as exc:
-        raise storage_error("listing a queue's spool of dropped messages", exc, folder) from exc
+    listed = _listed(ops, folder)
     names = sorted(n for n in listed if not n.startswith("."))
     sent = 0
     held: list[tuple[str, str, int]] = []  # (path claimed, its spool path, descriptor)

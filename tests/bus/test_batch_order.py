@@ -21,50 +21,35 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig
-from fsbus._bus.ops import Ops
 from fsbus._bus.scan import name_published_ms
+from tests.tracked_ops import TrackedOps
 
 N = 300
 """Messages of the batch: enough to span many milliseconds."""
 ON = BusConfig(durable_log="on")
 
 
-class Recorder(Ops):
+class Recorder(TrackedOps):
     """Records renames into a bus's ``messages/`` and writes into its ``update/UPDATE``,
     each with the bus (the folder holding ``messages`` or ``update``) and the
     millisecond just before the call."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._paths: dict[int, str] = {}
+        super().__init__("/update/UPDATE")
         self.events: list[tuple[str, str, str, int]] = []  # (kind, bus, name, ms)
-
-    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
-        fd = super().open(path, flags, mode)
-        if path.endswith("/update/UPDATE"):
-            with self._lock:
-                self._paths[fd] = path
-        return fd
-
-    def close(self, fd: int) -> None:
-        with self._lock:
-            self._paths.pop(fd, None)
-        super().close(fd)
 
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         ms = int(time.time() * 1000)
         n = super().pwrite(fd, data, offset)
-        path = self._paths.get(fd)
-        if path is not None:
-            with self._lock:
+        with self.lock:
+            path = self.path_of(fd)
+            if path is not None:
                 self.events.append(("stamp", path[: -len("/update/UPDATE")], "", ms))
         return n
 
@@ -73,13 +58,13 @@ class Recorder(Ops):
         super().rename(src, dst)
         bucket = os.path.dirname(dst)
         if os.path.basename(os.path.dirname(bucket)) == "messages":
-            with self._lock:
+            with self.lock:
                 self.events.append(
                     ("place", os.path.dirname(os.path.dirname(bucket)), os.path.basename(dst), ms)
                 )
 
     def clear(self) -> None:
-        with self._lock:
+        with self.lock:
             self.events.clear()
 
 
