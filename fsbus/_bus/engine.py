@@ -40,7 +40,7 @@ import anyio.to_thread
 from .._core.topics import validate_pattern, validate_topic
 from .._core.trie import TopicTrie
 from .._core.watch import Waker
-from .._errors import ClosedError, FsBusError, UsageError
+from .._errors import ClosedError, FsBusError, QueueFull, UsageError
 from .._queues.definition import Definition, QueueInfo, QueueOptions, dead_letter_headers
 from .._queues.routed import RouteMark
 from .._queues.store import Expired, QueueId, QueueStore, queue_id
@@ -869,7 +869,11 @@ class Bus(Configured):
         headers: dict[str, str] | None = None,
         priority: int | None = None,
     ) -> list[PublishInfo]:
-        """Publish many (topic, payload) pairs with the same options in one batch."""
+        """Publish many (topic, payload) pairs with the same options in one batch.
+
+        As many ``publish`` calls one after the other: a message a full reject-publish
+        queue refuses raises :class:`QueueFull`, the ones before it published, it and
+        the ones after it not."""
         self._check_open()
         checked: list[tuple[str, bytes]] = []
         for topic, payload in items:
@@ -880,21 +884,33 @@ class Bus(Configured):
         if checked:  # the options, the same for every message: checked with the first
             self.plan(checked[0][0], single, ttl, durable, headers, priority)
         copies = [
-            (targets, topic, data)
-            for topic, data in checked
+            (i, targets, topic, data)
+            for i, (topic, data) in enumerate(checked)
             if (targets := self._queues.targets(topic))
         ]
         # one worker-thread hop for each step of the batch, not one per message
-        capped = [t for t, _, _ in copies if any(d.options.max_length is not None for d in t)]
-        if capped:
+        full: QueueFull | None = None
+        if any(d.options.max_length is not None for _, t, _, _ in copies for d in t):
 
-            def check_rooms() -> None:
-                for targets, topic, data in copies:
+            def check_rooms() -> tuple[int, QueueFull] | None:
+                # As one publish after the other: the first message a full reject-publish
+                # queue refuses (the batch's copies before it counted in) and why.
+                ahead: dict[str, int] = {}
+                for i, targets, topic, data in copies:
                     if any(d.options.max_length is not None for d in targets):
-                        refused = (topic, data, headers)
-                        self._queues.check_room(targets, refused)
+                        try:
+                            self._queues.check_room(targets, (topic, data, headers), ahead)
+                        except QueueFull as exc:
+                            return i, exc
+                    for d in targets:
+                        ahead[d.name] = ahead.get(d.name, 0) + 1
+                return None
 
-            await anyio.to_thread.run_sync(check_rooms)
+            refused = await anyio.to_thread.run_sync(check_rooms)
+            if refused is not None:  # published up to it, as publish() one by one would
+                cut, full = refused
+                checked = checked[:cut]
+                copies = [c for c in copies if c[0] < cut]
 
         def name(topic: str) -> PublishPlan:
             # named as it goes out: after the one before it was placed and stamped
@@ -910,7 +926,7 @@ class Bus(Configured):
         if copies:
 
             def route_all() -> None:
-                for targets, topic, data in copies:
+                for _, targets, topic, data in copies:
                     enqueue_each(
                         self._queues,
                         targets,
@@ -928,6 +944,8 @@ class Bus(Configured):
                 functools.partial(self._fs.durably, route_all, many=True) if durable else route_all
             )
         self._counts["published"] += len(out)
+        if full is not None:
+            raise full
         return out
 
     def plan(

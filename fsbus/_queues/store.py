@@ -402,16 +402,20 @@ class QueueStore:
         self,
         targets: tuple[Definition, ...],
         refused: tuple[str, bytes, Mapping[str, str] | None] | None = None,
+        ahead: Mapping[str, int] | None = None,
     ) -> None:
         """Raise :class:`QueueFull` if a reject-publish queue among ``targets`` is full.
         ``refused``: the message (topic, payload, headers), which each full one with
         ``dead_letter_dropped`` spools to be dead-lettered first (RabbitMQ's
-        ``reject-publish-dlx``: see :meth:`spool_of`)."""
+        ``reject-publish-dlx``: see :meth:`spool_of`). ``ahead``: copies that go into
+        queues (by name) before this one and are not written yet (the earlier messages
+        of a batch whose rooms are all checked first)."""
         first: QueueFull | None = None
         for d in targets:
             o = d.options
             if o.max_length is not None and o.overflow == "reject-publish":
-                depth = self._tally(d.name, o.max_length - 1)
+                extra = ahead.get(d.name, 0) if ahead else 0
+                depth = self._tally(d.name, o.max_length - 1 - extra) + extra
                 if depth >= o.max_length:
                     spooled = refused is not None and self._spool_refused(d, *refused)
                     first = first or QueueFull(

@@ -116,6 +116,41 @@ async def test_publish_many_copies_each_message_into_its_queues(root: Path, dura
     assert _staged(root) == []
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("face", ["async", "blocking"])
+async def test_publish_many_into_a_reject_publish_queue_stops_at_the_first_it_refuses(
+    root: Path, face: str
+) -> None:
+    """A batch bigger than the room a reject-publish queue has: as many publishes one
+    after the other, the messages that fit are published (on the bus and in the queue),
+    the first that does not raises QueueFull, and neither it nor the ones after it are
+    published anywhere; the queue never goes over its max_length. (The async face
+    checked every message of the batch against the queue as it was before the batch,
+    and published all ten into a queue of three.)"""
+    batch = [("jobs.stop", f"m{i}".encode()) for i in range(10)]
+    async with Bus(root) as bus:
+        await bus.declare_queue("capped", ["jobs.stop"], max_length=3, overflow="reject-publish")
+        await bus.declare_queue("all", ["jobs.#"])
+        await bus.publish("jobs.stop", b"m-before")
+        if face == "async":
+            with pytest.raises(QueueFull, match=r"capped.*reject-publish"):
+                await bus.publish_many(batch)
+        else:
+
+            def publish_many() -> None:
+                with BlockingBus(root) as blocking, pytest.raises(QueueFull):
+                    blocking.publish_many(batch)
+
+            await anyio.to_thread.run_sync(publish_many)
+        assert (await bus.queue_info("capped")).depth == 3
+        assert (await bus.queue_info("all")).depth == 3
+    with BlockingBus(root) as bus:
+        assert [p for _, p, _ in _drain(bus, "capped", 3)] == [b"m-before", b"m0", b"m1"]
+        assert sorted(p for _, p, _ in _drain(bus, "all", 3)) == [b"m-before", b"m0", b"m1"]
+        on_bus = [m.topic for m in bus.browse("#")]
+    assert len(on_bus) == 3  # the bus's own copies: none of the refused or later ones
+
+
 class FailingSync(Ops):
     """fdatasync fails (EIO) on the bus's own files: the queue buses use the real seam."""
 
