@@ -3019,7 +3019,9 @@ class Bus(Configured):
                     await anyio.to_thread.run_sync(os.close, fd)
                     deleted = True
                 else:
-                    deleted = await anyio.to_thread.run_sync(self._queues.detach, name, fd)
+                    deleted = await anyio.to_thread.run_sync(
+                        self._queues.detach, name, fd, self._send_expired
+                    )
             finally:
                 self._forget_consumer(name, path)  # (its file gone first)
             self._release_queue_bus(name, entry, token, linger=not deleted)

@@ -915,8 +915,9 @@ class QueueStore:
             os.unlink(f"{self.dir(name)}/{_ORPHANED}")  # it has a consumer again
         return fd
 
-    def detach(self, name: str, fd: int) -> bool:
-        """Unregister a consumer; True when the queue was auto-deleted as it left."""
+    def detach(self, name: str, fd: int, send: ExpiredSend | None = None) -> bool:
+        """Unregister a consumer; True when the queue was auto-deleted as it left
+        (``send`` as for :meth:`delete`)."""
         path = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else None
         with contextlib.suppress(OSError):
             if path:
@@ -929,7 +930,7 @@ class QueueStore:
             return False
         if d.options.auto_delete and self.consumers(name) == 0:
             with contextlib.suppress(QueueNotFound):
-                self.delete(name)
+                self.delete(name, send=send)
                 return True
         return False
 

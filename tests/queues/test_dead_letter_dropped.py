@@ -550,3 +550,32 @@ async def test_deleting_a_queue_through_the_engine_dead_letters_each_dropped_one
     with BlockingBus(root) as bus:
         got = _drain(bus, "dlq")
     assert got == [(str(i).encode(), "maxlen") for i in range(5)]
+
+
+@pytest.mark.anyio
+async def test_an_auto_delete_queue_dead_letters_what_it_dropped_as_its_last_consumer_leaves(
+    root: Path, fast: BusConfig
+) -> None:
+    """An ``auto_delete`` queue goes as its last consumer leaves; what it dropped and
+    had not yet dead-lettered goes to its dead-letter topic first (or has gone already,
+    by the bus's own sender): each once, in order."""
+    with BlockingBus(root) as setup:
+        setup.declare_queue(
+            "brief",
+            ["job.*"],
+            max_length=2,
+            dead_letter="dead.brief",
+            dead_letter_dropped=True,
+            auto_delete=True,
+        )
+        setup.declare_queue("dlq", ["dead.#"])
+        for i in range(7):
+            setup.publish("job.a", str(i))
+    async with Bus(root, config=fast) as bus:
+        async with bus.messages(queue="brief", prefetch=1) as it:
+            first = await it.receive(30.0)
+            await it.ack(first)
+        assert "brief" not in [q.name for q in await bus.queues()]
+    with BlockingBus(root) as bus:
+        got = _drain(bus, "dlq")
+    assert got == [(str(i).encode(), "maxlen") for i in range(5)]
