@@ -486,15 +486,16 @@ async def test_a_queue_of_max_length_0_keeps_no_copy(root: Path, fast: BusConfig
     assert [m.payload for m in got] == [str(i).encode() for i in range(5)]
 
 
-def _overfill_capped(bus: BlockingBus) -> None:
-    """Queue "capped" (2 at most) overfilled by 5 from a process that runs no engine: its
+def _overfill_capped(bus: BlockingBus, name: str = "capped", *, auto_delete: bool = False) -> None:
+    """Queue ``name`` (2 at most) overfilled by 5 from a process that runs no engine: its
     spool keeps the 5 it dropped, for now."""
     bus.declare_queue(
-        "capped",
+        name,
         ["job.*"],
         max_length=2,
-        dead_letter="dead.capped",
+        dead_letter=f"dead.{name}",
         dead_letter_dropped=True,
+        auto_delete=auto_delete,
     )
     bus.declare_queue("dlq", ["dead.#"])
     for i in range(7):
@@ -560,17 +561,7 @@ async def test_an_auto_delete_queue_dead_letters_what_it_dropped_as_its_last_con
     had not yet dead-lettered goes to its dead-letter topic first (or has gone already,
     by the bus's own sender): each once, in order."""
     with BlockingBus(root) as setup:
-        setup.declare_queue(
-            "brief",
-            ["job.*"],
-            max_length=2,
-            dead_letter="dead.brief",
-            dead_letter_dropped=True,
-            auto_delete=True,
-        )
-        setup.declare_queue("dlq", ["dead.#"])
-        for i in range(7):
-            setup.publish("job.a", str(i))
+        _overfill_capped(setup, "brief", auto_delete=True)
     async with Bus(root, config=fast) as bus:
         async with bus.messages(queue="brief", prefetch=1) as it:
             first = await it.receive(30.0)
