@@ -20,7 +20,7 @@ import anyio
 from anyio.from_thread import BlockingPortal
 
 from .._core.topics import validate_topic
-from .._errors import ClosedError, FsBusError, UsageError
+from .._errors import ClosedError, FsBusError, QueueFull, UsageError
 from .._queues.definition import QueueInfo, QueueOptions, dead_letter_headers
 from .._queues.store import Expired
 from .._settings import Settings, settings
@@ -36,7 +36,7 @@ from .namer import Namer, new_publish_info
 from .ops import Ops
 from .plan import PublishPlan, payload_bytes
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import enqueue_each, open_store, renaming, route
+from .queueing import enqueue_each, open_store, refused_in_batch, renaming, route
 from .sweep import collect_garbage
 
 if TYPE_CHECKING:
@@ -275,18 +275,23 @@ class BlockingBus(Configured):
         be written, every message of the call is taken back and the error raised)."""
 
         def each() -> list[PublishInfo]:
-            return [
-                self.publish(
-                    t,
-                    p,
-                    single=single,
-                    ttl=ttl,
-                    durable=durable,
-                    headers=headers,
-                    priority=priority,
-                )
-                for t, p in items
-            ]
+            out = []
+            for i, (t, p) in enumerate(items):
+                try:
+                    out.append(
+                        self.publish(
+                            t,
+                            p,
+                            single=single,
+                            ttl=ttl,
+                            durable=durable,
+                            headers=headers,
+                            priority=priority,
+                        )
+                    )
+                except QueueFull as exc:
+                    raise refused_in_batch(exc, i, len(items)) from None
+            return out
 
         return self._fs.durably(each, many=True) if durable else each()
 

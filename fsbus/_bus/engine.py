@@ -58,7 +58,7 @@ from .offload import Offload, ScanTooBig
 from .ops import Ops
 from .plan import PublishPlan, payload_bytes
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import enqueue_each, open_store, renaming, route
+from .queueing import enqueue_each, open_store, refused_in_batch, renaming, route
 from .retry import Contention, RetrySchedule
 from .scan import (
     Entry,
@@ -945,7 +945,7 @@ class Bus(Configured):
             )
         self._counts["published"] += len(out)
         if full is not None:
-            raise full
+            raise refused_in_batch(full, len(out), len(items))
         return out
 
     def plan(

@@ -395,6 +395,15 @@ def renaming(
     return publish
 
 
+def refused_in_batch(exc: QueueFull, index: int, total: int) -> QueueFull:
+    """``exc``, raised for message ``index`` of a ``publish_many`` of ``total``, saying
+    which messages of the batch went: the ones before it, not it nor the ones after."""
+    return QueueFull(
+        f"{exc} (message {index + 1} of {total} of publish_many: the {index} before it "
+        "were published, it and the ones after it were not)"
+    )
+
+
 def route(
     store: QueueStore,
     targets: tuple[Definition, ...],

@@ -420,8 +420,8 @@ class QueueStore:
                     spooled = refused is not None and self._spool_refused(d, *refused)
                     first = first or QueueFull(
                         f"queue {d.name!r} is full ({depth} of max_length={o.max_length}, "
-                        "overflow='reject-publish'): nothing was published"
-                        + ("; the message goes to its dead-letter topic" if spooled else "")
+                        "overflow='reject-publish'): the message was not published"
+                        + ("; it goes to the queue's dead-letter topic" if spooled else "")
                         + "; consume from it, purge it, or publish again later"
                     )
         if first is not None:

@@ -409,7 +409,7 @@ async def test_a_full_reject_publish_queue_dead_letters_each_copy_it_refuses(
         await bus.subscribe(None, dead, queue="dlq", prefetch=1)
         await bus.publish("t.x", b"0")
         await bus.publish("t.x", b"1")
-        with pytest.raises(QueueFull, match="the message goes to its dead-letter topic"):
+        with pytest.raises(QueueFull, match="it goes to the queue's dead-letter topic"):
             await bus.publish("t.x", b"2", headers={"k": "v"})
         with pytest.raises(QueueFull):
             await bus.publish_many([("t.x", b"3")])
