@@ -483,6 +483,11 @@ class Bus(Configured):
         self._cut_ms: int | None = None  # when a subscription came to a router (_scan)
         self._full_wall = 0.0  # when the last full listing began (time.time)
         self._in_flight: set[tuple[int, str]] = set()
+        # Work items this bus acked (removed), with when (time.monotonic), until a
+        # listing that began after that has listed their bucket: a listing that raced
+        # the ack may have seen one and put it back on the heap, and claiming it would
+        # look like losing it to another consumer (see _claim_round).
+        self._acked_keys: dict[tuple[int, str], float] = {}
         # (rank, push order, entry): a heap comparison is one integer comparison
         self._ready: list[tuple[int, int, Entry]] = []
         self._ready_keys: set[tuple[int, str]] = set()
@@ -1346,6 +1351,10 @@ class Bus(Configured):
         if full:
             self._last_refresh = now
             self._full_wall, self._passed_by_stamps = wall, False
+        if self._acked_keys:
+            self._acked_keys = {
+                k: t for k, t in self._acked_keys.items() if t >= now or k[0] not in listings
+            }
         self._last_update = update if update is not None else self._last_update
         self._counts["scans"] += 1
         self._retries.put_back((key for key in due if key[0] not in listings), now)
@@ -2003,6 +2012,7 @@ class Bus(Configured):
             self._ready_keys.discard(e.key)
             if (
                 e.key in self._in_flight
+                or e.key in self._acked_keys
                 or self._retries.backing_off(e.key, now)
                 or e.name not in self._state.seen.get(e.bucket_index, ())
                 or e.expires_ms <= now_ms
@@ -2362,6 +2372,7 @@ class Bus(Configured):
             self._not_finished(key)  # logged by _finish_many; the message is still there
         else:
             self._counts["acked"] += 1
+            self._acked_keys[key] = time.monotonic()
         self._settled(sub, key)
 
     def _not_finished(self, key: tuple[int, str]) -> None:

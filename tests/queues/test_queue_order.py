@@ -118,3 +118,70 @@ def test_a_get_takes_one_publishers_messages_in_order(root: Path) -> None:
                         got.append(int(msg.payload))
     assert ops.fired.is_set()
     assert got == list(range(N))
+
+
+class ListingRacesAnAck(Ops):
+    """Holds the next listing of queue ``q`` that finds the message named ``name`` (in
+    the scan's worker thread; never on the event loop, which the ack needs) from the
+    moment it has read the bucket until the message is unlinked: the listing returns,
+    as one that raced the ack does, a message that is gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self.name: str | None = None
+        self.gone: str | None = None
+        self.holding = threading.Event()
+        self.unlinked = threading.Event()
+        self.returned_gone = False
+
+    def arm(self, name: str) -> None:
+        with self._lock:
+            self.name = self.gone = name
+
+    def listdir(self, path: str) -> list[str]:
+        names = super().listdir(path)
+        hold = False
+        if "/queues/q/bus/" in path and threading.current_thread() is not threading.main_thread():
+            with self._lock:
+                if self.name is not None and self.name in names:
+                    self.name, hold = None, True
+        if hold:
+            self.holding.set()
+            self.returned_gone = self.unlinked.wait(WAIT)
+        return names
+
+    def unlink(self, path: str) -> None:
+        super().unlink(path)
+        if self.gone is not None and path.endswith("/" + self.gone):
+            self.unlinked.set()
+
+
+@pytest.mark.anyio
+async def test_a_consumers_ack_racing_its_own_listing_is_not_a_lost_claim(root: Path) -> None:
+    # A listing that began before an ack returns the acked message: the bus must not
+    # try to claim it again, fail, and take that for other consumers winning its
+    # claims (which makes it start its next claims at a random place, out of order).
+    config = BusConfig(poll_interval=0.02, refresh_ttl=0.01)  # full listings, in the thread
+    with BlockingBus(root) as publisher:
+        publisher.declare_queue("q", ["t.#"])
+        for i in range(N):
+            publisher.publish("t.x", str(i))
+    ops = ListingRacesAnAck()
+    got: list[int] = []
+    async with Bus(root, config=config, ops=ops) as bus:
+        async with bus.messages(queue="q", prefetch=1) as it:
+            first = await it.receive(WAIT)
+            got.append(int(first.payload))
+            ops.arm(first.name)
+            assert await anyio.to_thread.run_sync(ops.holding.wait, WAIT)
+            await it.ack(first)
+            with anyio.fail_after(WAIT):
+                while len(got) < N:
+                    msg = await it.receive(WAIT)
+                    got.append(int(msg.payload))
+                    await it.ack(msg)
+            lost = bus.statistics().claims_lost
+    assert ops.returned_gone  # the listing did return the acked message
+    assert got == list(range(N))
+    assert lost == 0
