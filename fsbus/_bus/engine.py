@@ -483,10 +483,9 @@ class Bus(Configured):
         self._cut_ms: int | None = None  # when a subscription came to a router (_scan)
         self._full_wall = 0.0  # when the last full listing began (time.time)
         self._in_flight: set[tuple[int, str]] = set()
-        # Work items this bus acked (removed), with when (time.monotonic), until a
-        # listing that began after that has listed their bucket: a listing that raced
-        # the ack may have seen one and put it back on the heap, and claiming it would
-        # look like losing it to another consumer (see _claim_round).
+        # Work items this bus acked (removed), with when (time.monotonic), while a
+        # listing that began before the ack may put them on the heap, or they are on it:
+        # claiming one would look like losing it to another consumer (_claim_round).
         self._acked_keys: dict[tuple[int, str], float] = {}
         # (rank, push order, entry): a heap comparison is one integer comparison
         self._ready: list[tuple[int, int, Entry]] = []
@@ -1352,9 +1351,9 @@ class Bus(Configured):
             self._last_refresh = now
             self._full_wall, self._passed_by_stamps = wall, False
         if self._acked_keys:
-            self._acked_keys = {
-                k: t for k, t in self._acked_keys.items() if t >= now or k[0] not in listings
-            }
+            # (a listing that began after an ack does not see the message)
+            ready = self._ready_keys
+            self._acked_keys = {k: t for k, t in self._acked_keys.items() if t >= now or k in ready}
         self._last_update = update if update is not None else self._last_update
         self._counts["scans"] += 1
         self._retries.put_back((key for key in due if key[0] not in listings), now)
