@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Self
@@ -41,6 +41,7 @@ from .sweep import collect_garbage
 
 if TYPE_CHECKING:
     from .._config import BusConfig
+    from .._queues.definition import Definition
 
 __all__ = ["BlockingBus", "BlockingMessages"]
 
@@ -202,43 +203,9 @@ class BlockingBus(Configured):
             payload = payload.encode("utf-8")
         targets = self._queues.targets(topic)
         if targets:
-            # Durable queues are bound to it: a copy goes into each before this returns.
-            if isinstance(payload, os.PathLike):
-                with open(payload, "rb") as f:
-                    payload = f.read()
-            elif hasattr(payload, "read"):
-                payload = payload.read()
-            elif not isinstance(payload, bytes | bytearray | memoryview):
-                payload = payload_bytes(payload)  # raises, naming what it was
-            if not isinstance(payload, bytes | bytearray | memoryview):
-                raise UsageError(
-                    "the payload file gave text, not bytes; open it in binary mode ('rb')"
-                )
-            data = bytes(payload)
-            self._namer.check_size(len(data))
-            self._queues.check_room(targets, (topic, data, headers))
-            planned = [plan]
-            # The message, then a copy in each queue before this returns (a durable one
-            # syncs them all together: see route).
-            size = route(
-                self._queues,
-                targets,
-                topic,
-                data,
-                ttl=ttl,
-                durable=durable,
-                headers=headers,
-                priority=priority,
-                publish=renaming(
-                    self._fs,
-                    planned,
-                    data,
-                    lambda: self._namer.plan(topic, single, ttl, durable, headers, priority),
-                ),
-                main=self._fs,
+            return self._publish_routed(
+                plan, topic, single, payload, targets, ttl, durable, headers, priority
             )
-            self._published += 1
-            return self._namer.info(planned[0], size)
         if isinstance(payload, bytes | bytearray | memoryview):
             data = bytes(payload)
             self._namer.check_size(len(data))
@@ -416,7 +383,87 @@ class BlockingBus(Configured):
         dead-letter topic ``target``, in order, as the engine's sender does."""
         for topic, payload, headers in messages:
             headers = dead_letter_headers(headers, queue, topic, reason)
-            self.publish(target, payload, headers=headers)
+            self._publish_except(target, payload, (queue,), headers=headers)
+
+    def _publish_except(
+        self,
+        topic: str,
+        payload: bytes,
+        skip: Collection[str],
+        *,
+        ttl: float | None = None,
+        durable: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int | None = None,
+    ) -> int:
+        """Publish as :meth:`publish` does, but into none of the queues named in
+        ``skip`` (a dead letter that would close a cycle through them); how many queues
+        got a copy."""
+        self._check_open()
+        plan = self._namer.plan(topic, False, ttl, durable, headers, priority)
+        targets = tuple(d for d in self._queues.targets(topic) if d.name not in skip)
+        if targets:
+            self._publish_routed(
+                plan, topic, False, payload, targets, ttl, durable, headers, priority
+            )
+        else:
+            self._namer.check_size(len(payload))
+            try:
+                self._fs.publish(plan, payload)
+            except NameClash:  # astronomically rare: name it again
+                plan = self._namer.plan(topic, False, ttl, durable, headers, priority)
+                self._fs.publish(plan, payload)
+            self._published += 1
+        return len(targets)
+
+    def _publish_routed(
+        self,
+        plan: PublishPlan,
+        topic: str,
+        single: bool,
+        payload: bytes | str | os.PathLike[str] | IO[bytes],
+        targets: tuple[Definition, ...],
+        ttl: float | None,
+        durable: bool,
+        headers: dict[str, str] | None,
+        priority: int | None,
+    ) -> PublishInfo:
+        """:meth:`publish` of a message the durable queues ``targets`` are bound to: a
+        copy goes into each before this returns."""
+        if isinstance(payload, os.PathLike):
+            with open(payload, "rb") as f:
+                payload = f.read()
+        elif hasattr(payload, "read"):
+            payload = payload.read()
+        elif not isinstance(payload, bytes | bytearray | memoryview):
+            payload = payload_bytes(payload)  # raises, naming what it was
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise UsageError("the payload file gave text, not bytes; open it in binary mode ('rb')")
+        data = bytes(payload)
+        self._namer.check_size(len(data))
+        self._queues.check_room(targets, (topic, data, headers))
+        planned = [plan]
+        # The message, then a copy in each queue before this returns (a durable one
+        # syncs them all together: see route).
+        size = route(
+            self._queues,
+            targets,
+            topic,
+            data,
+            ttl=ttl,
+            durable=durable,
+            headers=headers,
+            priority=priority,
+            publish=renaming(
+                self._fs,
+                planned,
+                data,
+                lambda: self._namer.plan(topic, single, ttl, durable, headers, priority),
+            ),
+            main=self._fs,
+        )
+        self._published += 1
+        return self._namer.info(planned[0], size)
 
     def routes(self, topic: str) -> list[str]:
         """The durable queues a message published on ``topic`` now gets a copy in."""

@@ -25,7 +25,15 @@ import random
 import threading
 import time
 import typing
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from types import TracebackType
@@ -808,27 +816,7 @@ class Bus(Configured):
             # in the thread too. Otherwise inline while publishing is (five calls a
             # file, as a plain publish), in the thread when the mount is slow.
             planned = [plan]
-
-            def routed() -> int:
-                self._queues.check_room(targets, (topic, data, headers))
-                return route(
-                    self._queues,
-                    targets,
-                    topic,
-                    data,
-                    ttl=ttl,
-                    durable=durable,
-                    headers=headers,
-                    priority=priority,
-                    publish=renaming(
-                        self._fs,
-                        planned,
-                        data,
-                        lambda: self.plan(topic, single, ttl, durable, headers, priority),
-                    ),
-                    main=self._fs,
-                )
-
+            routed = self._router(planned, data, targets, single, ttl, durable, headers, priority)
             if durable or any(d.options.max_length is not None for d in targets):
                 size = await anyio.to_thread.run_sync(routed)
             else:
@@ -862,6 +850,68 @@ class Bus(Configured):
             )
         self._counts["published"] += 1
         return self._namer.info(plan, size)
+
+    def _router(
+        self,
+        planned: list[PublishPlan],
+        data: bytes,
+        targets: tuple[Definition, ...],
+        single: bool,
+        ttl: float | None,
+        durable: bool,
+        headers: dict[str, str] | None,
+        priority: int | None,
+    ) -> Callable[[], int]:
+        """Blocking: publish ``planned[0]`` (named again in place on a clash) with a
+        copy in each of the queues ``targets``, as :func:`route` does; its size."""
+        topic = planned[0].topic
+
+        def routed() -> int:
+            self._queues.check_room(targets, (topic, data, headers))
+            return route(
+                self._queues,
+                targets,
+                topic,
+                data,
+                ttl=ttl,
+                durable=durable,
+                headers=headers,
+                priority=priority,
+                publish=renaming(
+                    self._fs,
+                    planned,
+                    data,
+                    lambda: self.plan(topic, single, ttl, durable, headers, priority),
+                ),
+                main=self._fs,
+            )
+
+        return routed
+
+    async def _publish_except(
+        self, topic: str, data: bytes, skip: Collection[str], headers: dict[str, str]
+    ) -> None:
+        """Publish a dead letter as :meth:`publish` does, but into none of the queues
+        named in ``skip`` (the queue it expired in, or was dropped from: going back
+        there would close a cycle, which RabbitMQ breaks too)."""
+        self._check_open()
+        every = await anyio.to_thread.run_sync(self._queues.targets, topic)
+        targets = tuple(d for d in every if d.name not in skip)
+        if len(targets) == len(every):
+            await self.publish(topic, data, headers=headers)
+            return
+        plan = self.plan(topic, False, None, False, headers, None)
+        self._namer.check_size(len(data))
+        if targets:
+            routed = self._router([plan], data, targets, False, None, False, headers, None)
+            await anyio.to_thread.run_sync(routed)
+        else:
+            try:
+                await self._offload.publish(plan, data)
+            except NameClash:  # astronomically rare: name it again
+                plan = self.plan(topic, False, None, False, headers, None)
+                await self._offload.publish(plan, data)
+        self._counts["published"] += 1
 
     async def publish_many(
         self,
@@ -2673,7 +2723,7 @@ class Bus(Configured):
             return
         for topic, payload, headers in messages:
             headers = dead_letter_headers(headers, queue, topic, reason)
-            await self.publish(target, payload, headers=headers)
+            await self._publish_except(target, payload, (queue,), headers)
             self._counts["dead_lettered"] += 1
         log.debug(
             "%d message(s) of queue %r dead-lettered to %r (%s)",

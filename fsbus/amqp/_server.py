@@ -333,6 +333,16 @@ class Gateway:
             targets = bus.routes(topic)
             if job.exchange == "amq.topic":
                 # on the bus itself too: fsbus subscribers of the routing key see it
+                if job.not_into:  # a dead letter: into none of the queues of its cycle
+                    return bus._publish_except(
+                        topic,
+                        job.body,
+                        job.not_into,
+                        ttl=job.ttl,
+                        durable=job.durable,
+                        headers=job.headers,
+                        priority=job.priority,
+                    )
                 bus.publish(
                     topic,
                     job.body,

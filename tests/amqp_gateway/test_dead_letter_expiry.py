@@ -280,3 +280,38 @@ def test_an_expired_message_is_not_routed_back_into_a_queue_it_died_in(
     for q in (src, kept):
         ch.queue_delete(q)
     ch.exchange_delete(dlx)
+
+
+def test_an_expired_message_is_not_routed_back_through_amq_topic_into_its_queue(
+    conn: pika.BlockingConnection, names: Names
+) -> None:
+    """As above, through ``amq.topic`` (which the gateway also publishes on the bus
+    itself, for fsbus subscribers): the queue and a collector are bound to the
+    dead-letter routing key; each expired message reaches the collector once, and not
+    the queue it died in, which stays empty over several ttl (polled for 1.5 s)."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    key = names("cycle-key")
+    src = ch.queue_declare(
+        names("topic-cycle-src"),
+        arguments={
+            "x-message-ttl": 200,
+            "x-dead-letter-exchange": "amq.topic",
+            "x-dead-letter-routing-key": key,
+        },
+    ).method.queue
+    kept = ch.queue_declare(names("topic-cycle-kept")).method.queue
+    for q in (src, kept):
+        ch.queue_bind(q, "amq.topic", key)
+    for i in range(3):
+        ch.basic_publish("", src, str(i).encode())
+    got = get_all(ch, kept, 3)
+    assert sorted(body for _m, _p, body in got) == [b"0", b"1", b"2"]
+    assert {death_without_time(dict(p.headers))["queue"] for _m, p, _b in got} == {src}
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:
+        assert count(ch, src) == 0, "routed back into the queue it died in"
+        time.sleep(0.05)
+    assert count(ch, kept) == 0
+    for q in (src, kept):
+        ch.queue_delete(q)

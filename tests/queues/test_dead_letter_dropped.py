@@ -570,3 +570,55 @@ async def test_an_auto_delete_queue_dead_letters_what_it_dropped_as_its_last_con
     with BlockingBus(root) as bus:
         got = _drain(bus, "dlq")
     assert got == [(str(i).encode(), "maxlen") for i in range(5)]
+
+
+@pytest.mark.anyio
+async def test_a_dropped_message_does_not_go_back_into_the_queue_that_dropped_it(
+    root: Path, fast: BusConfig
+) -> None:
+    """ "capped" (2 at most) is bound to every topic, its dead-letter topic included: what
+    it drops is dead-lettered once, into "kept", and not back into "capped", where each
+    would drop another, for ever (RabbitMQ drops a dead letter that would close such a
+    cycle). Of 5 published, 0 1 2 go to "kept"; a sixth then drops 3, which follows
+    them (after any that came back would have); "capped" keeps 4 and 5."""
+    kept = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "capped", ["#"], max_length=2, dead_letter="over.capped", dead_letter_dropped=True
+        )
+        await bus.declare_queue("kept", ["over.#"])
+        await bus.subscribe(None, kept, queue="kept", prefetch=1)
+        for i in range(5):
+            await bus.publish("job.a", str(i).encode())
+        await kept.wait_for(3)
+        await bus.publish("job.a", b"5")
+        await wait_until(lambda: any(m.payload == b"3" for m in kept.messages))
+        await wait_until(lambda: bus.statistics().dead_lettered >= 4)
+        assert bus.statistics().dead_lettered == 4
+        left = []
+        while True:
+            async with bus.get("capped") as msg:
+                if msg is None:
+                    break
+                left.append(msg.payload)
+    assert [(m.payload, m.headers["x-fsbus-reason"]) for m in kept.messages] == [
+        (str(i).encode(), "maxlen") for i in range(4)
+    ]
+    assert left == [b"4", b"5"]
+
+
+def test_deleting_a_queue_bound_to_its_own_dead_letter_topic_sends_its_drops_on(
+    root: Path,
+) -> None:
+    """The spool sent as a queue bound to its own dead-letter topic is deleted reaches the
+    other queue bound to that topic once each, in order."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue(
+            "capped", ["#"], max_length=2, dead_letter="dead.capped", dead_letter_dropped=True
+        )
+        bus.declare_queue("dlq", ["dead.#"])
+        for i in range(7):
+            bus.publish("job.a", str(i))
+        assert bus.delete_queue("capped") == 2
+        got = _drain(bus, "dlq")
+    assert got == [(str(i).encode(), "maxlen") for i in range(5)]

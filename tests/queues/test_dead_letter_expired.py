@@ -64,6 +64,35 @@ async def test_a_delay_queue_dead_letters_every_expired_message_once_in_order(
 
 
 @pytest.mark.anyio
+async def test_an_expired_message_does_not_go_back_into_the_queue_it_expired_in(
+    root: Path, fast: BusConfig
+) -> None:
+    """ "audit" is bound to every topic, its dead-letter topic included: each message that
+    expires in it is dead-lettered once, into "kept", and not back into "audit" (where it
+    would expire and be dead-lettered again, for ever; RabbitMQ drops a dead letter that
+    would close such a cycle). A message published once the first three are in "kept"
+    expires after any copy of them that came back would have, so "kept" gets exactly the
+    four messages, in order, the last one last."""
+    kept = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "audit", ["#"], message_ttl=0.2, dead_letter="dead.audit", dead_letter_expired=True
+        )
+        await bus.declare_queue("kept", ["dead.#"])
+        await bus.subscribe(None, kept, queue="kept", prefetch=1)
+        for i in range(3):
+            await bus.publish("job.a", str(i).encode())
+        await kept.wait_for(3)
+        await bus.publish("job.a", b"3")
+        await wait_until(lambda: any(m.payload == b"3" for m in kept.messages))
+        await wait_until(lambda: bus.statistics().dead_lettered >= 4)
+        assert bus.statistics().dead_lettered == 4
+        assert (await bus.queue_info("audit")).depth == 0
+    got = [(m.payload, m.headers["x-fsbus-queue"], m.topic) for m in kept.messages]
+    assert got == [(str(i).encode(), "audit", "dead.audit") for i in range(4)]
+
+
+@pytest.mark.anyio
 async def test_a_message_a_consumer_holds_is_not_dead_lettered_when_it_expires(
     root: Path, fast: BusConfig
 ) -> None:
