@@ -555,7 +555,9 @@ class BlockingBus(Configured):
         delete the durable queues whose time is up (see :meth:`Bus.gc`)."""
         self._check_writable("gc (removing expired messages and debris)")
         n, q, debris = collect_garbage(self._fs, set(), debris_age)
-        self._queues.expire_unused()
+        # (what a queue deleted here dropped goes on first, as with delete_queue; the
+        # expired messages stay for the processes that dead-letter them)
+        self._queues.expire_unused(on_delete=self._send_dropped)
         return n + q + debris
 
     def purge(self, pattern: str, *, kind: PurgeKind = "single") -> PurgeReport:

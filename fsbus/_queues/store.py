@@ -968,12 +968,16 @@ class QueueStore:
         self.touch(name)
         _stamp(self.dir(name), _ORPHANED, utime=False)
 
-    def expire_unused(self, send: ExpiredSend | None = None) -> list[str]:
+    def expire_unused(
+        self, send: ExpiredSend | None = None, *, on_delete: ExpiredSend | None = None
+    ) -> list[str]:
         """Remove expired messages from every queue, and delete the queues with
         ``expires`` set and no use for that long, and the ``auto_delete`` ones whose last
         consumer died (see :meth:`_reaped`); their names. The expired messages of a
         queue with ``dead_letter_expired`` go to ``send`` (see :meth:`dead_letter_expired`)
-        if this process is the one that looks for them, or stay, for the one that is."""
+        if this process is the one that looks for them, or stay, for the one that is.
+        ``on_delete``: where what a deleted queue dropped goes (default ``send``: see
+        :meth:`delete`), for a process that does not look for expired messages."""
         if self._messages is not None:
             self.sweep_routed(self._messages)
         for name in self.names():
@@ -990,7 +994,7 @@ class QueueStore:
             if pub is not None:
                 with contextlib.suppress(OSError):
                     pub.expire()
-        return self.expire_queues(send)
+        return self.expire_queues(send if on_delete is None else on_delete)
 
     def dead_letter_expired(self, send: ExpiredSend, *, census: bool = True) -> DeadLettered:
         """Hand every expired message of the queues with ``dead_letter_expired`` that no

@@ -622,3 +622,28 @@ def test_deleting_a_queue_bound_to_its_own_dead_letter_topic_sends_its_drops_on(
         assert bus.delete_queue("capped") == 2
         got = _drain(bus, "dlq")
     assert got == [(str(i).encode(), "maxlen") for i in range(5)]
+
+
+def test_a_gc_that_deletes_an_unused_queue_sends_what_it_dropped_first(root: Path) -> None:
+    """``BlockingBus.gc`` deletes a queue left unused for its ``expires``:
+    what the queue had dropped goes to the dead-letter topic first, once each, in
+    order, as with ``delete_queue``, rather than going with the queue."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue(
+            "capped",
+            ["job.*"],
+            max_length=2,
+            dead_letter="dead.capped",
+            dead_letter_dropped=True,
+            expires=0.2,
+        )
+        bus.declare_queue("dlq", ["dead.#"])
+        for i in range(7):
+            bus.publish("job.a", str(i))
+        deadline = time.monotonic() + 30
+        while "capped" in {q.name for q in bus.queues()}:  # unused for 0.2 s, then gone
+            assert time.monotonic() < deadline, "gc never deleted the unused queue"
+            bus.gc()
+            time.sleep(0.05)
+        got = _drain(bus, "dlq")
+    assert got == [(str(i).encode(), "maxlen") for i in range(5)]
