@@ -25,15 +25,7 @@ import random
 import threading
 import time
 import typing
-from collections.abc import (
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Collection,
-    Iterable,
-    Sequence,
-)
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from types import TracebackType
@@ -888,18 +880,14 @@ class Bus(Configured):
 
         return routed
 
-    async def _publish_except(
-        self, topic: str, data: bytes, skip: Collection[str], headers: dict[str, str]
+    async def _publish_into(
+        self, topic: str, data: bytes, targets: tuple[Definition, ...], headers: dict[str, str]
     ) -> None:
-        """Publish a dead letter as :meth:`publish` does, but into none of the queues
-        named in ``skip`` (the queue it expired in, or was dropped from: going back
-        there would close a cycle, which RabbitMQ breaks too)."""
+        """Publish as :meth:`publish` does, but with copies in the queues ``targets``
+        only, not in every queue bound to ``topic`` (a dead letter leaves out the queue
+        it expired in, or was dropped from: going back there would close a cycle, which
+        RabbitMQ breaks too)."""
         self._check_open()
-        every = await anyio.to_thread.run_sync(self._queues.targets, topic)
-        targets = tuple(d for d in every if d.name not in skip)
-        if len(targets) == len(every):
-            await self.publish(topic, data, headers=headers)
-            return
         plan = self.plan(topic, False, None, False, headers, None)
         self._namer.check_size(len(data))
         if targets:
@@ -2721,9 +2709,15 @@ class Bus(Configured):
         if hook is not None and await hook(queue, target, messages, reason):
             self._counts["dead_lettered"] += len(messages)
             return
+        # Not back into the queue they left (a queue bound to its own dead-letter topic)
+        bound = await anyio.to_thread.run_sync(self._queues.targets, target)
+        others = tuple(d for d in bound if d.name != queue)
         for topic, payload, headers in messages:
             headers = dead_letter_headers(headers, queue, topic, reason)
-            await self._publish_except(target, payload, (queue,), headers)
+            if len(others) == len(bound):
+                await self.publish(target, payload, headers=headers)
+            else:
+                await self._publish_into(target, payload, others, headers)
             self._counts["dead_lettered"] += 1
         log.debug(
             "%d message(s) of queue %r dead-lettered to %r (%s)",
