@@ -21,7 +21,7 @@ from anyio.from_thread import BlockingPortal
 
 from .._core.topics import validate_topic
 from .._errors import ClosedError, FsBusError, QueueFull, UsageError
-from .._queues.definition import QueueInfo, QueueOptions, dead_letter_headers
+from .._queues.definition import QueueInfo, QueueOptions, cycle_of, dead_letter_headers
 from .._queues.store import Expired
 from .._settings import Settings, settings
 from .browse import browse_messages, read_browsed
@@ -383,7 +383,7 @@ class BlockingBus(Configured):
         dead-letter topic ``target``, in order, as the engine's sender does."""
         for topic, payload, headers in messages:
             headers = dead_letter_headers(headers, queue, topic, reason)
-            self._publish_except(target, payload, (queue,), headers=headers)
+            self._publish_except(target, payload, cycle_of(headers), headers=headers)
 
     def _publish_except(
         self,

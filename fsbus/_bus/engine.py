@@ -41,7 +41,13 @@ from .._core.topics import validate_pattern, validate_topic
 from .._core.trie import TopicTrie
 from .._core.watch import Waker
 from .._errors import ClosedError, FsBusError, QueueFull, UsageError
-from .._queues.definition import Definition, QueueInfo, QueueOptions, dead_letter_headers
+from .._queues.definition import (
+    Definition,
+    QueueInfo,
+    QueueOptions,
+    cycle_of,
+    dead_letter_headers,
+)
 from .._queues.routed import RouteMark
 from .._queues.store import Expired, QueueId, QueueStore, queue_id
 from .._settings import Settings, settings, was_set
@@ -2390,6 +2396,8 @@ class Bus(Configured):
                 # back in this process's queue at once, in its place (ahead of what
                 # came after it), before its slot frees a claim
                 self._push_ready(e)
+            elif outcome == "ack" or outcome.startswith("dead:"):
+                self._acked_keys[key] = time.monotonic()  # removed (see _acked)
             self._settled(sub, key)
 
     def _over_limit(self, msg: Message) -> bool:
@@ -2709,11 +2717,13 @@ class Bus(Configured):
         if hook is not None and await hook(queue, target, messages, reason):
             self._counts["dead_lettered"] += len(messages)
             return
-        # Not back into the queue they left (a queue bound to its own dead-letter topic)
+        # Into none of the queues of its cycle (the one it left, bound to its own
+        # dead-letter topic; or one it expired in before, since it last failed)
         bound = await anyio.to_thread.run_sync(self._queues.targets, target)
-        others = tuple(d for d in bound if d.name != queue)
         for topic, payload, headers in messages:
             headers = dead_letter_headers(headers, queue, topic, reason)
+            cycle = cycle_of(headers)
+            others = tuple(d for d in bound if d.name not in cycle)
             if len(others) == len(bound):
                 await self.publish(target, payload, headers=headers)
             else:

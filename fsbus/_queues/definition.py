@@ -197,17 +197,32 @@ def _options_doc(options: QueueOptions) -> dict[str, Any]:
     return doc
 
 
+CYCLE_HEADER = "x-fsbus-cycle"
+"""The queues a dead letter expired in or was dropped from, one after the other, since
+it last failed a delivery (names, space-separated): it goes back into none of them."""
+
+
 def dead_letter_headers(
     headers: Mapping[str, str], queue: str, topic: str, reason: str | None = None
 ) -> dict[str, str]:
     """The headers a message of ``queue``, published on ``topic``, carries once
     dead-lettered: its own, where it came from (``x-fsbus-queue``, ``x-fsbus-topic``) and
     why (``x-fsbus-reason``: ``expired``, ``maxlen``; none for one that failed its last
-    delivery)."""
+    delivery). One that expired or was dropped adds ``queue`` to :data:`CYCLE_HEADER`;
+    a failed delivery clears it (as a rejection ends a cycle for RabbitMQ)."""
     out = {**headers, "x-fsbus-queue": queue, "x-fsbus-topic": topic}
+    out.pop(CYCLE_HEADER, None)
     if reason is not None:
         out["x-fsbus-reason"] = reason
+        left = cycle_of(headers)
+        out[CYCLE_HEADER] = " ".join(left if queue in left else [*left, queue])
     return out
+
+
+def cycle_of(headers: Mapping[str, str]) -> list[str]:
+    """The queues of a dead letter's :data:`CYCLE_HEADER`, which it must not go back
+    into (none when it has no such header)."""
+    return headers.get(CYCLE_HEADER, "").split()
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import anyio
 import pytest
 
 from fsbus import BlockingBus, Bus, BusConfig, Message, QueueMismatch, UsageError
+from fsbus._queues.definition import dead_letter_headers
 from tests.peer_process import JsonLinesPeer
 
 from .conftest import Inbox, ready_child, wait_until
@@ -90,6 +91,40 @@ async def test_an_expired_message_does_not_go_back_into_the_queue_it_expired_in(
         assert (await bus.queue_info("audit")).depth == 0
     got = [(m.payload, m.headers["x-fsbus-queue"], m.topic) for m in kept.messages]
     assert got == [(str(i).encode(), "audit", "dead.audit") for i in range(4)]
+
+
+@pytest.mark.anyio
+async def test_an_expired_message_does_not_go_round_a_cycle_of_two_queues(
+    root: Path, fast: BusConfig
+) -> None:
+    """ "a" dead-letters what expires in it to "b", and "b" back to "a" (bound to "a.#"):
+    a message goes from "a" to "b", then to "kept" (bound to what "b" sends) and not back
+    into "a", where it expired already with no failed delivery since (its
+    ``x-fsbus-cycle`` header names both). A message published once the first three are in
+    "kept" follows them after any copy that went round again would have."""
+    kept = Inbox()
+    async with Bus(root, config=fast) as bus:
+        await bus.declare_queue(
+            "a", ["a.#"], message_ttl=0.2, dead_letter="b.from-a", dead_letter_expired=True
+        )
+        await bus.declare_queue(
+            "b", ["b.#"], message_ttl=0.2, dead_letter="a.from-b", dead_letter_expired=True
+        )
+        await bus.declare_queue("kept", ["a.from-b"])
+        await bus.subscribe(None, kept, queue="kept", prefetch=1)
+        for i in range(3):
+            await bus.publish("a.start", str(i).encode())
+        await kept.wait_for(3)
+        await bus.publish("a.start", b"3")
+        await wait_until(lambda: any(m.payload == b"3" for m in kept.messages))
+        await wait_until(lambda: bus.statistics().dead_lettered >= 8)
+        assert bus.statistics().dead_lettered == 8
+        for q in ("a", "b"):
+            assert (await bus.queue_info(q)).depth == 0
+    got = [
+        (m.payload, m.headers["x-fsbus-queue"], m.headers["x-fsbus-cycle"]) for m in kept.messages
+    ]
+    assert got == [(str(i).encode(), "b", "a b") for i in range(4)]
 
 
 @pytest.mark.anyio
@@ -360,3 +395,17 @@ async def test_a_process_killed_between_sending_and_removing_leaves_it_to_be_sen
     assert [m.payload for m in got] == [b"m", b"m"]
     assert {m.headers["x-fsbus-reason"] for m in got} == {"expired"}
     assert await anyio.to_thread.run_sync(depths) == {"delay": 0, "dead": 0}
+
+
+def test_a_failed_delivery_ends_a_dead_letters_cycle() -> None:
+    """``x-fsbus-cycle`` names, once each, the queues a message expired in or was dropped
+    from one after the other; a failed last delivery (no reason) clears it, as a
+    rejection ends a cycle for RabbitMQ, so a retry loop through a wait queue goes on."""
+    h = dead_letter_headers({"n": "1"}, "a", "a.x", "expired")
+    assert h["x-fsbus-cycle"] == "a"
+    h = dead_letter_headers(h, "b", "b.x", "maxlen")
+    assert h["x-fsbus-cycle"] == "a b"
+    assert dead_letter_headers(h, "a", "a.x", "expired")["x-fsbus-cycle"] == "a b"
+    failed = dead_letter_headers(h, "work", "job.x")
+    assert "x-fsbus-cycle" not in failed
+    assert failed["n"] == "1"
