@@ -36,7 +36,7 @@ from .namer import Namer, new_publish_info
 from .ops import Ops
 from .plan import PublishPlan, payload_bytes
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import enqueue_each, open_store, refused_in_batch, renaming, route
+from .queueing import enqueue_each, open_store, refused_in_batch, route_planned
 from .sweep import collect_garbage
 
 if TYPE_CHECKING:
@@ -441,26 +441,20 @@ class BlockingBus(Configured):
             raise UsageError("the payload file gave text, not bytes; open it in binary mode ('rb')")
         data = bytes(payload)
         self._namer.check_size(len(data))
-        self._queues.check_room(targets, (topic, data, headers))
         planned = [plan]
         # The message, then a copy in each queue before this returns (a durable one
         # syncs them all together: see route).
-        size = route(
+        size = route_planned(
             self._queues,
+            self._fs,
             targets,
-            topic,
+            planned,
             data,
+            lambda: self._namer.plan(topic, single, ttl, durable, headers, priority),
             ttl=ttl,
             durable=durable,
             headers=headers,
             priority=priority,
-            publish=renaming(
-                self._fs,
-                planned,
-                data,
-                lambda: self._namer.plan(topic, single, ttl, durable, headers, priority),
-            ),
-            main=self._fs,
         )
         self._published += 1
         return self._namer.info(planned[0], size)

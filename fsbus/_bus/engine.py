@@ -64,7 +64,7 @@ from .offload import Offload, ScanTooBig
 from .ops import Ops
 from .plan import PublishPlan, payload_bytes
 from .purge import check_purge, purge_some, purge_targets
-from .queueing import enqueue_each, open_store, refused_in_batch, renaming, route
+from .queueing import enqueue_each, open_store, refused_in_batch, route_planned
 from .retry import Contention, RetrySchedule
 from .scan import (
     Entry,
@@ -860,31 +860,22 @@ class Bus(Configured):
         headers: dict[str, str] | None,
         priority: int | None,
     ) -> Callable[[], int]:
-        """Blocking: publish ``planned[0]`` (named again in place on a clash) with a
-        copy in each of the queues ``targets``, as :func:`route` does; its size."""
+        """Blocking: publish ``planned[0]`` with a copy in each of the queues ``targets``
+        (:func:`route_planned`); its size."""
         topic = planned[0].topic
-
-        def routed() -> int:
-            self._queues.check_room(targets, (topic, data, headers))
-            return route(
-                self._queues,
-                targets,
-                topic,
-                data,
-                ttl=ttl,
-                durable=durable,
-                headers=headers,
-                priority=priority,
-                publish=renaming(
-                    self._fs,
-                    planned,
-                    data,
-                    lambda: self.plan(topic, single, ttl, durable, headers, priority),
-                ),
-                main=self._fs,
-            )
-
-        return routed
+        return functools.partial(
+            route_planned,
+            self._queues,
+            self._fs,
+            targets,
+            planned,
+            data,
+            lambda: self.plan(topic, single, ttl, durable, headers, priority),
+            ttl=ttl,
+            durable=durable,
+            headers=headers,
+            priority=priority,
+        )
 
     async def _publish_into(
         self, topic: str, data: bytes, targets: tuple[Definition, ...], headers: dict[str, str]

@@ -395,6 +395,38 @@ def renaming(
     return publish
 
 
+def route_planned(
+    store: QueueStore,
+    fs: BusFS,
+    targets: tuple[Definition, ...],
+    planned: list[PublishPlan],
+    data: bytes,
+    replan: Callable[[], PublishPlan],
+    *,
+    ttl: float | None,
+    durable: bool,
+    headers: dict[str, str] | None,
+    priority: int | None,
+) -> int:
+    """Publish a message of bytes under ``planned[0]`` (see :func:`renaming`) with a
+    copy in each queue of ``targets`` (:func:`route`), once each full reject-publish
+    one among them has refused it (:meth:`QueueStore.check_room`); its size."""
+    topic = planned[0].topic
+    store.check_room(targets, (topic, data, headers))
+    return route(
+        store,
+        targets,
+        topic,
+        data,
+        ttl=ttl,
+        durable=durable,
+        headers=headers,
+        priority=priority,
+        publish=renaming(fs, planned, data, replan),
+        main=fs,
+    )
+
+
 def refused_in_batch(exc: QueueFull, index: int, total: int) -> QueueFull:
     """``exc``, raised for message ``index`` of a ``publish_many`` of ``total``, saying
     which messages of the batch went: the ones before it, not it nor the ones after."""

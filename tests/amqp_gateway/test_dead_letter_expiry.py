@@ -52,6 +52,25 @@ def death_without_time(headers: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in death.items() if k != "time"}
 
 
+def expire_each_into_kept_once(ch: Channel, src: str, kept: str) -> None:
+    """Publish 3 messages into ``src`` (whose ttl and dead-letter exchange lead into
+    ``kept`` and back into ``src``): each expired one reaches ``kept`` once, dead in
+    ``src``, and none goes back into ``src``, which stays empty over several ttl (polled
+    for 1.5 s); then both queues are deleted."""
+    for i in range(3):
+        ch.basic_publish("", src, str(i).encode())
+    got = get_all(ch, kept, 3)
+    assert sorted(body for _m, _p, body in got) == [b"0", b"1", b"2"]
+    assert {death_without_time(dict(p.headers))["queue"] for _m, p, _b in got} == {src}
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:
+        assert count(ch, src) == 0, "routed back into the queue it died in"
+        time.sleep(0.05)
+    assert count(ch, kept) == 0
+    for q in (src, kept):
+        ch.queue_delete(q)
+
+
 def test_a_wait_queue_retries_each_message_after_its_ttl(
     conn: pika.BlockingConnection, names: Names
 ) -> None:
@@ -267,18 +286,7 @@ def test_an_expired_message_is_not_routed_back_into_a_queue_it_died_in(
     kept = ch.queue_declare(names("cycle-kept")).method.queue
     for q in (src, kept):
         ch.queue_bind(q, dlx)
-    for i in range(3):
-        ch.basic_publish("", src, str(i).encode())
-    got = get_all(ch, kept, 3)
-    assert sorted(body for _m, _p, body in got) == [b"0", b"1", b"2"]
-    assert {death_without_time(dict(p.headers))["queue"] for _m, p, _b in got} == {src}
-    until = time.monotonic() + 1.5
-    while time.monotonic() < until:
-        assert count(ch, src) == 0, "routed back into the queue it died in"
-        time.sleep(0.05)
-    assert count(ch, kept) == 0
-    for q in (src, kept):
-        ch.queue_delete(q)
+    expire_each_into_kept_once(ch, src, kept)
     ch.exchange_delete(dlx)
 
 
@@ -303,15 +311,4 @@ def test_an_expired_message_is_not_routed_back_through_amq_topic_into_its_queue(
     kept = ch.queue_declare(names("topic-cycle-kept")).method.queue
     for q in (src, kept):
         ch.queue_bind(q, "amq.topic", key)
-    for i in range(3):
-        ch.basic_publish("", src, str(i).encode())
-    got = get_all(ch, kept, 3)
-    assert sorted(body for _m, _p, body in got) == [b"0", b"1", b"2"]
-    assert {death_without_time(dict(p.headers))["queue"] for _m, p, _b in got} == {src}
-    until = time.monotonic() + 1.5
-    while time.monotonic() < until:
-        assert count(ch, src) == 0, "routed back into the queue it died in"
-        time.sleep(0.05)
-    assert count(ch, kept) == 0
-    for q in (src, kept):
-        ch.queue_delete(q)
+    expire_each_into_kept_once(ch, src, kept)

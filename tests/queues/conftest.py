@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from fsbus import BusConfig, Message
+from fsbus import Bus, BusConfig, Message
 from tests.peer_process import JsonLinesPeer
 
 WAIT = 30.0
@@ -62,6 +62,21 @@ class Inbox:
                 self._changed = anyio.Event()
                 await self._changed.wait()
         return self.messages
+
+
+async def publish_then_one_more(
+    bus: Bus, topic: str, count: int, kept: Inbox, arrived: int, last: int
+) -> None:
+    """A dead-letter cycle's test: publish ``count`` messages on ``topic`` (payloads
+    0, 1, ...), wait until ``arrived`` dead letters are in ``kept``, publish one more
+    (payload ``count``), and wait until the one with payload ``last`` is in ``kept``:
+    any message that came back round a cycle would have come before it."""
+    for i in range(count + 1):
+        if i == count:
+            await kept.wait_for(arrived)
+        await bus.publish(topic, str(i).encode())
+    want = str(last).encode()
+    await wait_until(lambda: want in kept.payloads)
 
 
 async def wait_until(check: Callable[[], object], seconds: float = WAIT) -> None:

@@ -37,7 +37,7 @@ from fsbus import (
 from fsbus._bus.dropped import LEASE
 from tests.peer_process import JsonLinesPeer
 
-from .conftest import Inbox, ready_child, wait_until
+from .conftest import Inbox, publish_then_one_more, ready_child, wait_until
 
 Spawn = Callable[..., JsonLinesPeer]
 FAST = {"poll_interval": 0.05, "retry_interval": 0.05, "gc_interval": 0.2}
@@ -588,11 +588,7 @@ async def test_a_dropped_message_does_not_go_back_into_the_queue_that_dropped_it
         )
         await bus.declare_queue("kept", ["over.#"])
         await bus.subscribe(None, kept, queue="kept", prefetch=1)
-        for i in range(5):
-            await bus.publish("job.a", str(i).encode())
-        await kept.wait_for(3)
-        await bus.publish("job.a", b"5")
-        await wait_until(lambda: any(m.payload == b"3" for m in kept.messages))
+        await publish_then_one_more(bus, "job.a", 5, kept, arrived=3, last=3)
         await wait_until(lambda: bus.statistics().dead_lettered >= 4)
         assert bus.statistics().dead_lettered == 4
         left = []

@@ -25,7 +25,7 @@ from fsbus import BlockingBus, Bus, BusConfig, Message, QueueMismatch, UsageErro
 from fsbus._queues.definition import dead_letter_headers
 from tests.peer_process import JsonLinesPeer
 
-from .conftest import Inbox, ready_child, wait_until
+from .conftest import Inbox, publish_then_one_more, ready_child, wait_until
 
 Spawn = Callable[..., JsonLinesPeer]
 FAST = {"poll_interval": 0.05, "retry_interval": 0.05, "gc_interval": 0.2}
@@ -81,11 +81,7 @@ async def test_an_expired_message_does_not_go_back_into_the_queue_it_expired_in(
         )
         await bus.declare_queue("kept", ["dead.#"])
         await bus.subscribe(None, kept, queue="kept", prefetch=1)
-        for i in range(3):
-            await bus.publish("job.a", str(i).encode())
-        await kept.wait_for(3)
-        await bus.publish("job.a", b"3")
-        await wait_until(lambda: any(m.payload == b"3" for m in kept.messages))
+        await publish_then_one_more(bus, "job.a", 3, kept, arrived=3, last=3)
         await wait_until(lambda: bus.statistics().dead_lettered >= 4)
         assert bus.statistics().dead_lettered == 4
         assert (await bus.queue_info("audit")).depth == 0
@@ -112,11 +108,7 @@ async def test_an_expired_message_does_not_go_round_a_cycle_of_two_queues(
         )
         await bus.declare_queue("kept", ["a.from-b"])
         await bus.subscribe(None, kept, queue="kept", prefetch=1)
-        for i in range(3):
-            await bus.publish("a.start", str(i).encode())
-        await kept.wait_for(3)
-        await bus.publish("a.start", b"3")
-        await wait_until(lambda: any(m.payload == b"3" for m in kept.messages))
+        await publish_then_one_more(bus, "a.start", 3, kept, arrived=3, last=3)
         await wait_until(lambda: bus.statistics().dead_lettered >= 8)
         assert bus.statistics().dead_lettered == 8
         for q in ("a", "b"):
