@@ -2710,7 +2710,9 @@ class Bus(Configured):
             return
         # Into none of the queues of its cycle (the one it left, bound to its own
         # dead-letter topic; or one it expired in before, since it last failed)
-        bound = await anyio.to_thread.run_sync(self._queues.targets, target)
+        bound = self._queues.targets_if_fresh(target)
+        if bound is None:  # (due to be checked against VERSION: not from the loop)
+            bound = await anyio.to_thread.run_sync(self._queues.targets, target)
         for topic, payload, headers in messages:
             headers = dead_letter_headers(headers, queue, topic, reason)
             cycle = cycle_of(headers)
