@@ -833,7 +833,9 @@ class QueueStore:
         ``send``: where what the queue dropped and has not dead-lettered yet goes first
         (its spool, ``dead_letter_dropped``: see :meth:`dead_letter_expired`). Those
         messages left the queue already: on RabbitMQ they would be in the dead-letter
-        exchange's queues by now, and go with this queue no more than they would there."""
+        exchange's queues by now, and go with this queue no more than they would there.
+        What another process drops meanwhile, before the queue is gone, goes on too."""
+        late: tuple[Definition, QueueBus] | None = None
         if send is not None:
             try:
                 d: Definition | None = self.get(name)
@@ -841,6 +843,8 @@ class QueueStore:
                 d = None  # (said below)
             if d is not None and d.options.dead_letter_dropped:
                 self._dead_letter_dropped(name, d, send)  # (outside the lock: it publishes)
+                pub = self._publisher(name)
+                late = None if pub is None else (d, pub)
         with self._changing():
             self.get(name)
             if if_unused and self.consumers(name):
@@ -855,6 +859,10 @@ class QueueStore:
                 self._tallies.pop(name, None)
             trash = f"{self.base}/.deleted-{uuid.uuid4().hex}"
             os.rename(self.dir(name), trash)
+        if late is not None and send is not None:
+            # dropped by another process after the spool was sent, before the rename
+            d, pub = late
+            self._dead_letter_dropped(name, d, send, (pub, f"{trash}/{_DROPPED}"))
         shutil.rmtree(trash, ignore_errors=True)
         return depth
 
@@ -1075,9 +1083,17 @@ class QueueStore:
             )
             return DeadLettered(0, None)
 
-    def _dead_letter_dropped(self, name: str, d: Definition, send: ExpiredSend) -> int:
-        pub = self._publisher(name)
-        target, folder = d.options.dead_letter, self.spool_of(d)
+    def _dead_letter_dropped(
+        self,
+        name: str,
+        d: Definition,
+        send: ExpiredSend,
+        moved: tuple[QueueBus, str] | None = None,
+    ) -> int:
+        """Send what queue ``name`` dropped (its spool, or the spool ``moved`` (its bus,
+        the folder) of a queue renamed away to be deleted) to its dead-letter topic."""
+        pub, folder = (self._publisher(name), self.spool_of(d)) if moved is None else moved
+        target = d.options.dead_letter
         if pub is None or target is None or folder is None:
             return 0
         try:

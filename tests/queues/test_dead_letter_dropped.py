@@ -35,6 +35,7 @@ from fsbus import (
     UsageError,
 )
 from fsbus._bus.dropped import LEASE
+from fsbus._bus.ops import Ops
 from tests.peer_process import JsonLinesPeer
 
 from .conftest import Inbox, publish_then_one_more, ready_child, wait_until
@@ -643,3 +644,37 @@ def test_a_gc_that_deletes_an_unused_queue_sends_what_it_dropped_first(root: Pat
             time.sleep(0.05)
         got = _drain(bus, "dlq")
     assert got == [(str(i).encode(), "maxlen") for i in range(5)]
+
+
+class DropWhileSending(Ops):
+    """Runs ``drop`` once, just after the first listing of queue "capped"'s spool has
+    read it: what ``drop`` spools comes after the listing, before the queue is gone."""
+
+    def __init__(self, drop: Callable[[], object]) -> None:
+        super().__init__()
+        self.drop: Callable[[], object] | None = drop
+
+    def listdir(self, path: str) -> list[str]:
+        names = super().listdir(path)
+        drop, self.drop = self.drop, None
+        if drop is not None and path.endswith("/queues/capped/dropped"):
+            drop()
+        else:
+            self.drop = drop
+        return names
+
+
+def test_what_another_process_drops_while_a_queue_is_deleted_is_dead_lettered(
+    root: Path,
+) -> None:
+    """Another publisher overfills the queue (its head dropped into the spool) after
+    the deleting process has sent the spool, before the queue is renamed away: that copy
+    is dead-lettered too, after the five sent first, not removed with the queue."""
+    with BlockingBus(root) as other:
+        _overfill_capped(other)  # 0-4 dropped, 5 and 6 in the queue
+        ops = DropWhileSending(lambda: other.publish("job.a", "7"))  # drops 5
+        with BlockingBus(root, ops=ops) as bus:
+            assert bus.delete_queue("capped") == 2
+        assert ops.drop is None  # it ran
+        got = _drain(other, "dlq")
+    assert got == [(str(i).encode(), "maxlen") for i in range(6)]
