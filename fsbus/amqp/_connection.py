@@ -42,6 +42,7 @@ from ._routing import (
     AmqpError,
     RouteJob,
 )
+from ._socket import ClientSocket
 
 if TYPE_CHECKING:
     from ._contracts import GatewayPort
@@ -82,7 +83,7 @@ _ENDINGS = (
 class Connection:
     """The server side of one client connection."""
 
-    def __init__(self, gateway: GatewayPort, stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, gateway: GatewayPort, stream: ClientSocket) -> None:
         self.gateway = gateway
         self.stream = stream
         self.id = f"{gateway.state.gateway_id}/{uuid.uuid4().hex[:12]}"
@@ -514,7 +515,7 @@ class Connection:
 
     def _peer_is_loopback(self) -> bool:
         try:
-            addr = self.stream.extra(anyio.abc.SocketAttribute.remote_address)
+            addr = self.stream.remote_address
         except Exception:  # a UNIX socket or no address: local
             return True
         host = addr[0] if isinstance(addr, tuple) else str(addr)

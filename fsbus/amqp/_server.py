@@ -53,6 +53,8 @@ from ._routing import (
     publish_topic,
     word,
 )
+from ._socket import ClientSocket
+from ._socket import serve as serve_sockets
 from ._state import AmqpState, HeadersBinding
 
 if TYPE_CHECKING:
@@ -189,7 +191,7 @@ class Gateway:
         tg = await stack.enter_async_context(anyio.create_task_group())
         self._tg = tg
         stack.callback(tg.cancel_scope.cancel)
-        tg.start_soon(listener.serve, self._handle)
+        tg.start_soon(serve_sockets, listener, self._handle)
         tg.start_soon(self._consume_dead_letters)
         tg.start_soon(self._collect_orphans)
         tg.start_soon(self._collect_unbound)
@@ -204,7 +206,7 @@ class Gateway:
     ) -> None:
         await self._stack.aclose()
 
-    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+    async def _handle(self, stream: ClientSocket) -> None:
         await Connection(self, stream).run()
 
     def new_channel(self, conn: Any, number: int) -> Channel:
