@@ -47,6 +47,7 @@ from .._core.trie import TopicTrie
 from .._errors import (
     ClosedError,
     FsBusError,
+    QueueError,
     QueueFull,
     QueueMismatch,
     QueueNotFound,
@@ -842,7 +843,9 @@ class QueueStore:
             except QueueNotFound:
                 d = None  # (said below)
             if d is not None and d.options.dead_letter_dropped:
-                self._dead_letter_dropped(name, d, send)  # (outside the lock: it publishes)
+                # (outside the lock: it publishes); raises if they cannot go, and the
+                # queue stays with them
+                self._dead_letter_dropped(name, d, send, deleting=True)
                 pub = self._publisher(name)
                 late = None if pub is None else (d, pub)
         with self._changing():
@@ -862,9 +865,32 @@ class QueueStore:
         if late is not None and send is not None:
             # dropped by another process after the spool was sent, before the rename
             d, pub = late
-            self._dead_letter_dropped(name, d, send, (pub, f"{trash}/{_DROPPED}"))
+            spool = f"{trash}/{_DROPPED}"
+            try:
+                self._dead_letter_dropped(name, d, send, (pub, spool), deleting=True)
+            except QueueError as exc:
+                self._keep_spool(name, spool, exc)
         shutil.rmtree(trash, ignore_errors=True)
         return depth
+
+    def _keep_spool(self, name: str, spool: str, exc: QueueError) -> None:
+        """What another process dropped from queue ``name`` while it was deleted, and
+        that could not be dead-lettered (``exc``): kept in the quarantine, not removed
+        with the queue."""
+        kept = f"{self._quarantine}/{int(time.time() * 1000):x}-queue-{name}-dropped"
+        try:
+            os.makedirs(self._quarantine, exist_ok=True)
+            os.rename(spool, kept)
+        except OSError as err:
+            log.error("%s; and keeping them in %s failed: %s", exc.__cause__, kept, err)
+            return
+        log.error(
+            "queue %r was deleted, but messages another process dropped from it meanwhile "
+            "could not be dead-lettered (%s): they are kept in %s; publish them again by hand",
+            name,
+            exc.__cause__,
+            kept,
+        )
 
     def purge(self, name: str) -> int:
         self.get(name)
@@ -1089,9 +1115,14 @@ class QueueStore:
         d: Definition,
         send: ExpiredSend,
         moved: tuple[QueueBus, str] | None = None,
+        *,
+        deleting: bool = False,
     ) -> int:
         """Send what queue ``name`` dropped (its spool, or the spool ``moved`` (its bus,
-        the folder) of a queue renamed away to be deleted) to its dead-letter topic."""
+        the folder) of a queue renamed away to be deleted) to its dead-letter topic.
+
+        ``deleting``: the queue is about to be deleted, so a failure cannot be tried
+        again later: QueueError says what failed, and the spool keeps what was not sent."""
         pub, folder = (self._publisher(name), self.spool_of(d)) if moved is None else moved
         target = d.options.dead_letter
         if pub is None or target is None or folder is None:
@@ -1103,6 +1134,12 @@ class QueueStore:
         except ClosedError:
             raise  # the bus is closing: the next process to open it sends them
         except (FsBusError, OSError) as exc:
+            if deleting:
+                raise QueueError(
+                    f"queue {name!r} not deleted: the messages it dropped could not be "
+                    f"dead-lettered to {target!r}: {exc}. They stay in {folder}; delete "
+                    "the queue again once its dead-letter topic takes messages"
+                ) from exc
             log.warning(
                 "dead-lettering the messages queue %r dropped to %r failed: %s; they stay "
                 "in %s and are tried again shortly",

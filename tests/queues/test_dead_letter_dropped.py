@@ -30,6 +30,7 @@ from fsbus import (
     Bus,
     BusConfig,
     Message,
+    QueueError,
     QueueFull,
     QueueMismatch,
     UsageError,
@@ -678,3 +679,52 @@ def test_what_another_process_drops_while_a_queue_is_deleted_is_dead_lettered(
         assert ops.drop is None  # it ran
         got = _drain(other, "dlq")
     assert got == [(str(i).encode(), "maxlen") for i in range(6)]
+
+
+def test_a_queue_whose_drops_cannot_be_dead_lettered_is_not_deleted(root: Path) -> None:
+    """Deleting a queue sends what it dropped first; when that fails (here its
+    dead-letter topic leads into a full reject-publish queue), the delete is refused
+    with what failed, and the queue and its spool stay: nothing is lost. Once the
+    dead letters can go, the delete goes through and sends them, in order."""
+    with BlockingBus(root) as bus:
+        bus.declare_queue("full", ["dead.capped"], max_length=0, overflow="reject-publish")
+        _overfill_capped(bus)
+        with pytest.raises(QueueError) as caught:
+            bus.delete_queue("capped")
+        text = str(caught.value)
+        assert "'capped'" in text
+        assert "not deleted" in text
+        assert "dead.capped" in text
+        assert "'full'" in text  # the cause: the full queue that refused them
+        info = bus.queue_info("capped")
+        assert (info.depth, info.dead_lettering) == (2, 5)
+        assert bus.queue_info("dlq").depth == 0
+
+        bus.delete_queue("full")
+        assert bus.delete_queue("capped") == 2
+        got = _drain(bus, "dlq")
+    assert got == [(str(i).encode(), "maxlen") for i in range(5)]
+
+
+def test_what_is_dropped_while_a_queue_is_deleted_and_cannot_go_is_kept(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another publisher overfills the queue after the deleting process has sent the
+    spool, and its dead-letter topic is full by then: the queue is deleted (it is renamed
+    away already), and the copy dropped meanwhile is kept in the quarantine, said in an
+    error, not removed with the queue."""
+    with BlockingBus(root) as other:
+        # takes the five sent first, then refuses
+        other.declare_queue("full", ["dead.capped"], max_length=5, overflow="reject-publish")
+        _overfill_capped(other)  # 0-4 dropped, 5 and 6 in the queue
+        ops = DropWhileSending(lambda: other.publish("job.a", "7"))  # drops 5
+        with caplog.at_level(logging.ERROR, "fsbus.queues"), BlockingBus(root, ops=ops) as bus:
+            assert bus.delete_queue("capped") == 2
+        assert ops.drop is None  # it ran
+        assert _drain(other, "full") == [(str(i).encode(), "maxlen") for i in range(5)]
+    kept = list((root / "fsbus" / "quarantine").glob("*-queue-capped-dropped"))
+    assert len(kept) == 1
+    assert len(list(kept[0].iterdir())) == 1  # the copy of "5"
+    assert not list((root / "fsbus" / "queues").glob(".deleted-*"))
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(str(kept[0]) in e and "'capped' was deleted" in e for e in errors), errors
