@@ -167,13 +167,19 @@ def gateway_process(tmp_path: Path) -> Iterator[tuple[Broker, subprocess.Popen[s
         proc.stderr.close()
 
 
+FUZZ_ROUNDS = int(os.environ.get("FSBUS_FUZZ_ROUNDS", "200"))
+
+
+# a round takes up to half a second (a frame the gateway waits on): a longer run on
+# request gets the time it needs, not the suite's per-test limit
+@pytest.mark.timeout(max(120.0, FUZZ_ROUNDS * 0.6))
 def test_fuzz_keeps_serving_others(gateway_process: tuple[Broker, subprocess.Popen[str]]) -> None:
     """Random bytes, truncated and mangled frames on many connections, while a well
     behaved client publishes and consumes: it loses nothing, the gateway's RSS stays
     under 200 MB, and it keeps running."""
     gateway, proc = gateway_process
     assert gateway.root is not None
-    rounds = int(os.environ.get("FSBUS_FUZZ_ROUNDS", "200"))
+    rounds = FUZZ_ROUNDS
     rng = random.Random(1234)
     good_frames = [
         pframe.marshal(spec.Channel.Open(), 1),
