@@ -30,14 +30,15 @@ HEADER = b"AMQP\x00\x00\x09\x01"
 WAIT = 10.0
 
 
-def raw_open(broker: Broker) -> socket.socket:
+def raw_open(broker: Broker, *, heartbeat: int = 0) -> socket.socket:
     """A socket through the handshake (guest/guest), channel 1 not yet open."""
     s = socket.create_connection((broker.host, broker.port), timeout=WAIT)
     s.sendall(HEADER)
     read_frame(s)  # connection.start
     s.sendall(pframe.marshal(spec.Connection.StartOk(response="\0guest\0guest"), 0))
     read_frame(s)  # connection.tune
-    s.sendall(pframe.marshal(spec.Connection.TuneOk(channel_max=10, frame_max=131072), 0))
+    tune = spec.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=heartbeat)
+    s.sendall(pframe.marshal(tune, 0))
     s.sendall(pframe.marshal(spec.Connection.Open(virtual_host="/"), 0))
     read_frame(s)  # open-ok
     return s
