@@ -1,4 +1,5 @@
-"""The poller's schedule (pure): idle period, and faster polling while messages come."""
+"""The poller's schedule (pure): idle period, and faster polling while messages come
+(where polling is how changes are seen; beside inotify, the period only)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,8 @@ def test_after_a_change_it_polls_faster_for_a_while(since: float) -> None:
 
 def test_a_clock_that_went_back_does_not_keep_it_busy() -> None:
     assert poll_delay(0.02, -5.0) == 0.02
+
+
+@pytest.mark.parametrize("since", [None, 0.0, BUSY_SECONDS / 2, 3600.0])
+def test_beside_inotify_it_polls_at_its_period_only(since: float | None) -> None:
+    assert poll_delay(0.1, since, hurry=False) == 0.1

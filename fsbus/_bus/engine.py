@@ -96,7 +96,12 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _READ_BATCH = 256
-_POLLED_SCAN_EVERY = 1.0  # seconds: the longest a polled bus goes without a scan
+_CLAIM_AGAIN = 0.1
+"""Seconds at most between scans while work-queue messages are known and a handler is
+free (at least ``poll_interval``): see :meth:`Bus._scan_loop`."""
+_POLLED_SCAN_EVERY = 1.0
+"""Seconds: the longest a bus goes without a scan (a thread reads UPDATE every
+``poll_interval`` in between and wakes it when a stamp changed: see :meth:`Bus._watch`)."""
 _READ_BATCH_BYTES = 64 << 20
 _OWN_RELIST = 1.0
 """Seconds after which a bucket left unlisted for this bus's own stamps is listed anyway."""
@@ -1115,11 +1120,16 @@ class Bus(Configured):
         self._watching = True
         if self._waker.start():
             tg.start_soon(self._waker.run)
-        if self._poll_thread:
-            # Polling is how other hosts are seen here: a thread reads UPDATE every
-            # tick and wakes the scanner only when it changed; the scan loop itself
-            # then looks at least once a second.
-            self._waker.start_poller(self._fs.read_update, self._poll_interval)
+        if self._fs.layout.update_size > 0:
+            # A thread reads UPDATE every tick and wakes the scanner only when it
+            # changed; the scan loop itself then looks at least once a second. Where
+            # polling is how other hosts are seen (network filesystems, or no inotify)
+            # it reads more often for a second after a change; beside inotify, which
+            # wakes the scanner at once, it is the safety net. (The scan loop polled
+            # itself every tick before: a thread hop and a scan ten times a second,
+            # some 3% of a core for an idle subscriber.)
+            hurry = self._poll_thread or not self._waker.inotify_active
+            self._waker.start_poller(self._fs.read_update, self._poll_interval, hurry=hurry)
             self._scan_every = max(self._poll_interval, _POLLED_SCAN_EVERY)
 
     async def _start_scanning(self, tg: anyio.abc.TaskGroup) -> None:
@@ -1238,6 +1248,12 @@ class Bus(Configured):
                 await anyio.sleep(max(self._poll_interval, 1.0))
             now = time.monotonic()
             timeout = self._scan_every
+            if self._ready_keys and self._free > 0:
+                # Work-queue messages known and a handler free, yet none claimed (others
+                # hold the first ones, backing off until retry_interval): look again each
+                # poll tick, as an idle bus does not, so the next round tries those behind
+                # them instead of waiting for the first ones to come due again.
+                timeout = min(timeout, max(self._poll_interval, _CLAIM_AGAIN))
             due = self._retries.next_due()
             if due is not None:
                 timeout = max(0.0, min(timeout, due - now))
@@ -1257,6 +1273,12 @@ class Bus(Configured):
             # poll ticks included (_ROUTE_GAP, _ROUTE_GAP_MOST).
             rest_until = 0.0 if self._subs else listed_at + self._route_gap
             quiet_until = max(quiet_until, rest_until)
+            if self._own_dirty:
+                # Buckets left unlisted for this bus's own stamps are listed once they
+                # wait _OWN_RELIST (see _list): a scan then (a little after, not before).
+                first = next(iter(self._own_dirty.values()))
+                at = max(first + _OWN_RELIST + 0.005, rest_until)
+                timeout = max(0.0, min(timeout, at - now))
             if quiet_until > now and self._waker.fs_event_pending:
                 # an event kept back during the quiet spell: list when the spell ends
                 timeout = min(timeout, quiet_until - now)

@@ -43,16 +43,17 @@ def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def poll_delay(interval: float, since_change: float | None) -> float:
+def poll_delay(interval: float, since_change: float | None, *, hurry: bool = True) -> float:
     """Seconds until the next read of UPDATE (pure).
 
     ``interval`` is the idle period; ``since_change`` the seconds since the last read
     that found UPDATE changed (None: none yet). Traffic comes in runs: while messages
     keep coming (a change within :data:`BUSY_SECONDS`), poll :data:`BUSY_FACTOR`
     times as often, which cuts the wait for the next one by as much; an idle bus keeps
-    polling at ``interval`` and costs what it did.
+    polling at ``interval`` and costs what it did. ``hurry=False``: always ``interval``
+    (where inotify reports every change at once and polling is only the safety net).
     """
-    if since_change is not None and 0 <= since_change < BUSY_SECONDS:
+    if hurry and since_change is not None and 0 <= since_change < BUSY_SECONDS:
         return interval / BUSY_FACTOR
     return interval
 
@@ -253,25 +254,40 @@ class Waker:
         self._observer = observer
         self.inotify_active = True
 
-    def start_poller(self, read: Callable[[], bytes | None], interval: float) -> None:
+    def start_poller(
+        self, read: Callable[[], bytes | None], interval: float, *, hurry: bool = True
+    ) -> None:
         """Poll in a thread of its own: call ``read`` every ``interval`` seconds and wake
         the scanner only when what it returns changed (a filesystem event). Within a
-        second of a change it polls four times as often (:func:`poll_delay`).
+        second of a change it polls four times as often (:func:`poll_delay`), unless
+        not ``hurry``.
 
-        Where polling is the only way to see other hosts (network filesystems), this
-        keeps an idle bus off the event loop: one short read per tick and no thread
-        hop, instead of a scan (thread hop, loop wake-ups) every tick.
+        This keeps an idle bus off the event loop: one short read per tick and no
+        thread hop, instead of a scan (thread hop, loop wake-ups) every tick. Where
+        polling is the only way to see other hosts (network filesystems) it is how
+        changes are seen; beside inotify, it is the safety net.
         """
         waker = self
+        # What UPDATE holds now, before the scanner's first listing (called before it):
+        # a stamp written from here on is a change, even one before the thread's first
+        # tick (read first in the thread, it was taken as the baseline, and its message
+        # waited for the scanner's own look).
+        first: object = _UNSET
+        try:
+            first = read()
+        except Exception:  # the scanner reports storage errors
+            pass
 
         def poll() -> None:
-            last = _UNSET
+            last = first
             failed = False
             changed: float | None = None
             delay = interval
             while not waker._poller_stop.wait(delay):
                 now = time.monotonic()
-                delay = poll_delay(interval, None if changed is None else now - changed)
+                delay = poll_delay(
+                    interval, None if changed is None else now - changed, hurry=hurry
+                )
                 try:
                     data = read()
                     failed = False
@@ -283,7 +299,7 @@ class Waker:
                 if data != last:
                     if last is not _UNSET:
                         changed = now
-                        delay = poll_delay(interval, 0.0)
+                        delay = poll_delay(interval, 0.0, hurry=hurry)
                         waker.wake_threadsafe()
                     last = data
 
